@@ -1,0 +1,1 @@
+"""Engine adapters.  Each adapter is one module and imports its engine lazily."""

@@ -1,0 +1,833 @@
+"""Depth-bounded suffix trie over int32 token sequences, in flat arrays.
+
+The index is a forest: every tree has its own root node, and every sequence
+belongs to one tree.  A tree indexes every substring of its sequences of at most
+``depth`` tokens; the node for a string ``x`` carries ``count(x)``, the number
+of positions where ``x`` occurs in the tree's sequences.  Continuation
+probabilities are ``count(x + a) / count(x)``.
+
+Representation (all chosen by measurement, see bench/index_bench.py):
+
+* Path compression.  A node stands for an edge of ``LEN`` tokens whose label
+  is read from token storage at ``(REF_SEQ, REF_POS)``.  Positions inside one
+  edge share one count.  Invariant: a non-root node's children have a strictly
+  smaller count than the node, otherwise the two would be one edge.  Hence a
+  string where some occurrence *ends* (end of a sequence, or the depth bound)
+  is always a node boundary.
+* Children are found through one open-addressing hash table keyed by
+  ``(parent, first token)``, and also chained in a sibling list for
+  enumeration.  ``BEST`` caches the most frequent child (ties go to the child
+  whose count rose last), so a path draft never scans siblings.
+* Refs are *occurrence-consistent*: the label at ``(REF_SEQ, REF_POS)`` is
+  preceded in that sequence by the labels of all ancestors.  So a child can
+  absorb its parent by moving its ref back by the parent's length.
+* Removing a sequence decrements counts but keeps its tokens in storage,
+  because labels of surviving nodes may still point into them.  The Python
+  owner rebuilds the index when such dead tokens outweigh live ones.
+* An open (appendable) sequence has a ring of ``depth`` active nodes: entry
+  ``q % depth`` is the node whose end is the suffix starting at ``q``.
+
+All kernels are pure functions over the arrays of one index state.  They never
+raise and never allocate storage: growth is the caller's job.  ``extend``
+stops early and returns the number of tokens consumed when a capacity would
+run out; the caller grows and calls again.
+"""
+
+import numpy as np
+from numba import njit
+
+# Node fields: rows of ``nodes`` (int32, shape [capacity, NODE_FIELDS]).
+PARENT = 0
+TOKEN = 1
+COUNT = 2
+LEN = 3
+REF_SEQ = 4
+REF_POS = 5
+BEST = 6
+FIRST = 7
+NEXT = 8
+PREV = 9
+NODE_FIELDS = 10
+
+# Sequence fields: rows of ``seqs`` (int64, shape [capacity, SEQ_FIELDS]).
+SEQ_OFF = 0     # start of the sequence's region in token storage
+SEQ_LEN = 1     # tokens in the sequence
+SEQ_CAP = 2     # size of its region
+SEQ_ROOT = 3    # root node of its tree
+SEQ_SLOT = 4    # row of ``active`` while open, else -1
+SEQ_STATE = 5   # one of the SEQ_* states below
+SEQ_FIELDS = 6
+
+SEQ_FREE = 0
+SEQ_LIVE = 1
+SEQ_REMOVED = 2  # counts removed; tokens kept while labels may point into them
+
+# Scalars of the index: ``meta`` (int64).
+META_DEPTH = 0
+META_TOP = 1          # next never-used node row
+META_FREE_HEAD = 2    # head of the free-node list (chained through NEXT)
+META_FREE_COUNT = 3
+META_HASH_FILL = 4    # used slots in the child table
+META_ARENA_TOP = 5    # end of the last allocated region in token storage
+META_LIVE_TOKENS = 6  # tokens of live sequences
+META_DEAD_TOKENS = 7  # tokens of removed sequences still in storage
+META_SIZE = 8
+
+EMPTY = -1
+FREED = -2  # COUNT of a node on the free list
+
+# Codes returned by check_integrity (0 means sound).
+CHECK_MESSAGES = {
+    1: "child table entry points to a freed or mismatched node",
+    2: "node missing from its parent's child table",
+    3: "node label disagrees with its first token",
+    4: "child count not smaller than its parent's",
+    5: "children counts exceed the parent's count",
+    6: "BEST is not a most frequent child",
+    7: "sibling list is broken",
+    8: "stored count differs from a recount of all suffixes",
+    9: "child table fill differs from the number of edges",
+    10: "active node of an open sequence is not at the right suffix",
+    11: "node has no label or no count",
+    12: "free-node bookkeeping is wrong",
+}
+
+
+# --------------------------------------------------------------------------
+# Child table: open addressing, linear probing, backward-shift deletion.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def _hkey(parent, token):
+    return (np.int64(parent) << 32) | np.int64(token)
+
+
+@njit(cache=True)
+def _hslot(key, mask):
+    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
+    h ^= h >> np.uint64(29)
+    return np.int64(h & np.uint64(mask))
+
+
+@njit(cache=True)
+def _child(hkeys, hvals, parent, token):
+    mask = hkeys.shape[0] - 1
+    key = _hkey(parent, token)
+    i = _hslot(key, mask)
+    while True:
+        k = hkeys[i]
+        if k == key:
+            return hvals[i]
+        if k == EMPTY:
+            return -1
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _hput(hkeys, hvals, meta, parent, token, node):
+    mask = hkeys.shape[0] - 1
+    key = _hkey(parent, token)
+    i = _hslot(key, mask)
+    while True:
+        k = hkeys[i]
+        if k == key:
+            hvals[i] = node
+            return
+        if k == EMPTY:
+            hkeys[i] = key
+            hvals[i] = node
+            meta[META_HASH_FILL] += 1
+            return
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _hdel(hkeys, hvals, meta, parent, token):
+    mask = hkeys.shape[0] - 1
+    key = _hkey(parent, token)
+    i = _hslot(key, mask)
+    while hkeys[i] != key:
+        if hkeys[i] == EMPTY:
+            return
+        i = (i + 1) & mask
+    hkeys[i] = EMPTY
+    meta[META_HASH_FILL] -= 1
+    # Shift back later entries of the probe run that can no longer be reached.
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = hkeys[j]
+        if k == EMPTY:
+            return
+        home = _hslot(k, mask)
+        # The entry at j stays if its home lies cyclically in (i, j].
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            hkeys[i] = k
+            hvals[i] = hvals[j]
+            hkeys[j] = EMPTY
+            i = j
+
+
+@njit(cache=True)
+def rehash(old_keys, old_vals, new_keys, new_vals, meta):
+    """Move every entry of a child table into an empty, larger one."""
+    meta[META_HASH_FILL] = 0
+    for i in range(old_keys.shape[0]):
+        k = old_keys[i]
+        if k != EMPTY:
+            _hput(new_keys, new_vals, meta, np.int32(k >> 32),
+                  np.int32(k & 0xFFFFFFFF), old_vals[i])
+
+
+# --------------------------------------------------------------------------
+# Node bookkeeping.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def _alloc(nodes, meta):
+    head = meta[META_FREE_HEAD]
+    if head != -1:
+        meta[META_FREE_HEAD] = nodes[head, NEXT]
+        meta[META_FREE_COUNT] -= 1
+        x = head
+    else:
+        x = meta[META_TOP]
+        meta[META_TOP] = x + 1
+    nodes[x, :] = -1
+    return x
+
+
+@njit(cache=True)
+def _free(nodes, meta, x):
+    nodes[x, :] = -1
+    nodes[x, COUNT] = FREED
+    nodes[x, NEXT] = meta[META_FREE_HEAD]
+    meta[META_FREE_HEAD] = x
+    meta[META_FREE_COUNT] += 1
+
+
+@njit(cache=True)
+def _link_child(nodes, p, c):
+    first = nodes[p, FIRST]
+    nodes[c, NEXT] = first
+    nodes[c, PREV] = -1
+    if first != -1:
+        nodes[first, PREV] = c
+    nodes[p, FIRST] = c
+
+
+@njit(cache=True)
+def _unlink_child(nodes, p, c):
+    prev = nodes[c, PREV]
+    nxt = nodes[c, NEXT]
+    if prev != -1:
+        nodes[prev, NEXT] = nxt
+    else:
+        nodes[p, FIRST] = nxt
+    if nxt != -1:
+        nodes[nxt, PREV] = prev
+
+
+@njit(cache=True)
+def _replace_child(nodes, p, old, new):
+    """Put ``new`` where ``old`` stands in ``p``'s sibling list."""
+    prev = nodes[old, PREV]
+    nxt = nodes[old, NEXT]
+    nodes[new, PREV] = prev
+    nodes[new, NEXT] = nxt
+    if prev != -1:
+        nodes[prev, NEXT] = new
+    else:
+        nodes[p, FIRST] = new
+    if nxt != -1:
+        nodes[nxt, PREV] = new
+    if nodes[p, BEST] == old:
+        nodes[p, BEST] = new
+
+
+@njit(cache=True)
+def _rescan_best(nodes, p):
+    best = -1
+    c = nodes[p, FIRST]
+    while c != -1:
+        if best == -1 or nodes[c, COUNT] > nodes[best, COUNT]:
+            best = c
+        c = nodes[c, NEXT]
+    nodes[p, BEST] = best
+
+
+@njit(cache=True)
+def _label(arena, seqs, nodes, x, i):
+    """Token ``i`` of node ``x``'s edge label."""
+    return arena[seqs[nodes[x, REF_SEQ], SEQ_OFF] + nodes[x, REF_POS] + i]
+
+
+@njit(cache=True)
+def _absorb_parent(nodes, hkeys, hvals, meta, y):
+    """Merge ``y`` with its parent ``x``; ``y`` keeps its id, ``x`` is freed.
+
+    Call only when ``x`` is not a root, ``y`` is its only child and both have
+    the same count (no occurrence ends at ``x``).
+    """
+    x = nodes[y, PARENT]
+    p = nodes[x, PARENT]
+    _hdel(hkeys, hvals, meta, x, nodes[y, TOKEN])
+    _hput(hkeys, hvals, meta, p, nodes[x, TOKEN], y)
+    _replace_child(nodes, p, x, y)
+    nodes[y, PARENT] = p
+    nodes[y, TOKEN] = nodes[x, TOKEN]
+    nodes[y, LEN] += nodes[x, LEN]
+    nodes[y, REF_POS] -= nodes[x, LEN]
+    _free(nodes, meta, x)
+
+
+# --------------------------------------------------------------------------
+# Building: roots, appends, removal.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def new_root(nodes, meta):
+    """Allocate the root of a new tree and return its node id."""
+    r = _alloc(nodes, meta)
+    nodes[r, COUNT] = 0
+    nodes[r, LEN] = 0
+    return r
+
+
+@njit(cache=True)
+def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
+    """Extend the occurrence ending at node ``a`` by token ``t``.
+
+    ``a`` ends at the string ``seq[s][q:p]``; the token at ``p`` is ``t``.
+    Returns the node that ends at ``seq[s][q:p+1]``.
+    """
+    if nodes[a, PARENT] != -1 and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
+        # A leaf that only this occurrence reaches: lengthen it in place.  Its
+        # ref may point into a removed sequence, so re-point it here first.
+        nodes[a, REF_SEQ] = s
+        nodes[a, REF_POS] = p - nodes[a, LEN]
+        nodes[a, LEN] += 1
+        return a
+    c = _child(hkeys, hvals, a, t)
+    if c == -1:
+        c = _alloc(nodes, meta)
+        nodes[c, PARENT] = a
+        nodes[c, TOKEN] = t
+        nodes[c, COUNT] = 1
+        nodes[c, LEN] = 1
+        nodes[c, REF_SEQ] = s
+        nodes[c, REF_POS] = p
+        _link_child(nodes, a, c)
+        _hput(hkeys, hvals, meta, a, t, c)
+        b = nodes[a, BEST]
+        if b == -1 or nodes[b, COUNT] <= 1:
+            nodes[a, BEST] = c
+        # No merge is possible: a node reached by this occurrence alone was
+        # a leaf and took the branch above.
+        return c
+    if nodes[c, LEN] > 1:
+        # Split c after its first token; m becomes the one-token upper part.
+        m = _alloc(nodes, meta)
+        nodes[m, PARENT] = a
+        nodes[m, TOKEN] = t
+        nodes[m, COUNT] = nodes[c, COUNT]
+        nodes[m, LEN] = 1
+        nodes[m, REF_SEQ] = nodes[c, REF_SEQ]
+        nodes[m, REF_POS] = nodes[c, REF_POS]
+        _hput(hkeys, hvals, meta, a, t, m)
+        _replace_child(nodes, a, c, m)
+        nodes[c, PARENT] = m
+        nodes[c, LEN] -= 1
+        nodes[c, REF_POS] += 1
+        nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
+        nodes[c, NEXT] = -1
+        nodes[c, PREV] = -1
+        nodes[m, FIRST] = c
+        nodes[m, BEST] = c
+        _hput(hkeys, hvals, meta, m, nodes[c, TOKEN], c)
+        c = m
+    nodes[c, COUNT] += 1
+    b = nodes[a, BEST]
+    if nodes[c, COUNT] >= nodes[b, COUNT]:
+        nodes[a, BEST] = c
+    if nodes[a, PARENT] != -1 and nodes[c, COUNT] == nodes[a, COUNT]:
+        # Every occurrence of a now continues with t: one edge again.
+        _absorb_parent(nodes, hkeys, hvals, meta, c)
+    return c
+
+
+@njit(cache=True)
+def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
+    """Append ``tokens`` to open sequence ``s`` and index them.
+
+    Returns how many tokens were consumed.  Fewer than ``len(tokens)`` means a
+    capacity ran short (sequence region, nodes or child table); grow it and
+    call again with the rest.
+    """
+    depth = meta[META_DEPTH]
+    root = seqs[s, SEQ_ROOT]
+    slot = seqs[s, SEQ_SLOT]
+    off = seqs[s, SEQ_OFF]
+    hash_limit = hkeys.shape[0] // 2
+    # Each indexed token creates at most one node per open suffix.
+    for i in range(tokens.shape[0]):
+        p = seqs[s, SEQ_LEN]
+        if p >= seqs[s, SEQ_CAP]:
+            return i
+        spare = nodes.shape[0] - meta[META_TOP] + meta[META_FREE_COUNT]
+        if spare < depth + 1 or meta[META_HASH_FILL] + 2 * depth + 2 > hash_limit:
+            return i
+        t = tokens[i]
+        arena[off + p] = t
+        seqs[s, SEQ_LEN] = p + 1
+        meta[META_LIVE_TOKENS] += 1
+        nodes[root, COUNT] += 1
+        q0 = p - depth + 1
+        if q0 < 0:
+            q0 = 0
+        for q in range(q0, p + 1):
+            r = q % depth
+            a = root if q == p else active[slot, r]
+            active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta,
+                                             arena, seqs, a, t, s, p)
+    return tokens.shape[0]
+
+
+@njit(cache=True)
+def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
+    """Take every suffix of sequence ``s`` out of the counts.
+
+    ``path`` is scratch space of at least ``depth + 1`` int32.  The tokens stay
+    in storage (state SEQ_REMOVED) because surviving labels may use them.
+    """
+    depth = meta[META_DEPTH]
+    root = seqs[s, SEQ_ROOT]
+    off = seqs[s, SEQ_OFF]
+    n = seqs[s, SEQ_LEN]
+    for q in range(n):
+        end = q + depth
+        if end > n:
+            end = n
+        # Collect the nodes on the path of seq[q:end]; it ends on a boundary.
+        k = 0
+        x = root
+        d = q
+        while d < end:
+            x = _child(hkeys, hvals, x, arena[off + d])
+            path[k] = x
+            k += 1
+            d += nodes[x, LEN]
+        for j in range(k - 1, -1, -1):
+            x = path[j]
+            p = nodes[x, PARENT]
+            nodes[x, COUNT] -= 1
+            if nodes[x, COUNT] == 0:
+                _hdel(hkeys, hvals, meta, p, nodes[x, TOKEN])
+                _unlink_child(nodes, p, x)
+                if nodes[p, BEST] == x:
+                    _rescan_best(nodes, p)
+                _free(nodes, meta, x)
+                continue
+            if nodes[p, BEST] == x:
+                _rescan_best(nodes, p)
+            y = nodes[x, FIRST]
+            if y != -1 and nodes[y, NEXT] == -1 and nodes[y, COUNT] == nodes[x, COUNT]:
+                _absorb_parent(nodes, hkeys, hvals, meta, y)
+        nodes[root, COUNT] -= 1
+    meta[META_LIVE_TOKENS] -= n
+    meta[META_DEAD_TOKENS] += n
+    seqs[s, SEQ_STATE] = SEQ_REMOVED
+
+
+@njit(cache=True)
+def drop_tree(meta, nodes, hkeys, hvals, root):
+    """Free every node of the tree under ``root``, root included.
+
+    Sequences of that tree are the caller's to release.  Returns the number of
+    tokens the tree had indexed.
+    """
+    tokens = nodes[root, COUNT]
+    x = nodes[root, FIRST]
+    # Iterative post-order walk over the sibling lists.
+    while x != -1:
+        c = nodes[x, FIRST]
+        if c != -1:
+            x = c
+            continue
+        p = nodes[x, PARENT]
+        nxt = nodes[x, NEXT]
+        _hdel(hkeys, hvals, meta, p, nodes[x, TOKEN])
+        nodes[p, FIRST] = nxt
+        _free(nodes, meta, x)
+        if nxt != -1:
+            x = nxt
+        elif p == root:
+            x = -1
+        else:
+            x = p
+    _free(nodes, meta, root)
+    return tokens
+
+
+@njit(cache=True)
+def move_seq(arena, seqs, meta, s, new_off, new_cap):
+    """Copy sequence ``s`` to a fresh region of token storage."""
+    off = seqs[s, SEQ_OFF]
+    n = seqs[s, SEQ_LEN]
+    arena[new_off:new_off + n] = arena[off:off + n]
+    seqs[s, SEQ_OFF] = new_off
+    seqs[s, SEQ_CAP] = new_cap
+    end = new_off + new_cap
+    if end > meta[META_ARENA_TOP]:
+        meta[META_ARENA_TOP] = end
+
+
+@njit(cache=True)
+def compact_arena(arena, seqs, meta):
+    """Pack the regions of all sequences that are not free to the front."""
+    order = np.argsort(seqs[:, SEQ_OFF])
+    top = 0
+    for i in order:
+        if seqs[i, SEQ_STATE] == SEQ_FREE:
+            continue
+        off = seqs[i, SEQ_OFF]
+        n = seqs[i, SEQ_LEN]
+        cap = seqs[i, SEQ_CAP]
+        if seqs[i, SEQ_SLOT] == -1:
+            cap = n  # closed sequences never grow again
+        for j in range(n):
+            arena[top + j] = arena[off + j]
+        seqs[i, SEQ_OFF] = top
+        seqs[i, SEQ_CAP] = cap
+        top += cap
+    meta[META_ARENA_TOP] = top
+
+
+# --------------------------------------------------------------------------
+# Matching and drafting.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
+    """Walk ``ctx[start:end]`` down from ``root``.
+
+    Returns ``(node, offset)``: the string ends ``offset`` tokens into
+    ``node``'s edge (``offset == LEN`` at the node's end; ``(root, 0)`` for an
+    empty string), or ``(-1, 0)`` if it does not occur.
+    """
+    x = root
+    off = 0
+    for i in range(start, end):
+        t = ctx[i]
+        if off == nodes[x, LEN]:
+            x = _child(hkeys, hvals, x, t)
+            if x == -1:
+                return -1, 0
+            off = 1
+        else:
+            if _label(arena, seqs, nodes, x, off) != t:
+                return -1, 0
+            off += 1
+    return x, off
+
+
+@njit(cache=True)
+def _continues(nodes, x, off):
+    return off < nodes[x, LEN] or nodes[x, FIRST] != -1
+
+
+@njit(cache=True)
+def longest_match(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
+                  max_len, need_continuation):
+    """Longest suffix of ``ctx[start:end]`` found in the tree.
+
+    Only suffixes of at most ``max_len`` tokens are tried.  With
+    ``need_continuation`` the suffix must also be followed by some token in
+    the index.  Both properties shrink monotonically with the suffix length,
+    so a binary search finds the longest.  Returns ``(length, node, offset)``.
+    """
+    hi = end - start
+    if hi > max_len:
+        hi = max_len
+    lo = 0
+    best_x = root
+    best_off = 0
+    if need_continuation and nodes[root, FIRST] == -1:
+        return -1, -1, 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        x, off = _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - mid, end)
+        if x != -1 and (not need_continuation or _continues(nodes, x, off)):
+            lo = mid
+            best_x = x
+            best_off = off
+        else:
+            hi = mid - 1
+    return lo, best_x, best_off
+
+
+@njit(cache=True)
+def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
+               out_tokens, out_probs):
+    """Follow the most frequent continuation from position ``(x, off)``.
+
+    Each token's probability is the product of ``count(child)/count(node)``
+    along the path; drafting stops before a token whose probability would be
+    below ``min_prob``.  Writes at most ``max_tokens`` tokens; returns how
+    many, and the score (the sum of the probabilities).
+    """
+    n = 0
+    prob = 1.0
+    score = 0.0
+    while n < max_tokens:
+        if off < nodes[x, LEN]:
+            out_tokens[n] = _label(arena, seqs, nodes, x, off)
+            out_probs[n] = prob
+            score += prob
+            n += 1
+            off += 1
+        else:
+            b = nodes[x, BEST]
+            if b == -1:
+                break
+            p = prob * nodes[b, COUNT] / nodes[x, COUNT]
+            if p < min_prob:
+                break
+            prob = p
+            x = b
+            off = 0
+    return n, score
+
+
+@njit(cache=True)
+def draft_tree(nodes, arena, seqs, x, off, max_tokens, min_prob,
+               out_tokens, out_parents, out_probs, heap_prob, heap_node,
+               heap_off, heap_parent):
+    """Best-first expansion from position ``(x, off)``.
+
+    Repeatedly takes the frontier position with the highest probability, so
+    the draft holds the ``max_tokens`` most probable continuations (each at
+    least ``min_prob``) and is closed under prefixes.  ``out_parents[i]`` is
+    the index of token i's parent in the draft, -1 for a first token.  The
+    ``heap_*`` arrays are scratch space; when they are full, further frontier
+    entries are dropped.  Returns the number of tokens and the score.
+    """
+    cap = heap_prob.shape[0]
+    size = 1
+    heap_prob[0] = 1.0
+    heap_node[0] = x
+    heap_off[0] = off
+    heap_parent[0] = -1
+    n = 0
+    score = 0.0
+    while n < max_tokens and size > 0:
+        prob = heap_prob[0]
+        x = heap_node[0]
+        off = heap_off[0]
+        parent = heap_parent[0]
+        size -= 1
+        _heap_pop(heap_prob, heap_node, heap_off, heap_parent, size)
+        if off < nodes[x, LEN]:
+            out_tokens[n] = _label(arena, seqs, nodes, x, off)
+            out_parents[n] = parent
+            out_probs[n] = prob
+            score += prob
+            if size < cap:
+                _heap_push(heap_prob, heap_node, heap_off, heap_parent, size,
+                           prob, x, off + 1, n)
+                size += 1
+            n += 1
+        else:
+            c = nodes[x, FIRST]
+            while c != -1:
+                p = prob * nodes[c, COUNT] / nodes[x, COUNT]
+                if p >= min_prob and size < cap:
+                    _heap_push(heap_prob, heap_node, heap_off, heap_parent,
+                               size, p, c, 0, parent)
+                    size += 1
+                c = nodes[c, NEXT]
+    return n, score
+
+
+@njit(cache=True)
+def _heap_push(hp, hn, ho, hpar, size, prob, x, off, parent):
+    # Max-heap on probability.
+    i = size
+    while i > 0:
+        up = (i - 1) // 2
+        if hp[up] >= prob:
+            break
+        hp[i] = hp[up]
+        hn[i] = hn[up]
+        ho[i] = ho[up]
+        hpar[i] = hpar[up]
+        i = up
+    hp[i] = prob
+    hn[i] = x
+    ho[i] = off
+    hpar[i] = parent
+
+
+@njit(cache=True)
+def _heap_pop(hp, hn, ho, hpar, size):
+    # Move the last entry (index ``size``) into the hole at the top.
+    if size == 0:
+        return
+    prob = hp[size]
+    x = hn[size]
+    off = ho[size]
+    parent = hpar[size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and hp[c + 1] > hp[c]:
+            c += 1
+        if hp[c] <= prob:
+            break
+        hp[i] = hp[c]
+        hn[i] = hn[c]
+        ho[i] = ho[c]
+        hpar[i] = hpar[c]
+        i = c
+    hp[i] = prob
+    hn[i] = x
+    ho[i] = off
+    hpar[i] = parent
+
+
+@njit(cache=True)
+def continuations(nodes, arena, seqs, x, off, out_tokens, out_counts):
+    """Next tokens after position ``(x, off)`` with their counts.
+
+    Returns how many; at most ``len(out_tokens)`` are written.
+    """
+    if off < nodes[x, LEN]:
+        if out_tokens.shape[0] > 0:
+            out_tokens[0] = _label(arena, seqs, nodes, x, off)
+            out_counts[0] = nodes[x, COUNT]
+        return 1
+    n = 0
+    c = nodes[x, FIRST]
+    while c != -1:
+        if n < out_tokens.shape[0]:
+            out_tokens[n] = nodes[c, TOKEN]
+            out_counts[n] = nodes[c, COUNT]
+        n += 1
+        c = nodes[c, NEXT]
+    return n
+
+
+# --------------------------------------------------------------------------
+# Self-check.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
+    """Verify every invariant of the index; returns 0 or a CHECK_MESSAGES code.
+
+    Slow (it recounts every suffix); meant for tests and debugging.
+    """
+    top = meta[META_TOP]
+    depth = meta[META_DEPTH]
+    # Free list.
+    free = 0
+    x = meta[META_FREE_HEAD]
+    while x != -1:
+        if nodes[x, COUNT] != FREED:
+            return 12
+        free += 1
+        x = nodes[x, NEXT]
+    if free != meta[META_FREE_COUNT]:
+        return 12
+    edges = 0
+    for x in range(top):
+        if nodes[x, COUNT] == FREED:
+            continue
+        p = nodes[x, PARENT]
+        # Sibling list, children counts, BEST.
+        total = 0
+        prev = -1
+        c = nodes[x, FIRST]
+        best = -1
+        while c != -1:
+            if nodes[c, PARENT] != x or nodes[c, PREV] != prev:
+                return 7
+            total += nodes[c, COUNT]
+            if p != -1 and nodes[c, COUNT] >= nodes[x, COUNT]:
+                return 4
+            if best == -1 or nodes[c, COUNT] > nodes[best, COUNT]:
+                best = c
+            prev = c
+            c = nodes[c, NEXT]
+        if total > nodes[x, COUNT]:
+            return 5
+        b = nodes[x, BEST]
+        if (b == -1) != (best == -1):
+            return 6
+        if b != -1 and (nodes[b, PARENT] != x or nodes[b, COUNT] != nodes[best, COUNT]):
+            return 6
+        if p == -1:
+            continue
+        edges += 1
+        if nodes[x, LEN] < 1 or nodes[x, COUNT] < 1:
+            return 11
+        if _child(hkeys, hvals, p, nodes[x, TOKEN]) != x:
+            return 2
+        if _label(arena, seqs, nodes, x, 0) != nodes[x, TOKEN]:
+            return 3
+    if edges != meta[META_HASH_FILL]:
+        return 9
+    for i in range(hkeys.shape[0]):
+        k = hkeys[i]
+        if k == EMPTY:
+            continue
+        v = hvals[i]
+        if v < 0 or v >= top or nodes[v, COUNT] == FREED:
+            return 1
+        if nodes[v, PARENT] != (k >> 32) or nodes[v, TOKEN] != (k & 0xFFFFFFFF):
+            return 1
+    # Recount: every suffix of every live sequence walks its path.
+    recount = np.zeros(top, np.int64)
+    for s in range(seqs.shape[0]):
+        if seqs[s, SEQ_STATE] != SEQ_LIVE:
+            continue
+        root = seqs[s, SEQ_ROOT]
+        off = seqs[s, SEQ_OFF]
+        n = seqs[s, SEQ_LEN]
+        recount[root] += n
+        for q in range(n):
+            end = min(q + depth, n)
+            x = root
+            d = q
+            while d < end:
+                x = _child(hkeys, hvals, x, arena[off + d])
+                if x == -1:
+                    return 8
+                for j in range(nodes[x, LEN]):
+                    if d + j >= end or _label(arena, seqs, nodes, x, j) != arena[off + d + j]:
+                        return 8
+                recount[x] += 1
+                d += nodes[x, LEN]
+        slot = seqs[s, SEQ_SLOT]
+        if slot != -1:
+            for q in range(max(0, n - depth + 1), n):
+                x = active[slot, q % depth]
+                if x < 0 or x >= top or nodes[x, COUNT] == FREED:
+                    return 10
+                # The path from the root to x must spell seq[q:n].
+                d = n
+                while nodes[x, PARENT] != -1:
+                    d -= nodes[x, LEN]
+                    x = nodes[x, PARENT]
+                if d != q or x != root:
+                    return 10
+    for x in range(top):
+        if nodes[x, COUNT] != FREED and nodes[x, COUNT] != recount[x]:
+            return 8
+    return 0

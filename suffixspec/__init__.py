@@ -1,0 +1,1 @@
+"""suffixspec: speculative-decoding drafts from suffix tries over past tokens."""

@@ -1,0 +1,341 @@
+"""``SuffixIndex``: owns the arrays of one native suffix index and grows them.
+
+A ``SuffixIndex`` is a forest.  ``add_tree`` makes an empty tree,
+``add_sequence`` an open sequence in it; ``extend`` appends tokens, ``close``
+ends a sequence (it stays indexed), ``remove`` takes one out of the counts and
+``drop_tree`` frees a whole tree at once.
+
+The arrays are public attributes so batch kernels can take them directly; only
+this class resizes them.  Token arrays passed in are assumed valid: the public
+API validates once (``suffixspec.tokens.as_token_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from suffixspec.native import suffix_index as nat
+
+
+class IndexCorruptError(RuntimeError):
+    """``check_integrity`` found a broken invariant."""
+
+
+@dataclass(frozen=True)
+class Match:
+    """Where a context suffix ends in a tree.
+
+    ``length`` tokens matched; the match ends ``offset`` tokens into ``node``'s
+    edge.  ``count`` is how often the matched string occurs.
+    """
+
+    length: int
+    node: int
+    offset: int
+    count: int
+
+
+class SuffixIndex:
+    def __init__(self, max_depth: int = 64, node_capacity: int = 1024,
+                 token_capacity: int = 4096):
+        if not 1 <= max_depth <= 1024:
+            raise ValueError(f"max_depth must be in [1, 1024], got {max_depth}")
+        self.max_depth = int(max_depth)
+        self.meta = np.zeros(nat.META_SIZE, np.int64)
+        self.meta[nat.META_DEPTH] = max_depth
+        self.meta[nat.META_FREE_HEAD] = -1
+        self.nodes = np.full((max(node_capacity, 2 * max_depth + 4), nat.NODE_FIELDS), -1, np.int32)
+        hcap = 1 << max(6, int(np.ceil(np.log2(4 * max_depth + 8))))
+        self.hkeys = np.full(hcap, nat.EMPTY, np.int64)
+        self.hvals = np.full(hcap, -1, np.int32)
+        self.arena = np.zeros(token_capacity, np.int32)
+        self.seqs = np.zeros((16, nat.SEQ_FIELDS), np.int64)
+        self.active = np.zeros((4, max_depth), np.int32)
+        self.roots = np.full(4, -1, np.int32)
+        self._path = np.zeros(max_depth + 1, np.int32)
+        self._free_seqs: list[int] = []
+        self._next_seq = 0
+        self._free_slots: list[int] = list(range(3, -1, -1))
+        self._free_trees: list[int] = []
+        self._next_tree = 0
+        self._tree_seqs: dict[int, set[int]] = {}
+        self._garbage = 0  # token storage held by freed sequences
+
+    # ------------------------------------------------------------------ trees
+    def add_tree(self) -> int:
+        """Create an empty tree and return its id."""
+        tree = self._free_trees.pop() if self._free_trees else self._next_tree
+        self._open_tree(tree)
+        return tree
+
+    def drop_tree(self, tree: int) -> None:
+        """Free a tree, its nodes and its sequences."""
+        root = self._root(tree)
+        nat.drop_tree(self.meta, self.nodes, self.hkeys, self.hvals, root)
+        for s in self._tree_seqs.pop(tree):
+            self._release_seq(s)
+        self.roots[tree] = -1
+        self._free_trees.append(tree)
+
+    def tree_tokens(self, tree: int) -> int:
+        """Tokens indexed in ``tree`` (its root's count)."""
+        return int(self.nodes[self._root(tree), nat.COUNT])
+
+    # -------------------------------------------------------------- sequences
+    def add_sequence(self, tree: int, capacity: int = 64) -> int:
+        """Open a new, empty sequence in ``tree`` and return its id."""
+        s = self._free_seqs.pop() if self._free_seqs else self._next_seq
+        self._open_seq(s, tree, capacity)
+        return s
+
+    def extend(self, seq: int, token_ids: np.ndarray) -> None:
+        """Append int32 tokens to open sequence ``seq`` and index them."""
+        done = 0
+        n = token_ids.shape[0]
+        while True:
+            done += nat.extend(self.meta, self.nodes, self.hkeys, self.hvals,
+                               self.arena, self.seqs, self.active, seq, token_ids[done:])
+            if done == n:
+                return
+            self._make_room(seq, n - done)
+
+    def close(self, seq: int) -> None:
+        """End ``seq``: it stays indexed but takes no more tokens."""
+        slot = int(self.seqs[seq, nat.SEQ_SLOT])
+        if slot != -1:
+            self._free_slots.append(slot)
+            self.seqs[seq, nat.SEQ_SLOT] = -1
+
+    def remove(self, seq: int) -> None:
+        """Take ``seq`` out of the index (its tokens are reclaimed by ``rebuild``)."""
+        self.close(seq)
+        nat.remove_seq(self.meta, self.nodes, self.hkeys, self.hvals,
+                       self.arena, self.seqs, seq, self._path)
+
+    def sequence(self, seq: int) -> np.ndarray:
+        """A copy of the tokens of ``seq``."""
+        off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
+        return self.arena[off:off + n].copy()
+
+    def seq_len(self, seq: int) -> int:
+        return int(self.seqs[seq, nat.SEQ_LEN])
+
+    def is_open(self, seq: int) -> bool:
+        return int(self.seqs[seq, nat.SEQ_SLOT]) != -1
+
+    @property
+    def live_tokens(self) -> int:
+        return int(self.meta[nat.META_LIVE_TOKENS])
+
+    @property
+    def dead_tokens(self) -> int:
+        return int(self.meta[nat.META_DEAD_TOKENS])
+
+    # ---------------------------------------------------------------- queries
+    def match(self, tree: int, context: np.ndarray, need_continuation: bool = False,
+              max_len: int | None = None) -> Match | None:
+        """Longest suffix of ``context`` that occurs in ``tree``.
+
+        With ``need_continuation`` it must also be followed by some token.
+        Returns None when not even the empty suffix qualifies (empty tree).
+        """
+        limit = self.max_depth if max_len is None else min(max_len, self.max_depth)
+        length, node, off = nat.longest_match(
+            self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self._root(tree),
+            context, 0, context.shape[0], limit, need_continuation)
+        if length < 0:
+            return None
+        return Match(int(length), int(node), int(off), int(self.nodes[node, nat.COUNT]))
+
+    def continuations(self, match: Match) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens that follow a match and how often each does."""
+        n = nat.continuations(self.nodes, self.arena, self.seqs, match.node, match.offset,
+                              np.empty(0, np.int32), np.empty(0, np.int64))
+        tokens = np.empty(n, np.int32)
+        counts = np.empty(n, np.int64)
+        nat.continuations(self.nodes, self.arena, self.seqs, match.node, match.offset,
+                          tokens, counts)
+        return tokens, counts
+
+    def occurrence(self, match: Match) -> tuple[int, int]:
+        """One ``(seq, start)`` where the matched string occurs.
+
+        The sequence may be a removed one: its tokens stay in storage, and
+        edge labels may read them, until ``rebuild``.
+        """
+        node = match.node
+        seq = int(self.nodes[node, nat.REF_SEQ])
+        start = int(self.nodes[node, nat.REF_POS]) + match.offset - match.length
+        return seq, start
+
+    def draft_path(self, match: Match, max_tokens: int, min_prob: float):
+        """Most-frequent-continuation path from ``match``: (tokens, probs, score)."""
+        tokens = np.empty(max_tokens, np.int32)
+        probs = np.empty(max_tokens, np.float32)
+        n, score = nat.draft_path(self.nodes, self.arena, self.seqs, match.node, match.offset,
+                                  max_tokens, min_prob, tokens, probs)
+        return tokens[:n], probs[:n], float(score)
+
+    def draft_tree(self, match: Match, max_tokens: int, min_prob: float):
+        """Best-first draft tree from ``match``: (tokens, parents, probs, score)."""
+        tokens = np.empty(max_tokens, np.int32)
+        parents = np.empty(max_tokens, np.int32)
+        probs = np.empty(max_tokens, np.float32)
+        heap = heap_scratch(max_tokens, min_prob)
+        n, score = nat.draft_tree(self.nodes, self.arena, self.seqs, match.node, match.offset,
+                                  max_tokens, min_prob, tokens, parents, probs, *heap)
+        return tokens[:n], parents[:n], probs[:n], float(score)
+
+    # ------------------------------------------------------------ maintenance
+    def check_integrity(self) -> None:
+        """Raise ``IndexCorruptError`` if any invariant is broken (slow)."""
+        code = nat.check_integrity(self.meta, self.nodes, self.hkeys, self.hvals,
+                                   self.arena, self.seqs, self.active)
+        if code:
+            raise IndexCorruptError(nat.CHECK_MESSAGES[code])
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the index arrays (allocated capacity, not just used)."""
+        return sum(a.nbytes for a in (self.meta, self.nodes, self.hkeys, self.hvals,
+                                      self.arena, self.seqs, self.active, self.roots))
+
+    def used_bytes(self) -> int:
+        """Bytes of the index arrays in use: nodes, child table slots, token storage."""
+        nodes = int(self.meta[nat.META_TOP] - self.meta[nat.META_FREE_COUNT])
+        return (nodes * self.nodes.itemsize * nat.NODE_FIELDS
+                + int(self.meta[nat.META_HASH_FILL]) * 2 * (8 + 4)
+                + int(self.meta[nat.META_ARENA_TOP]) * 4)
+
+    def node_count(self) -> int:
+        return int(self.meta[nat.META_TOP] - self.meta[nat.META_FREE_COUNT])
+
+    def rebuild(self) -> None:
+        """Re-index live sequences from scratch, reclaiming removed ones' storage.
+
+        Tree and sequence ids stay valid; open sequences stay open.
+        """
+        fresh = SuffixIndex(self.max_depth, node_capacity=max(1024, self.node_count()),
+                            token_capacity=max(4096, self.live_tokens + 1024))
+        for tree in sorted(self._tree_seqs):
+            fresh._open_tree(tree)
+        for tree, seqs in self._tree_seqs.items():
+            for s in sorted(seqs):
+                if self.seqs[s, nat.SEQ_STATE] != nat.SEQ_LIVE:
+                    continue
+                fresh._open_seq(s, tree, max(self.seq_len(s), 1))
+                fresh.extend(s, self.sequence(s))
+                if not self.is_open(s):
+                    fresh.close(s)
+        fresh._free_trees = [t for t in range(fresh._next_tree) if t not in fresh._tree_seqs][::-1]
+        used = set().union(*fresh._tree_seqs.values()) if fresh._tree_seqs else set()
+        fresh._free_seqs = [s for s in range(fresh._next_seq) if s not in used][::-1]
+        for s in fresh._free_seqs:
+            fresh.seqs[s, nat.SEQ_STATE] = nat.SEQ_FREE
+        self.__dict__.update(fresh.__dict__)
+
+    # --------------------------------------------------------------- internal
+    def _root(self, tree: int) -> int:
+        if not 0 <= tree < self.roots.shape[0] or self.roots[tree] < 0:
+            raise KeyError(f"no tree {tree}")
+        return int(self.roots[tree])
+
+    def _open_tree(self, tree: int) -> None:
+        if tree >= self.roots.shape[0]:
+            self.roots = _grown(self.roots, max(2 * self.roots.shape[0], tree + 1), -1)
+        self._next_tree = max(self._next_tree, tree + 1)
+        self._reserve_nodes(1)
+        self.roots[tree] = nat.new_root(self.nodes, self.meta)
+        self._tree_seqs[tree] = set()
+
+    def _open_seq(self, s: int, tree: int, capacity: int) -> None:
+        root = self._root(tree)
+        if s >= self.seqs.shape[0]:
+            self.seqs = _grown(self.seqs, max(2 * self.seqs.shape[0], s + 1), 0)
+        self._next_seq = max(self._next_seq, s + 1)
+        if not self._free_slots:
+            old = self.active.shape[0]
+            self.active = _grown(self.active, 2 * old, 0)
+            self._free_slots.extend(range(2 * old - 1, old - 1, -1))
+        row = self.seqs[s]
+        row[:] = 0
+        row[nat.SEQ_ROOT] = root
+        row[nat.SEQ_SLOT] = self._free_slots.pop()
+        row[nat.SEQ_STATE] = nat.SEQ_LIVE
+        self._place(s, max(int(capacity), 1))
+        self._tree_seqs[tree].add(s)
+
+    def _release_seq(self, s: int) -> None:
+        self.close(s)
+        state = self.seqs[s, nat.SEQ_STATE]
+        n = int(self.seqs[s, nat.SEQ_LEN])
+        if state == nat.SEQ_LIVE:
+            self.meta[nat.META_LIVE_TOKENS] -= n
+        elif state == nat.SEQ_REMOVED:
+            self.meta[nat.META_DEAD_TOKENS] -= n
+        self._garbage += int(self.seqs[s, nat.SEQ_CAP])
+        self.seqs[s, nat.SEQ_STATE] = nat.SEQ_FREE
+        self.seqs[s, nat.SEQ_LEN] = 0
+        self._free_seqs.append(s)
+
+    def _reserve_nodes(self, n: int) -> None:
+        spare = self.nodes.shape[0] - self.meta[nat.META_TOP] + self.meta[nat.META_FREE_COUNT]
+        if spare < n:
+            need = self.nodes.shape[0] + n
+            self.nodes = _grown(self.nodes, max(2 * self.nodes.shape[0], need), -1)
+
+    def _make_room(self, seq: int, more: int) -> None:
+        row = self.seqs[seq]
+        if row[nat.SEQ_LEN] >= row[nat.SEQ_CAP]:
+            self._place(seq, max(2 * int(row[nat.SEQ_CAP]), int(row[nat.SEQ_LEN]) + more))
+        self._reserve_nodes(self.max_depth + 1)
+        if self.meta[nat.META_HASH_FILL] + 2 * self.max_depth + 2 > self.hkeys.shape[0] // 2:
+            size = 2 * self.hkeys.shape[0]
+            keys = np.full(size, nat.EMPTY, np.int64)
+            vals = np.full(size, -1, np.int32)
+            nat.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
+            self.hkeys, self.hvals = keys, vals
+
+    def _place(self, seq: int, cap: int) -> None:
+        """Give ``seq`` a storage region of ``cap`` tokens, keeping its tokens."""
+        row = self.seqs[seq]
+        top = int(self.meta[nat.META_ARENA_TOP])
+        end = int(row[nat.SEQ_OFF] + row[nat.SEQ_CAP])
+        if row[nat.SEQ_CAP] > 0 and end == top and row[nat.SEQ_OFF] + cap <= self.arena.shape[0]:
+            # Last region: grow it in place.
+            row[nat.SEQ_CAP] = cap
+            self.meta[nat.META_ARENA_TOP] = row[nat.SEQ_OFF] + cap
+            return
+        if row[nat.SEQ_CAP] > 0:
+            self._garbage += int(row[nat.SEQ_CAP])
+        if top + cap > self.arena.shape[0] and self._garbage > top // 2:
+            nat.compact_arena(self.arena, self.seqs, self.meta)
+            self._garbage = 0
+            top = int(self.meta[nat.META_ARENA_TOP])
+        if top + cap > self.arena.shape[0]:
+            self.arena = _grown(self.arena, max(2 * self.arena.shape[0], top + cap), 0)
+        if row[nat.SEQ_CAP] > 0:
+            nat.move_seq(self.arena, self.seqs, self.meta, seq, top, cap)
+        else:
+            row[nat.SEQ_OFF] = top
+            row[nat.SEQ_CAP] = cap
+            self.meta[nat.META_ARENA_TOP] = top + cap
+
+
+def heap_scratch(max_tokens: int, min_prob: float):
+    """Scratch arrays for ``draft_tree``'s frontier.
+
+    Children pushed per expansion number at most ``1/min_prob``, so this size
+    never drops an entry when ``min_prob >= 1/256``.
+    """
+    fan = 256 if min_prob <= 0 else min(256, int(np.ceil(1.0 / min_prob)))
+    size = max_tokens * fan + 1
+    return (np.empty(size, np.float64), np.empty(size, np.int32),
+            np.empty(size, np.int32), np.empty(size, np.int32))
+
+
+def _grown(arr: np.ndarray, rows: int, fill) -> np.ndarray:
+    out = np.full((rows,) + arr.shape[1:], fill, arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
