@@ -14,10 +14,12 @@ Representation (all chosen by measurement, see bench/index_bench.py):
   smaller count than the node, otherwise the two would be one edge.  Hence a
   string where some occurrence *ends* (end of a sequence, or the depth bound)
   is always a node boundary.
-* Children are found through one open-addressing hash table keyed by
-  ``(parent, first token)``, and also chained in a sibling list for
-  enumeration.  ``BEST`` caches the most frequent child (ties go to the child
-  whose count rose last), so a path draft never scans siblings.
+* Children are chained in a sibling list.  A node with two or more children
+  also has them in one open-addressing table keyed by ``(parent, first
+  token)``; an only child is simply ``FIRST``, which keeps the frequent
+  boundary moves along repeated text free of table work.  ``BEST`` caches the
+  most frequent child (ties go to the child whose count rose last), so a path
+  draft never scans siblings.
 * Refs are *occurrence-consistent*: the label at ``(REF_SEQ, REF_POS)`` is
   preceded in that sequence by the labels of all ancestors.  So a child can
   absorb its parent by moving its ref back by the parent's length.
@@ -79,14 +81,14 @@ FREED = -2  # COUNT of a node on the free list
 # Codes returned by check_integrity (0 means sound).
 CHECK_MESSAGES = {
     1: "child table entry points to a freed or mismatched node",
-    2: "node missing from its parent's child table",
+    2: "child table entry missing, or present for an only child",
     3: "node label disagrees with its first token",
     4: "child count not smaller than its parent's",
     5: "children counts exceed the parent's count",
     6: "BEST is not a most frequent child",
     7: "sibling list is broken",
     8: "stored count differs from a recount of all suffixes",
-    9: "child table fill differs from the number of edges",
+    9: "child table fill differs from the number of children with siblings",
     10: "active node of an open sequence is not at the right suffix",
     11: "node has no label or no count",
     12: "free-node bookkeeping is wrong",
@@ -104,8 +106,11 @@ def _hkey(parent, token):
 
 @njit(cache=True)
 def _hslot(key, mask):
-    h = np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)
-    h ^= h >> np.uint64(29)
+    # Murmur3 finalizer: every key bit reaches the low bits used as the slot.
+    h = np.uint64(key)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
     return np.int64(h & np.uint64(mask))
 
 
@@ -121,6 +126,32 @@ def _child(hkeys, hvals, parent, token):
         if k == EMPTY:
             return -1
         i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _find_child(nodes, hkeys, hvals, parent, token):
+    """Child of ``parent`` starting with ``token``, or -1.
+
+    The most frequent and the newest child are checked first: they answer
+    most lookups in repetitive text without touching the child table, which
+    only holds children that have siblings.
+    """
+    c = nodes[parent, BEST]
+    if c != -1 and nodes[c, TOKEN] == token:
+        return c
+    c = nodes[parent, FIRST]
+    if c == -1 or nodes[c, TOKEN] == token:
+        return c
+    if nodes[c, NEXT] == -1:
+        return -1
+    return _child(hkeys, hvals, parent, token)
+
+
+@njit(cache=True)
+def _has_siblings(nodes, p):
+    """True when ``p`` has two or more children (they are in the table)."""
+    f = nodes[p, FIRST]
+    return f != -1 and nodes[f, NEXT] != -1
 
 
 @njit(cache=True)
@@ -211,8 +242,13 @@ def _free(nodes, meta, x):
 
 
 @njit(cache=True)
-def _link_child(nodes, p, c):
+def _link_child(nodes, hkeys, hvals, meta, p, c):
     first = nodes[p, FIRST]
+    if first != -1:
+        if nodes[first, NEXT] == -1:
+            # p goes from one child to two: both enter the table.
+            _hput(hkeys, hvals, meta, p, nodes[first, TOKEN], first)
+        _hput(hkeys, hvals, meta, p, nodes[c, TOKEN], c)
     nodes[c, NEXT] = first
     nodes[c, PREV] = -1
     if first != -1:
@@ -221,7 +257,9 @@ def _link_child(nodes, p, c):
 
 
 @njit(cache=True)
-def _unlink_child(nodes, p, c):
+def _unlink_child(nodes, hkeys, hvals, meta, p, c):
+    if _has_siblings(nodes, p):
+        _hdel(hkeys, hvals, meta, p, nodes[c, TOKEN])
     prev = nodes[c, PREV]
     nxt = nodes[c, NEXT]
     if prev != -1:
@@ -230,11 +268,20 @@ def _unlink_child(nodes, p, c):
         nodes[p, FIRST] = nxt
     if nxt != -1:
         nodes[nxt, PREV] = prev
+    f = nodes[p, FIRST]
+    if f != -1 and nodes[f, NEXT] == -1:
+        # Back to an only child: it leaves the table.
+        _hdel(hkeys, hvals, meta, p, nodes[f, TOKEN])
 
 
 @njit(cache=True)
-def _replace_child(nodes, p, old, new):
-    """Put ``new`` where ``old`` stands in ``p``'s sibling list."""
+def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
+    """Put ``new`` where ``old`` stands among ``p``'s children.
+
+    Both must start with the same token.
+    """
+    if _has_siblings(nodes, p):
+        _hput(hkeys, hvals, meta, p, nodes[old, TOKEN], new)
     prev = nodes[old, PREV]
     nxt = nodes[old, NEXT]
     nodes[new, PREV] = prev
@@ -275,11 +322,9 @@ def _absorb_parent(nodes, hkeys, hvals, meta, y):
     """
     x = nodes[y, PARENT]
     p = nodes[x, PARENT]
-    _hdel(hkeys, hvals, meta, x, nodes[y, TOKEN])
-    _hput(hkeys, hvals, meta, p, nodes[x, TOKEN], y)
-    _replace_child(nodes, p, x, y)
-    nodes[y, PARENT] = p
     nodes[y, TOKEN] = nodes[x, TOKEN]
+    _replace_child(nodes, hkeys, hvals, meta, p, x, y)
+    nodes[y, PARENT] = p
     nodes[y, LEN] += nodes[x, LEN]
     nodes[y, REF_POS] -= nodes[x, LEN]
     _free(nodes, meta, x)
@@ -312,7 +357,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[a, REF_POS] = p - nodes[a, LEN]
         nodes[a, LEN] += 1
         return a
-    c = _child(hkeys, hvals, a, t)
+    c = _find_child(nodes, hkeys, hvals, a, t)
     if c == -1:
         c = _alloc(nodes, meta)
         nodes[c, PARENT] = a
@@ -321,14 +366,26 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[c, LEN] = 1
         nodes[c, REF_SEQ] = s
         nodes[c, REF_POS] = p
-        _link_child(nodes, a, c)
-        _hput(hkeys, hvals, meta, a, t, c)
+        _link_child(nodes, hkeys, hvals, meta, a, c)
         b = nodes[a, BEST]
         if b == -1 or nodes[b, COUNT] <= 1:
             nodes[a, BEST] = c
         # No merge is possible: a node reached by this occurrence alone was
         # a leaf and took the branch above.
         return c
+    if nodes[c, LEN] > 1 and nodes[a, PARENT] != -1 and nodes[c, COUNT] + 1 == nodes[a, COUNT]:
+        # After this step every occurrence of a continues into c: instead of
+        # splitting c and merging its head into a, move the boundary down one
+        # token.  a's ref is re-derived from c's, whose occurrence is known to
+        # continue with t.
+        nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
+        nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
+        nodes[a, LEN] += 1
+        # c is a's only child, so it has no table entry to re-key.
+        nodes[c, LEN] -= 1
+        nodes[c, REF_POS] += 1
+        nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
+        return a
     if nodes[c, LEN] > 1:
         # Split c after its first token; m becomes the one-token upper part.
         m = _alloc(nodes, meta)
@@ -338,8 +395,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[m, LEN] = 1
         nodes[m, REF_SEQ] = nodes[c, REF_SEQ]
         nodes[m, REF_POS] = nodes[c, REF_POS]
-        _hput(hkeys, hvals, meta, a, t, m)
-        _replace_child(nodes, a, c, m)
+        _replace_child(nodes, hkeys, hvals, meta, a, c, m)
         nodes[c, PARENT] = m
         nodes[c, LEN] -= 1
         nodes[c, REF_POS] += 1
@@ -348,7 +404,6 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[c, PREV] = -1
         nodes[m, FIRST] = c
         nodes[m, BEST] = c
-        _hput(hkeys, hvals, meta, m, nodes[c, TOKEN], c)
         c = m
     nodes[c, COUNT] += 1
     b = nodes[a, BEST]
@@ -389,11 +444,40 @@ def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
         q0 = p - depth + 1
         if q0 < 0:
             q0 = 0
+        r = q0 % depth
         for q in range(q0, p + 1):
-            r = q % depth
             a = root if q == p else active[slot, r]
-            active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta,
-                                             arena, seqs, a, t, s, p)
+            c = nodes[a, BEST]
+            if q != p and c == -1 and nodes[a, COUNT] == 1:
+                # A leaf only this suffix reaches: lengthen it in place.  Its
+                # ref may point into a removed sequence, so re-point it too.
+                nodes[a, REF_SEQ] = s
+                nodes[a, REF_POS] = p - nodes[a, LEN]
+                nodes[a, LEN] += 1
+            elif (c != -1 and nodes[c, TOKEN] == t and nodes[c, LEN] == 1
+                  and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
+                # The most frequent child continues: it only gains a count
+                # and stays the most frequent.
+                nodes[c, COUNT] += 1
+                active[slot, r] = c
+            elif (c != -1 and q != p and nodes[c, TOKEN] == t and nodes[c, LEN] > 1
+                  and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
+                # c is a's only child and every other occurrence of a goes
+                # into it: move the boundary between them down one token
+                # (the suffix stays at a).  a's ref is re-derived from c's,
+                # whose occurrence is known to continue with t.
+                nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
+                nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
+                nodes[a, LEN] += 1
+                nodes[c, LEN] -= 1
+                nodes[c, REF_POS] += 1
+                nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+            else:
+                active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta,
+                                                 arena, seqs, a, t, s, p)
+            r += 1
+            if r == depth:
+                r = 0
     return tokens.shape[0]
 
 
@@ -417,7 +501,7 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
         x = root
         d = q
         while d < end:
-            x = _child(hkeys, hvals, x, arena[off + d])
+            x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
             path[k] = x
             k += 1
             d += nodes[x, LEN]
@@ -426,8 +510,7 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
             p = nodes[x, PARENT]
             nodes[x, COUNT] -= 1
             if nodes[x, COUNT] == 0:
-                _hdel(hkeys, hvals, meta, p, nodes[x, TOKEN])
-                _unlink_child(nodes, p, x)
+                _unlink_child(nodes, hkeys, hvals, meta, p, x)
                 if nodes[p, BEST] == x:
                     _rescan_best(nodes, p)
                 _free(nodes, meta, x)
@@ -460,8 +543,12 @@ def drop_tree(meta, nodes, hkeys, hvals, root):
             continue
         p = nodes[x, PARENT]
         nxt = nodes[x, NEXT]
+        # Siblings leave one by one, so the table may or may not hold x;
+        # deleting a missing key is a no-op.
         _hdel(hkeys, hvals, meta, p, nodes[x, TOKEN])
         nodes[p, FIRST] = nxt
+        if nxt != -1:
+            nodes[nxt, PREV] = -1
         _free(nodes, meta, x)
         if nxt != -1:
             x = nxt
@@ -524,7 +611,7 @@ def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     for i in range(start, end):
         t = ctx[i]
         if off == nodes[x, LEN]:
-            x = _child(hkeys, hvals, x, t)
+            x = _find_child(nodes, hkeys, hvals, x, t)
             if x == -1:
                 return -1, 0
             off = 1
@@ -774,10 +861,13 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
             return 6
         if p == -1:
             continue
-        edges += 1
         if nodes[x, LEN] < 1 or nodes[x, COUNT] < 1:
             return 11
-        if _child(hkeys, hvals, p, nodes[x, TOKEN]) != x:
+        if _has_siblings(nodes, p):
+            edges += 1
+            if _child(hkeys, hvals, p, nodes[x, TOKEN]) != x:
+                return 2
+        elif _child(hkeys, hvals, p, nodes[x, TOKEN]) != -1:
             return 2
         if _label(arena, seqs, nodes, x, 0) != nodes[x, TOKEN]:
             return 3
@@ -791,6 +881,8 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
         if v < 0 or v >= top or nodes[v, COUNT] == FREED:
             return 1
         if nodes[v, PARENT] != (k >> 32) or nodes[v, TOKEN] != (k & 0xFFFFFFFF):
+            return 1
+        if not _has_siblings(nodes, nodes[v, PARENT]):
             return 1
     # Recount: every suffix of every live sequence walks its path.
     recount = np.zeros(top, np.int64)
@@ -806,7 +898,7 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
             x = root
             d = q
             while d < end:
-                x = _child(hkeys, hvals, x, arena[off + d])
+                x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
                 if x == -1:
                     return 8
                 for j in range(nodes[x, LEN]):
@@ -831,3 +923,81 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
         if nodes[x, COUNT] != FREED and nodes[x, COUNT] != recount[x]:
             return 8
     return 0
+
+
+# --------------------------------------------------------------------------
+# One engine step: drafts for a batch of requests.
+# --------------------------------------------------------------------------
+
+@njit(cache=True)
+def _pool_draft(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
+                depth, limit, factor, offset, min_prob, tree_mode,
+                out_tokens, out_parents, out_probs, hp, hn, ho, hpar):
+    """Draft from one tree for context ``ctx[start:end]``.
+
+    Returns ``(n, score, match_len)``; n is 0 when nothing matched.
+    """
+    match_len, x, off = longest_match(nodes, hkeys, hvals, arena, seqs, root,
+                                      ctx, start, end, depth - 1, True)
+    if match_len <= 0:
+        return 0, 0.0, 0
+    cap = int(match_len * factor + offset + 1e-6)
+    if cap > limit:
+        cap = limit
+    if cap <= 0:
+        return 0, 0.0, match_len
+    if tree_mode:
+        n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
+                              out_tokens, out_parents, out_probs, hp, hn, ho, hpar)
+    else:
+        n, score = draft_path(nodes, arena, seqs, x, off, cap, min_prob,
+                              out_tokens, out_probs)
+        for i in range(n):
+            out_parents[i] = i - 1
+    return n, score, match_len
+
+
+@njit(cache=True)
+def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
+                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
+                  depth, req_seqs, req_trees, limits, factor, offset, min_prob,
+                  tree_mode, out_tokens, out_parents, out_probs, out_n,
+                  out_score, out_match, out_source, scratch_tokens,
+                  scratch_parents, scratch_probs, hp, hn, ho, hpar):
+    """Draft for every request of a step, from its own tree and the cross tree.
+
+    Request ``i`` reads its context from local sequence ``req_seqs[i]`` of tree
+    ``req_trees[i]``; its draft holds at most ``limits[i]`` tokens and at most
+    ``match_len * factor + offset``.  The draft of the pool with the higher
+    score wins (the request's own pool on ties).  ``c_root < 0`` disables the
+    cross pool.  Outputs are rows of the ``out_*`` arrays; ``out_source`` is 0
+    for the request's own pool, 1 for the cross pool, -1 for no draft.
+    """
+    for i in range(req_seqs.shape[0]):
+        s = req_seqs[i]
+        end = l_seqs[s, SEQ_OFF] + l_seqs[s, SEQ_LEN]
+        start = end - depth
+        if start < l_seqs[s, SEQ_OFF]:
+            start = l_seqs[s, SEQ_OFF]
+        n1, score1, m1 = _pool_draft(
+            l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots[req_trees[i]],
+            l_arena, start, end, depth, limits[i], factor, offset, min_prob,
+            tree_mode, out_tokens[i], out_parents[i], out_probs[i], hp, hn, ho, hpar)
+        out_n[i] = n1
+        out_score[i] = score1
+        out_match[i] = m1
+        out_source[i] = 0 if n1 > 0 else -1
+        if c_root < 0:
+            continue
+        n2, score2, m2 = _pool_draft(
+            c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
+            l_arena, start, end, depth, limits[i], factor, offset, min_prob,
+            tree_mode, scratch_tokens, scratch_parents, scratch_probs, hp, hn, ho, hpar)
+        if n2 > 0 and score2 > score1:
+            out_tokens[i, :n2] = scratch_tokens[:n2]
+            out_parents[i, :n2] = scratch_parents[:n2]
+            out_probs[i, :n2] = scratch_probs[:n2]
+            out_n[i] = n2
+            out_score[i] = score2
+            out_match[i] = m2
+            out_source[i] = 1

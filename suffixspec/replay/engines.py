@@ -1,0 +1,205 @@
+"""Proposers the replay can drive, all behind the ``Proposer`` protocol.
+
+``suffixspec`` is ours; ``arctic`` runs arctic-inference's SuffixDecodingCache
+with the same knobs; ``ngram`` is prompt lookup; ``oracle`` drafts the recorded
+output itself (the ceiling).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from suffixspec.draft import Draft
+from suffixspec.native.ngram import ngram_propose
+from suffixspec.proposer import SuffixProposer
+from suffixspec.tokens import as_token_ids
+
+ENGINES = ("suffixspec", "arctic", "ngram", "oracle")
+
+
+class _Contexts:
+    """Growing per-request token buffers, for proposers that need the context."""
+
+    def __init__(self):
+        self.buf: dict[Hashable, np.ndarray] = {}
+        self.len: dict[Hashable, int] = {}
+
+    def start(self, req_id, tokens: np.ndarray) -> None:
+        buf = np.empty(max(2 * tokens.shape[0], 256), np.int32)
+        buf[: tokens.shape[0]] = tokens
+        self.buf[req_id] = buf
+        self.len[req_id] = tokens.shape[0]
+
+    def extend(self, req_id, tokens: np.ndarray) -> None:
+        n = self.len[req_id]
+        buf = self.buf[req_id]
+        if n + tokens.shape[0] > buf.shape[0]:
+            new = np.empty(2 * (n + tokens.shape[0]), np.int32)
+            new[:n] = buf[:n]
+            self.buf[req_id] = buf = new
+        buf[n:n + tokens.shape[0]] = tokens
+        self.len[req_id] = n + tokens.shape[0]
+
+    def tail(self, req_id, k: int) -> np.ndarray:
+        n = self.len[req_id]
+        return self.buf[req_id][max(0, n - k):n]
+
+    def drop(self, req_id) -> None:
+        del self.buf[req_id], self.len[req_id]
+
+
+def _limits(max_spec_tokens, b: int, default: int) -> list[int]:
+    if max_spec_tokens is None:
+        return [default] * b
+    if np.isscalar(max_spec_tokens):
+        return [min(int(max_spec_tokens), default)] * b
+    return [min(int(k), default) for k in max_spec_tokens]
+
+
+def _path(tokens: np.ndarray, probs=None, score=None) -> Draft:
+    n = tokens.shape[0]
+    probs = np.ones(n, np.float32) if probs is None else probs
+    return Draft(tokens, np.arange(-1, n - 1, dtype=np.int32), probs,
+                 float(probs.sum()) if score is None else score)
+
+
+class ArcticProposer:
+    """arctic-inference's SuffixDecodingCache behind the proposer protocol."""
+
+    def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
+                 max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                 min_token_prob: float = 0.1, tree: bool = False,
+                 max_cached_requests: int = -1):
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise RuntimeError(
+                "the arctic engine needs arctic-inference; see bench/setup_arctic.sh") from e
+        self.cache = SuffixDecodingCache(max_tree_depth=max_depth,
+                                         max_cached_requests=max_cached_requests)
+        self.max_depth = max_depth
+        self.max_spec_tokens = max_spec_tokens
+        self.knobs = (max_spec_factor, max_spec_offset, min_token_prob, tree)
+        self.ctx = _Contexts()
+        self._global_tokens = 0
+
+    def start_request(self, req_id, prompt_token_ids) -> None:
+        prompt = as_token_ids(prompt_token_ids)
+        self.cache.start_request(req_id, prompt)
+        self.ctx.start(req_id, prompt)
+
+    def extend(self, req_id, token_ids) -> None:
+        tokens = as_token_ids(token_ids)
+        self.cache.add_active_response(req_id, tokens)
+        self.ctx.extend(req_id, tokens)
+        self._global_tokens += tokens.shape[0]
+
+    def propose(self, req_ids: Sequence[Hashable], max_spec_tokens=None) -> list[Draft]:
+        factor, offset, min_prob, tree = self.knobs
+        out = []
+        for req_id, k in zip(req_ids, _limits(max_spec_tokens, len(req_ids), self.max_spec_tokens)):
+            d = self.cache.speculate(req_id, self.ctx.tail(req_id, self.max_depth), k,
+                                     factor, offset, min_prob, tree)
+            out.append(Draft(np.asarray(d.token_ids, np.int32), np.asarray(d.parents, np.int32),
+                             np.asarray(d.probs, np.float32), d.score, d.match_len,
+                             "arctic" if d.token_ids else ""))
+        return out
+
+    def finish_request(self, req_id) -> None:
+        self.cache.stop_request(req_id)
+        self.ctx.drop(req_id)
+
+    def abort_request(self, req_id) -> None:
+        self.cache.stop_request(req_id)
+        if req_id in self.cache.cached_requests:
+            self.cache.evict_cached_response(req_id)
+        self.ctx.drop(req_id)
+
+    def index_memory(self) -> tuple[int, int]:
+        """(bytes, indexed tokens) of the cross-request tree.
+
+        Exact while nothing was evicted or aborted (the replay does neither).
+        """
+        return self.cache._global_tree.estimate_memory(), self._global_tokens
+
+
+class NgramProposer:
+    """Prompt lookup over the request's own context (vLLM's ``ngram`` method)."""
+
+    def __init__(self, max_spec_tokens: int = 16, n_min: int = 2, n_max: int = 5):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
+        self.max_spec_tokens = max_spec_tokens
+        self.n_min, self.n_max = n_min, n_max
+        self.ctx = _Contexts()
+        self._lps = np.empty(n_max, np.int32)
+        self._out = np.empty(max(max_spec_tokens, 1), np.int32)
+
+    def start_request(self, req_id, prompt_token_ids) -> None:
+        self.ctx.start(req_id, as_token_ids(prompt_token_ids))
+
+    def extend(self, req_id, token_ids) -> None:
+        self.ctx.extend(req_id, as_token_ids(token_ids))
+
+    def propose(self, req_ids, max_spec_tokens=None) -> list[Draft]:
+        out = []
+        for req_id, k in zip(req_ids, _limits(max_spec_tokens, len(req_ids), self.max_spec_tokens)):
+            n = ngram_propose(self.ctx.buf[req_id], self.ctx.len[req_id], self.n_min,
+                              self.n_max, k, self._lps, self._out)
+            out.append(_path(self._out[:n].copy()))
+        return out
+
+    def finish_request(self, req_id) -> None:
+        self.ctx.drop(req_id)
+
+    abort_request = finish_request
+
+
+class OracleProposer:
+    """Drafts the recorded continuation: the most any proposer could accept."""
+
+    def __init__(self, outputs: dict[Hashable, np.ndarray], max_spec_tokens: int = 16):
+        self.outputs = outputs
+        self.max_spec_tokens = max_spec_tokens
+        self.pos: dict[Hashable, int] = {}
+
+    def start_request(self, req_id, prompt_token_ids) -> None:
+        self.pos[req_id] = 0
+
+    def extend(self, req_id, token_ids) -> None:
+        self.pos[req_id] += len(token_ids)
+
+    def propose(self, req_ids, max_spec_tokens=None) -> list[Draft]:
+        out = []
+        for req_id, k in zip(req_ids, _limits(max_spec_tokens, len(req_ids), self.max_spec_tokens)):
+            p = self.pos[req_id]
+            out.append(_path(self.outputs[req_id][p:p + k].copy()))
+        return out
+
+    def finish_request(self, req_id) -> None:
+        del self.pos[req_id]
+
+    abort_request = finish_request
+
+
+def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_tokens: int = 16,
+                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                  min_token_prob: float = 0.1, tree: bool = False, ngram_min: int = 2,
+                  ngram_max: int = 5, **suffixspec_options):
+    """Build the proposer named ``engine`` with the shared knobs."""
+    if engine == "suffixspec":
+        return SuffixProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
+                              max_spec_factor=max_spec_factor, max_spec_offset=max_spec_offset,
+                              min_token_prob=min_token_prob, tree=tree, **suffixspec_options)
+    if engine == "arctic":
+        return ArcticProposer(max_depth, max_spec_tokens, max_spec_factor, max_spec_offset,
+                              min_token_prob, tree)
+    if engine == "ngram":
+        return NgramProposer(max_spec_tokens, ngram_min, ngram_max)
+    if engine == "oracle":
+        if requests is None:
+            raise ValueError("the oracle engine needs the recorded requests")
+        return OracleProposer({r.req_id: r.output for r in requests}, max_spec_tokens)
+    raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
