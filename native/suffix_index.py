@@ -659,13 +659,15 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
 
 @njit(cache=True)
 def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
-               out_tokens, out_probs):
+               out_tokens, out_probs, discount=0):
     """Follow the most frequent continuation from position ``(x, off)``.
 
     Each token's probability is the product of ``count(child)/count(node)``
     along the path; drafting stops before a token whose probability would be
-    below ``min_prob``.  Writes at most ``max_tokens`` tokens; returns how
-    many, and the score (the sum of the probabilities).
+    below ``min_prob``.  ``discount`` occurrences are taken out of the starting
+    node's count (the context's own occurrence, which has no continuation
+    yet).  Writes at most ``max_tokens`` tokens; returns how many, and the
+    score (the sum of the probabilities).
     """
     n = 0
     prob = 1.0
@@ -681,7 +683,10 @@ def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
             b = nodes[x, BEST]
             if b == -1:
                 break
-            p = prob * nodes[b, COUNT] / nodes[x, COUNT]
+            total = nodes[x, COUNT]
+            if n == 0:
+                total -= discount
+            p = prob * nodes[b, COUNT] / total
             if p < min_prob:
                 break
             prob = p
@@ -929,49 +934,91 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
 # One engine step: drafts for a batch of requests.
 # --------------------------------------------------------------------------
 
+# Policy flags of propose_batch (bench/policy_bench.py measures each).
+ALL_LENGTHS = 1     # try every match length, keep the best score, not just the longest
+SELF_DISCOUNT = 2   # leave the context's own occurrence out of the first probability
+LONG_BIAS = 4       # a match of length L scores (1 + L / (4 * depth)) times its sum
+DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
+
+
 @njit(cache=True)
 def _pool_draft(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
-                depth, limit, factor, offset, min_prob, tree_mode,
-                out_tokens, out_parents, out_probs, hp, hn, ho, hpar):
+                depth, limit, factor, offset, min_prob, tree_mode, self_len, flags,
+                out_tokens, out_parents, out_probs, cand_tokens, cand_parents,
+                cand_probs, hp, hn, ho, hpar):
     """Draft from one tree for context ``ctx[start:end]``.
 
-    Returns ``(n, score, match_len)``; n is 0 when nothing matched.
+    ``self_len`` is how many trailing context tokens the tree indexes as this
+    request's own, still open sequence.  Returns ``(n, score, rank,
+    match_len)``: the score is the sum of the probabilities, the rank what
+    candidates were compared by; n is 0 when nothing matched.
     """
     match_len, x, off = longest_match(nodes, hkeys, hvals, arena, seqs, root,
                                       ctx, start, end, depth - 1, True)
     if match_len <= 0:
-        return 0, 0.0, 0
-    cap = int(match_len * factor + offset + 1e-6)
-    if cap > limit:
-        cap = limit
-    if cap <= 0:
-        return 0, 0.0, match_len
-    if tree_mode:
-        n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
-                              out_tokens, out_parents, out_probs, hp, hn, ho, hpar)
-    else:
-        n, score = draft_path(nodes, arena, seqs, x, off, cap, min_prob,
-                              out_tokens, out_probs)
-        for i in range(n):
-            out_parents[i] = i - 1
-    return n, score, match_len
+        return 0, 0.0, 0.0, 0
+    lo = match_len
+    if flags & ALL_LENGTHS:
+        lo = 1
+    best_n = 0
+    best_score = 0.0
+    best_rank = -1.0
+    best_len = match_len
+    for length in range(match_len, lo - 1, -1):
+        if length != match_len:
+            x, off = _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
+        cap = int(length * factor + offset + 1e-6)
+        if cap > limit:
+            cap = limit
+        if cap <= 0:
+            continue
+        discount = 0
+        if flags & SELF_DISCOUNT and length <= self_len and off == nodes[x, LEN]:
+            discount = 1
+        if tree_mode:
+            n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
+                                  cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+        else:
+            n, score = draft_path(nodes, arena, seqs, x, off, cap, min_prob,
+                                  cand_tokens, cand_probs, discount)
+            for i in range(n):
+                cand_parents[i] = i - 1
+        rank = score
+        if flags & LONG_BIAS:
+            rank *= 1.0 + length / (4.0 * depth)
+        # Longer matches are tried first and win ties.
+        if n > 0 and rank > best_rank:
+            best_n = n
+            best_score = score
+            best_rank = rank
+            best_len = length
+            out_tokens[:n] = cand_tokens[:n]
+            out_parents[:n] = cand_parents[:n]
+            out_probs[:n] = cand_probs[:n]
+    if best_n == 0:
+        return 0, 0.0, 0.0, match_len
+    return best_n, best_score, best_rank, best_len
 
 
 @njit(cache=True)
 def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
                   c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
-                  depth, req_seqs, req_trees, limits, factor, offset, min_prob,
-                  tree_mode, out_tokens, out_parents, out_probs, out_n,
-                  out_score, out_match, out_source, scratch_tokens,
-                  scratch_parents, scratch_probs, hp, hn, ho, hpar):
+                  depth, req_seqs, req_trees, req_cross_seqs, limits, factor,
+                  offset, min_prob, tree_mode, flags, out_tokens, out_parents,
+                  out_probs, out_n, out_score, out_match, out_source,
+                  scratch_tokens, scratch_parents, scratch_probs, cand_tokens,
+                  cand_parents, cand_probs, hp, hn, ho, hpar):
     """Draft for every request of a step, from its own tree and the cross tree.
 
     Request ``i`` reads its context from local sequence ``req_seqs[i]`` of tree
-    ``req_trees[i]``; its draft holds at most ``limits[i]`` tokens and at most
-    ``match_len * factor + offset``.  The draft of the pool with the higher
-    score wins (the request's own pool on ties).  ``c_root < 0`` disables the
-    cross pool.  Outputs are rows of the ``out_*`` arrays; ``out_source`` is 0
-    for the request's own pool, 1 for the cross pool, -1 for no draft.
+    ``req_trees[i]``; ``req_cross_seqs[i]`` is its open output sequence in the
+    cross tree (-1 if none).  Its draft holds at most ``limits[i]`` tokens and
+    at most ``match_len * factor + offset``.  Each pool offers its best draft
+    (see the policy flags); the higher-ranked one wins, the request's own pool
+    on ties.  ``c_root < 0``
+    disables the cross pool.  Outputs are rows of the ``out_*`` arrays;
+    ``out_source`` is 0 for the request's own pool, 1 for the cross pool, -1
+    for no draft.
     """
     for i in range(req_seqs.shape[0]):
         s = req_seqs[i]
@@ -979,21 +1026,25 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
         start = end - depth
         if start < l_seqs[s, SEQ_OFF]:
             start = l_seqs[s, SEQ_OFF]
-        n1, score1, m1 = _pool_draft(
+        n1, score1, rank1, m1 = _pool_draft(
             l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots[req_trees[i]],
             l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, out_tokens[i], out_parents[i], out_probs[i], hp, hn, ho, hpar)
+            tree_mode, l_seqs[s, SEQ_LEN], flags, out_tokens[i], out_parents[i],
+            out_probs[i], cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
         out_n[i] = n1
         out_score[i] = score1
         out_match[i] = m1
         out_source[i] = 0 if n1 > 0 else -1
         if c_root < 0:
             continue
-        n2, score2, m2 = _pool_draft(
+        cs = req_cross_seqs[i]
+        own = c_seqs[cs, SEQ_LEN] if cs >= 0 else 0
+        n2, score2, rank2, m2 = _pool_draft(
             c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
             l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, scratch_tokens, scratch_parents, scratch_probs, hp, hn, ho, hpar)
-        if n2 > 0 and score2 > score1:
+            tree_mode, own, flags, scratch_tokens, scratch_parents, scratch_probs,
+            cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+        if n2 > 0 and rank2 > rank1:
             out_tokens[i, :n2] = scratch_tokens[:n2]
             out_parents[i, :n2] = scratch_parents[:n2]
             out_probs[i, :n2] = scratch_probs[:n2]

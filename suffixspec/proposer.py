@@ -41,12 +41,27 @@ class SuffixProposer:
         first); 0 disables the pool, None leaves it unbounded.
     cross_pool:
         Use this pool (for example a persistent one) instead of a new one.
+    all_match_lengths:
+        Draft from every match length and keep the best-scoring draft, instead
+        of only from the longest match.
+    self_discount:
+        Leave the context's own occurrence (which has no continuation yet) out
+        of the first token's probability.
+    long_match_bias:
+        Rank a draft from an L-token match by ``score * (1 + L / (4 *
+        max_depth))``, a mild preference for longer matches.
+
+    The three policy options are on by default because the replay over the
+    shared traces measured each as helping; ``bench/policy_bench.py``
+    re-measures them.
     """
 
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, tree: bool = False,
-                 cross_pool_tokens: int | None = 4_000_000, cross_pool: CrossPool | None = None):
+                 cross_pool_tokens: int | None = 4_000_000, cross_pool: CrossPool | None = None,
+                 all_match_lengths: bool = True, self_discount: bool = True,
+                 long_match_bias: bool = True):
         if not 2 <= max_depth <= 1024:
             raise ValueError(f"max_depth must be in [2, 1024], got {max_depth}")
         if max_spec_tokens < 0:
@@ -61,6 +76,9 @@ class SuffixProposer:
         self.max_spec_offset = float(max_spec_offset)
         self.min_token_prob = float(min_token_prob)
         self.tree = bool(tree)
+        self.flags = ((nat.ALL_LENGTHS if all_match_lengths else 0)
+                      | (nat.SELF_DISCOUNT if self_discount else 0)
+                      | (nat.LONG_BIAS if long_match_bias else 0))
         self.requests = RequestPool(self.max_depth)
         if cross_pool is not None and cross_pool.index.max_depth != self.max_depth:
             raise ValueError(f"cross pool has max_depth {cross_pool.index.max_depth}, "
@@ -70,7 +88,8 @@ class SuffixProposer:
         self.cross = cross_pool
         self._cross_seq: dict[Hashable, int] = {}
         k = max(self.max_spec_tokens, 1)
-        self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
+        self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
+                         np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
         self._heap = heap_scratch(k, self.min_token_prob)
         self._out = self._outputs(8)
 
@@ -140,6 +159,7 @@ class SuffixProposer:
         tokens, parents, probs, n, score, match, source = self._out
         req_trees = np.fromiter((t for t, _ in rows), np.int64, b)
         req_seqs = np.fromiter((s for _, s in rows), np.int64, b)
+        cross_seqs = np.fromiter((self._cross_seq.get(r, -1) for r in req_ids), np.int64, b)
         local = self.requests.index
         if self.cross is not None:
             c = self.cross.index
@@ -148,8 +168,8 @@ class SuffixProposer:
             c_arrays = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs, -1)
         nat.propose_batch(local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
                           local.roots, *c_arrays, self.max_depth, req_seqs, req_trees,
-                          limits, self.max_spec_factor, self.max_spec_offset,
-                          self.min_token_prob, self.tree, tokens, parents, probs, n,
+                          cross_seqs, limits, self.max_spec_factor, self.max_spec_offset,
+                          self.min_token_prob, self.tree, self.flags, tokens, parents, probs, n,
                           score, match, source, *self._scratch, *self._heap)
         drafts = []
         for i in range(b):
