@@ -10,6 +10,7 @@ import numpy as np
 from suffixspec.draft import Draft
 from suffixspec.index import heap_scratch
 from suffixspec.native import suffix_index as nat
+from suffixspec.native import warmup
 from suffixspec.pools import CrossPool, RequestPool
 from suffixspec.tokens import as_token_ids
 
@@ -87,6 +88,7 @@ class SuffixProposer:
             cross_pool = CrossPool(self.max_depth, cross_pool_tokens)
         self.cross = cross_pool
         self._cross_seq: dict[Hashable, int] = {}
+        warmup()
         k = max(self.max_spec_tokens, 1)
         self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
                          np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))

@@ -69,7 +69,10 @@ def prompt_texts(records: list[dict]) -> list[list[str]]:
         if "prompt_delta" in rec and "session" in rec:
             past = history.setdefault(rec["session"], [])
             pieces = past + [rec["prompt_delta"] + ASSISTANT]
-            past.extend([rec["prompt_delta"] + ASSISTANT, rec["output"] + "\n"])
+            # The output is its own piece: a chat template closes a message
+            # with a special token, so the next prompt holds the generated
+            # tokens exactly, not a re-tokenization across the boundary.
+            past.extend([rec["prompt_delta"] + ASSISTANT, rec["output"], "\n"])
         else:
             pieces = [rec["prompt"]]
         out.append(pieces)

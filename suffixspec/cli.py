@@ -1,0 +1,113 @@
+"""The ``suffixspec`` command line: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from tqdm import tqdm
+
+from suffixspec.native import warmup
+from suffixspec.replay.engines import ENGINES, make_proposer
+from suffixspec.replay.harness import METRIC_KEYS, replay
+from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.workload import default_workload
+
+_COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("steps", "{}"),
+            ("mean_tokens_per_step", "{:.3f}"), ("acceptance_rate", "{:.3f}"),
+            ("drafted_per_step", "{:.2f}"), ("proposer_us_per_step_p50", "{:.1f}"),
+            ("proposer_us_per_step_p99", "{:.1f}"), ("start_us_mean", "{:.1f}"),
+            ("index_bytes_per_token", "{}"))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="suffixspec")
+def main():
+    """Suffix-trie speculative decoding: replay traces, build pools."""
+
+
+@main.command(name="replay")
+@click.argument("traces", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", type=click.Path(exists=True),
+              help="Hugging Face tokenizer.json (or its folder); required with TRACE files.")
+@click.option("--engine", type=click.Choice(ENGINES), default="suffixspec", show_default=True,
+              help="Proposer to replay through.")
+@click.option("--max-spec-tokens", "-k", type=click.IntRange(0), default=16, show_default=True,
+              help="Draft length limit per step.")
+@click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
+              help="Longest indexed substring (suffixspec, arctic).")
+@click.option("--max-spec-factor", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="Draft at most match_len * factor tokens (suffixspec, arctic).")
+@click.option("--min-token-prob", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="Stop drafting below this estimated probability (suffixspec, arctic).")
+@click.option("--tree/--path", default=False, show_default=True,
+              help="Draft token trees instead of single paths.")
+@click.option("--concurrency", "-c", type=click.IntRange(1), default=1, show_default=True,
+              help="Requests in flight; each step proposes for all of them in one call.")
+@click.option("--sessions", type=click.IntRange(1), default=None,
+              help="Replay only the first N sessions of each trace.")
+@click.option("--records", type=click.IntRange(1), default=None,
+              help="Replay only the first N records of each trace.")
+@click.option("--ngram-min", type=click.IntRange(1), default=2, show_default=True,
+              help="Shortest n-gram (ngram engine).")
+@click.option("--ngram-max", type=click.IntRange(1), default=5, show_default=True,
+              help="Longest n-gram (ngram engine).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
+def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_factor,
+               min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
+               as_json):
+    """Replay recorded requests and report what speculation would save.
+
+    With no TRACE, replays a built-in synthetic agent workload (byte tokens).
+
+    \b
+    Examples:
+      suffixspec replay
+      suffixspec replay ../shared/data/traces/sql_spider_bird.jsonl.gz \\
+          --tokenizer ../shared/tokenizers/qwen --engine arctic --json
+    """
+    if traces and tokenizer is None:
+        raise click.UsageError("replaying TRACE files needs --tokenizer")
+    workloads = []
+    if not traces:
+        workloads.append(("built-in", default_workload()))
+    else:
+        encode = hf_encoder(tokenizer)
+        for path in traces:
+            try:
+                requests = load_trace(path, encode, max_sessions=sessions, max_records=records)
+            except (ValueError, KeyError) as e:
+                raise click.ClickException(f"{path}: not a trace file ({e})") from e
+            workloads.append((path, requests))
+    warmup()
+    rows = []
+    for name, requests in workloads:
+        proposer = make_proposer(engine, requests, max_depth=max_depth,
+                                 max_spec_tokens=max_spec_tokens,
+                                 max_spec_factor=max_spec_factor, min_token_prob=min_token_prob,
+                                 tree=tree, ngram_min=ngram_min, ngram_max=ngram_max,
+                                 **({"cross_pool_tokens": None} if engine == "suffixspec" else {}))
+        with tqdm(total=len(requests), desc=name, unit="req", file=sys.stderr, delay=2,
+                  leave=False) as bar:
+            result = replay(requests, proposer, concurrency=concurrency, progress=bar.update)
+        metrics = result.metrics()
+        if as_json:
+            click.echo(json.dumps({k: metrics[k] for k in METRIC_KEYS}))
+        rows.append({"trace": name, **metrics})
+    if not as_json:
+        click.echo(_table(rows))
+
+
+def _table(rows: list[dict]) -> str:
+    cells = [[name for name, _ in _COLUMNS]]
+    for row in rows:
+        cells.append([fmt.format(row[name]) if row[name] is not None else "-"
+                      for name, fmt in _COLUMNS])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""SuffixProposer: lifecycle, batching, limits, policies and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from suffixspec import Draft, SuffixProposer
+from suffixspec.native import KERNELS, warmup
+
+PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
+
+
+def make(**kw):
+    kw.setdefault("max_spec_tokens", 8)
+    return SuffixProposer(max_depth=16, **kw)
+
+
+def test_drafts_what_followed_in_the_prompt():
+    p = make(max_spec_factor=2.0)
+    p.start_request("r", PATTERN + [1, 2] + PATTERN[:3])
+    d = p.propose(["r"])[0]
+    # What followed the earlier occurrence, into what came after the pattern.
+    assert d.token_ids.tolist() == PATTERN[3:] + [1]
+    assert d.source == "request" and d.match_len == 3 and d.is_path
+    # With factor 1 a 3-token match drafts at most 3 tokens.
+    p1 = make()
+    p1.start_request("r", PATTERN + [1, 2] + PATTERN[:3])
+    assert p1.propose(["r"])[0].token_ids.tolist() == PATTERN[3:6]
+    assert d.parents.tolist() == list(range(-1, len(d) - 1))
+    assert d.score == pytest.approx(float(d.probs.sum()))
+
+
+def test_finished_output_feeds_other_requests_and_abort_does_not():
+    p = make(max_spec_factor=2.0)
+    p.start_request("a", [1, 2, 3])
+    p.extend("a", PATTERN)
+    p.finish_request("a")
+    p.start_request("b", [7, 7] + PATTERN[:4])
+    d = p.propose(["b"])[0]
+    assert d.source == "cross" and d.token_ids.tolist() == PATTERN[4:]
+
+    before = p.cross.tokens
+    p.start_request("c", [5])
+    p.extend("c", [40, 41, 42, 43])
+    p.abort_request("c")
+    assert p.cross.tokens == before
+    p.start_request("d", [40, 41])
+    assert len(p.propose(["d"])[0]) == 0
+    p.cross.index.check_integrity()
+
+
+def test_batched_propose_equals_one_by_one():
+    rng = np.random.default_rng(1)
+    p = make()
+    ids = []
+    for i in range(6):
+        base = rng.integers(0, 5, 40).tolist()
+        p.start_request(i, base)
+        p.extend(i, base[:10])
+        ids.append(i)
+    batched = p.propose(ids)
+    for i, d in zip(ids, batched):
+        single = p.propose([i])[0]
+        assert d.token_ids.tolist() == single.token_ids.tolist()
+        assert d.score == single.score
+    assert p.propose([]) == []
+
+
+def test_limits_int_and_per_request():
+    p = make(max_spec_factor=4.0)
+    for r in ("x", "y"):
+        p.start_request(r, PATTERN + PATTERN[:2])
+    full = p.propose(["x", "y"])
+    assert [len(d) for d in full] == [8, 8]
+    assert [len(d) for d in p.propose(["x", "y"], max_spec_tokens=[2, 0])] == [2, 0]
+    assert [len(d) for d in p.propose(["x", "y"], max_spec_tokens=3)] == [3, 3]
+    # A limit above the configured one is capped, not an error.
+    assert len(p.propose(["x"], max_spec_tokens=[100])[0]) == 8
+
+
+def test_max_spec_factor_bounds_draft_by_match_length():
+    p = make(max_spec_factor=0.5, max_spec_tokens=16)
+    p.start_request("r", PATTERN * 2 + PATTERN[:4])
+    d = p.propose(["r"])[0]
+    assert 0 < len(d) <= int(d.match_len * 0.5)
+
+
+def test_tree_drafts_are_trees():
+    p = make(tree=True, min_token_prob=0.05, max_spec_factor=4.0)
+    p.start_request("r", [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
+    d = p.propose(["r"])[0]
+    assert len(d) >= 3 and not d.is_path
+    assert all(d.parents[i] < i for i in range(len(d)))
+    assert sorted(d.token_ids[d.parents == -1].tolist()) == [3, 4, 5]
+
+
+def test_cross_pool_budget_evicts_oldest_first():
+    p = make(cross_pool_tokens=20, max_spec_factor=2.0)
+    for i in range(4):
+        p.start_request(i, [0])
+        p.extend(i, [100 + 10 * i + j for j in range(8)])
+        p.finish_request(i)
+    assert p.cross.tokens <= 20
+    p.start_request("new", [100, 101])
+    assert len(p.propose(["new"])[0]) == 0  # request 0's output is gone
+    p.start_request("recent", [130, 131])
+    assert p.propose(["recent"])[0].token_ids.tolist()[:2] == [132, 133]
+
+
+def test_many_requests_reuse_trees_and_rebuild_stays_sound():
+    p = make(cross_pool_tokens=300)
+    rng = np.random.default_rng(3)
+    for i in range(200):
+        p.start_request(i, rng.integers(0, 20, 30))
+        for _ in range(3):
+            p.propose([i])
+            p.extend(i, rng.integers(0, 20, 3))
+        (p.finish_request if i % 3 else p.abort_request)(i)
+    assert not p.active_requests
+    p.requests.index.check_integrity()
+    p.cross.index.check_integrity()
+    assert p.cross.tokens <= 300
+
+
+BAD_TOKENS = [
+    ([1, -2], "-2"),
+    (np.array([1, -2], np.int32), "-2"),
+    ([1, 2**31], "2147483648"),
+    (np.array([1.0, 2.0]), "integers"),
+    (np.array([[1, 2]]), "one-dimensional"),
+    (["a", "b"], "integers"),
+    (np.array([True, False]), "integers"),
+]
+
+
+@pytest.mark.parametrize("tokens,words", BAD_TOKENS)
+def test_bad_tokens_are_refused_and_change_nothing(tokens, words):
+    p = make()
+    p.start_request("r", PATTERN + PATTERN[:2])
+    before = p.propose(["r"])[0].token_ids.tolist()
+    assert before
+    with pytest.raises(ValueError, match=words):
+        p.extend("r", tokens)
+    with pytest.raises(ValueError, match=words):
+        p.start_request("s", tokens)
+    assert "s" not in p.active_requests
+    assert p.propose(["r"])[0].token_ids.tolist() == before
+    p.requests.index.check_integrity()
+
+
+def test_unknown_and_duplicate_request_ids():
+    p = make()
+    p.start_request("r", [1, 2])
+    with pytest.raises(ValueError, match="already active"):
+        p.start_request("r", [3])
+    for call in (lambda: p.extend("nope", [1]), lambda: p.finish_request("nope"),
+                 lambda: p.abort_request("nope"), lambda: p.propose(["r", "nope"])):
+        with pytest.raises(ValueError, match="unknown request"):
+            call()
+    with pytest.raises(ValueError, match="unknown request"):
+        p.propose([["unhashable"]])
+    p.finish_request("r")
+    with pytest.raises(ValueError, match="unknown request"):
+        p.finish_request("r")
+
+
+def test_bad_limits_and_settings():
+    p = make()
+    p.start_request("r", [1, 2])
+    with pytest.raises(ValueError, match="2 requests|1 requests"):
+        p.propose(["r"], max_spec_tokens=[1, 2])
+    with pytest.raises(ValueError, match="negative"):
+        p.propose(["r"], max_spec_tokens=-1)
+    with pytest.raises(ValueError, match="integers"):
+        p.propose(["r"], max_spec_tokens=[1.5])
+    with pytest.raises(ValueError, match="max_depth"):
+        SuffixProposer(max_depth=1)
+    with pytest.raises(ValueError, match="min_token_prob"):
+        SuffixProposer(min_token_prob=2.0)
+
+
+def test_empty_draft_is_a_valid_draft():
+    d = Draft()
+    assert len(d) == 0 and d.is_path and d.score == 0.0
+
+
+def test_warmup_compiles_every_kernel_including_read_only_variants():
+    warmup()
+    for kernel in KERNELS:
+        assert kernel.signatures, f"{kernel.__name__} was not compiled"
+    from suffixspec.native import suffix_index as si
+    for kernel in (si.longest_match, si.draft_path, si.draft_tree, si.continuations,
+                   si.propose_batch):
+        assert any(not getattr(t, "mutable", True) for sig in kernel.signatures for t in sig), \
+            kernel.__name__
