@@ -942,39 +942,74 @@ DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
 
 
 @njit(cache=True)
-def _pool_draft(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
-                depth, limit, factor, offset, min_prob, tree_mode, self_len, flags,
+def _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
+                     active, slot, own_len):
+    """Where ``ctx[end - length:end]`` ends in the tree, or ``(-1, 0)``.
+
+    When the tree holds the request's own open sequence (ring row ``slot``,
+    ``own_len`` tokens, which are the context's last tokens), its ring of open
+    suffixes already names the node, with no walk from the root.
+    """
+    depth = active.shape[1]
+    if slot >= 0 and length <= own_len and length < depth:
+        x = active[slot, (own_len - length) % depth]
+        return x, nodes[x, LEN]
+    return _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
+
+
+@njit(cache=True)
+def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
+                depth, limit, factor, offset, min_prob, tree_mode, slot, own_len, flags,
                 out_tokens, out_parents, out_probs, cand_tokens, cand_parents,
                 cand_probs, hp, hn, ho, hpar):
     """Draft from one tree for context ``ctx[start:end]``.
 
-    ``self_len`` is how many trailing context tokens the tree indexes as this
-    request's own, still open sequence.  Returns ``(n, score, rank,
-    match_len)``: the score is the sum of the probabilities, the rank what
-    candidates were compared by; n is 0 when nothing matched.
+    ``slot`` and ``own_len`` describe the request's own open sequence in this
+    tree (slot -1: none); its tokens are the context's last ``own_len``.
+    Returns ``(n, score, rank, match_len)``: the score is the sum of the
+    probabilities, the rank what candidates were compared by; n is 0 when
+    nothing matched.
     """
-    match_len, x, off = longest_match(nodes, hkeys, hvals, arena, seqs, root,
-                                      ctx, start, end, depth - 1, True)
+    # Longest suffix followed by some token: binary search, as the property
+    # shrinks monotonically with the length.
+    lo = 0
+    hi = min(end - start, depth - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
+                                  active, slot, own_len)
+        if x != -1 and _continues(nodes, x, off):
+            lo = mid
+        else:
+            hi = mid - 1
+    match_len = lo
     if match_len <= 0:
         return 0, 0.0, 0.0, 0
-    lo = match_len
-    if flags & ALL_LENGTHS:
-        lo = 1
+    shortest = 1 if flags & ALL_LENGTHS else match_len
     best_n = 0
     best_score = 0.0
     best_rank = -1.0
     best_len = match_len
-    for length in range(match_len, lo - 1, -1):
-        if length != match_len:
-            x, off = _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
+    for length in range(match_len, shortest - 1, -1):
         cap = int(length * factor + offset + 1e-6)
         if cap > limit:
             cap = limit
-        if cap <= 0:
-            continue
+        bias = 1.0 + length / (4.0 * depth) if flags & LONG_BIAS else 1.0
+        # A draft scores at most its length: shorter matches cannot win now.
+        if cap * bias <= best_rank:
+            break
+        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
+                                  active, slot, own_len)
         discount = 0
-        if flags & SELF_DISCOUNT and length <= self_len and off == nodes[x, LEN]:
+        if flags & SELF_DISCOUNT and length <= own_len and off == nodes[x, LEN]:
             discount = 1
+        if off == nodes[x, LEN]:
+            b = nodes[x, BEST]
+            if b == -1:
+                continue
+            # Every later token is at most as probable as the first one.
+            if cap * bias * nodes[b, COUNT] / (nodes[x, COUNT] - discount) <= best_rank:
+                continue
         if tree_mode:
             n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
                                   cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
@@ -983,9 +1018,7 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
                                   cand_tokens, cand_probs, discount)
             for i in range(n):
                 cand_parents[i] = i - 1
-        rank = score
-        if flags & LONG_BIAS:
-            rank *= 1.0 + length / (4.0 * depth)
+        rank = score * bias
         # Longer matches are tried first and win ties.
         if n > 0 and rank > best_rank:
             best_n = n
@@ -1001,8 +1034,8 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
 
 
 @njit(cache=True)
-def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
-                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
+def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
+                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_root,
                   depth, req_seqs, req_trees, req_cross_seqs, limits, factor,
                   offset, min_prob, tree_mode, flags, out_tokens, out_parents,
                   out_probs, out_n, out_score, out_match, out_source,
@@ -1015,10 +1048,9 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
     cross tree (-1 if none).  Its draft holds at most ``limits[i]`` tokens and
     at most ``match_len * factor + offset``.  Each pool offers its best draft
     (see the policy flags); the higher-ranked one wins, the request's own pool
-    on ties.  ``c_root < 0``
-    disables the cross pool.  Outputs are rows of the ``out_*`` arrays;
-    ``out_source`` is 0 for the request's own pool, 1 for the cross pool, -1
-    for no draft.
+    on ties.  ``c_root < 0`` disables the cross pool.  Outputs are rows of the
+    ``out_*`` arrays; ``out_source`` is 0 for the request's own pool, 1 for the
+    cross pool, -1 for no draft.
     """
     for i in range(req_seqs.shape[0]):
         s = req_seqs[i]
@@ -1027,10 +1059,11 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
         if start < l_seqs[s, SEQ_OFF]:
             start = l_seqs[s, SEQ_OFF]
         n1, score1, rank1, m1 = _pool_draft(
-            l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots[req_trees[i]],
+            l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]],
             l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, l_seqs[s, SEQ_LEN], flags, out_tokens[i], out_parents[i],
-            out_probs[i], cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+            tree_mode, l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], flags, out_tokens[i],
+            out_parents[i], out_probs[i], cand_tokens, cand_parents, cand_probs,
+            hp, hn, ho, hpar)
         out_n[i] = n1
         out_score[i] = score1
         out_match[i] = m1
@@ -1038,11 +1071,12 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_roots,
         if c_root < 0:
             continue
         cs = req_cross_seqs[i]
+        slot = c_seqs[cs, SEQ_SLOT] if cs >= 0 else -1
         own = c_seqs[cs, SEQ_LEN] if cs >= 0 else 0
         n2, score2, rank2, m2 = _pool_draft(
-            c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_root,
+            c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_root,
             l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, own, flags, scratch_tokens, scratch_parents, scratch_probs,
+            tree_mode, slot, own, flags, scratch_tokens, scratch_parents, scratch_probs,
             cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
         if n2 > 0 and rank2 > rank1:
             out_tokens[i, :n2] = scratch_tokens[:n2]

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from . import ngram
+from . import tokens as token_checks
 from . import suffix_index as si
 
 _done = False
@@ -79,8 +80,10 @@ def warmup() -> float:
     scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)) * 2
     roots = np.array([root], np.int32)
     req = np.zeros(b, np.int64)
-    for cross in ((nodes, hkeys, hvals, arena, seqs), _readonly(nodes, hkeys, hvals, arena, seqs)):
-        si.propose_batch(nodes, hkeys, hvals, arena, seqs, roots, *cross, root, depth, req, req,
+    for cross in ((nodes, hkeys, hvals, arena, seqs, active),
+                  _readonly(nodes, hkeys, hvals, arena, seqs, active)):
+        si.propose_batch(nodes, hkeys, hvals, arena, seqs, active, roots, *cross, root, depth,
+                         req, req,
                          np.full(b, -1, np.int64), np.full(b, k, np.int64), 1.0, 0.0, 0.1,
                          False, si.DEFAULT_POLICY, *outs, *scratch, *heap)
     # Maintenance kernels.
@@ -91,6 +94,9 @@ def warmup() -> float:
     si.move_seq(arena, seqs, meta, 0, 40, 8)
     si.compact_arena(arena, seqs, meta)
     si.drop_tree(meta, nodes, hkeys, hvals, root)
+    for dtype in (np.int32, np.int64, np.uint32, np.int16, np.uint8):
+        token_checks.first_bad_token(tokens.astype(dtype))
+        token_checks.first_bad_token(_readonly(tokens.astype(dtype))[0])
     lps = np.empty(4, np.int32)
     ngram.ngram_propose(tokens, tokens.shape[0], 1, 3, k, lps, out_t)
     _done = True
@@ -99,4 +105,5 @@ def warmup() -> float:
 
 KERNELS = (si.rehash, si.new_root, si.extend, si.remove_seq, si.drop_tree, si.move_seq,
            si.compact_arena, si.longest_match, si.draft_path, si.draft_tree, si.continuations,
-           si.check_integrity, si.propose_batch, ngram.ngram_propose)
+           si.check_integrity, si.propose_batch, ngram.ngram_propose,
+           token_checks.first_bad_token)

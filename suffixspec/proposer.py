@@ -94,6 +94,7 @@ class SuffixProposer:
                          np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
         self._heap = heap_scratch(k, self.min_token_prob)
         self._out = self._outputs(8)
+        self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
     def start_request(self, req_id: Hashable, prompt_token_ids) -> None:
@@ -151,37 +152,36 @@ class SuffixProposer:
         or per request (a sequence as long as ``req_ids``); engines use it for
         the room left in the context window.
         """
-        rows = [self._row(r) for r in req_ids]
-        limits = self._limits(max_spec_tokens, len(rows))
-        b = len(rows)
+        b = len(req_ids)
         if b == 0:
             return []
+        rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
+        limits = self._limits(max_spec_tokens, b)
         if self._out[0].shape[0] < b:
             self._out = self._outputs(max(b, 2 * self._out[0].shape[0]))
         tokens, parents, probs, n, score, match, source = self._out
-        req_trees = np.fromiter((t for t, _ in rows), np.int64, b)
-        req_seqs = np.fromiter((s for _, s in rows), np.int64, b)
-        cross_seqs = np.fromiter((self._cross_seq.get(r, -1) for r in req_ids), np.int64, b)
         local = self.requests.index
         if self.cross is not None:
             c = self.cross.index
-            c_arrays = (c.nodes, c.hkeys, c.hvals, c.arena, c.seqs, self.cross.root)
+            c_arrays = (c.nodes, c.hkeys, c.hvals, c.arena, c.seqs, c.active, self.cross.root)
         else:
-            c_arrays = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs, -1)
+            c_arrays = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
+                        local.active, -1)
         nat.propose_batch(local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
-                          local.roots, *c_arrays, self.max_depth, req_seqs, req_trees,
-                          cross_seqs, limits, self.max_spec_factor, self.max_spec_offset,
-                          self.min_token_prob, self.tree, self.flags, tokens, parents, probs, n,
-                          score, match, source, *self._scratch, *self._heap)
+                          local.active, local.roots, *c_arrays, self.max_depth, rows[:, 1],
+                          rows[:, 0], rows[:, 2], limits, self.max_spec_factor,
+                          self.max_spec_offset, self.min_token_prob, self.tree, self.flags,
+                          tokens, parents, probs, n, score, match, source, *self._scratch,
+                          *self._heap)
         drafts = []
         for i in range(b):
             k = int(n[i])
             if k == 0:
                 drafts.append(Draft(match_len=int(match[i])))
-                continue
-            drafts.append(Draft(tokens[i, :k].copy(), parents[i, :k].copy(),
-                                probs[i, :k].copy(), float(score[i]), int(match[i]),
-                                _SOURCES[source[i]]))
+            else:
+                drafts.append(Draft(tokens[i, :k].copy(), parents[i, :k].copy(),
+                                    probs[i, :k].copy(), float(score[i]), int(match[i]),
+                                    _SOURCES[source[i]]))
         return drafts
 
     # ------------------------------------------------------------ internals
@@ -189,15 +189,19 @@ class SuffixProposer:
         if req_id not in self.requests.requests:
             raise ValueError(f"unknown request {req_id!r}: not started, or already finished")
 
-    def _row(self, req_id: Hashable) -> tuple[int, int]:
+    def _row(self, req_id: Hashable) -> tuple[int, int, int]:
+        """(tree, sequence) in the request pool and its cross-pool sequence (-1: none)."""
         try:
-            return self.requests.requests[req_id]
+            tree, seq = self.requests.requests[req_id]
         except (KeyError, TypeError):
             raise ValueError(f"unknown request {req_id!r}: not started, or already finished") from None
+        return tree, seq, self._cross_seq.get(req_id, -1)
 
     def _limits(self, max_spec_tokens, b: int) -> np.ndarray:
         if max_spec_tokens is None:
-            return np.full(b, self.max_spec_tokens, np.int64)
+            if self._default_limits.shape[0] < b:
+                self._default_limits = np.full(2 * b, self.max_spec_tokens, np.int64)
+            return self._default_limits[:b]
         if np.isscalar(max_spec_tokens):
             limits = np.full(b, max_spec_tokens)
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-INT32_MAX = np.iinfo(np.int32).max
+from suffixspec.native.tokens import INT32_MAX, first_bad_token
 
 
 def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
@@ -21,13 +21,14 @@ def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
         return np.empty(0, np.int32)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64:
+        # The kernel compares in int64; uint64 values above that range first.
+        if arr.max() > INT32_MAX:
+            raise ValueError(f"{name} holds {arr.max()}, outside the token id range [0, {INT32_MAX}]")
+        arr = arr.astype(np.int64)
+    bad = first_bad_token(arr)
+    if bad >= 0:
+        raise ValueError(f"{name} holds {arr[bad]}, outside the token id range [0, {INT32_MAX}]")
     if arr.dtype != np.int32:
-        lo = arr.min()
-        hi = arr.max()
-        if lo < 0 or hi > INT32_MAX:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} holds {bad}, outside the token id range [0, {INT32_MAX}]")
         arr = arr.astype(np.int32)
-    elif arr.min() < 0:
-        raise ValueError(f"{name} holds {arr.min()}, token ids must not be negative")
     return np.ascontiguousarray(arr)
