@@ -35,15 +35,10 @@ from tqdm import tqdm
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import hf_encoder
 
-TRACES = {
-    "sql": ("sql_spider_bird.jsonl.gz", None),
-    "code": ("code_humaneval_mbpp_leetcode.jsonl.gz", None),
-    "gorilla": ("tool_gorilla_apibench.jsonl.gz", None),
-    "bfcl": ("tool_bfcl.jsonl.gz", None),
-    "agent": ("agent_miniswe_swebench.jsonl.gz", 40),
-}
+from bench_common import TRACES, load
+
 DEFAULT = dict(max_depth=64, max_spec_tokens=16, max_spec_factor=1.0, min_token_prob=0.1)
 COST_AWARE = dict(DEFAULT, max_spec_factor=2.0, min_token_prob=0.2)
 RUNS = [
@@ -69,9 +64,8 @@ def run(args) -> dict:
                "compile_s": round(compile_s, 2), "runs": []}
     names = args.only or list(TRACES)
     for name in names:
-        file, sessions = TRACES[name]
         t0 = time.perf_counter()
-        requests = load_trace(Path(args.traces) / file, encode, max_sessions=sessions)
+        requests = load(args.traces, name, encode)
         print(f"{name}: {len(requests)} requests tokenized in {time.perf_counter() - t0:.0f}s",
               file=sys.stderr)
         for config, engine, knobs, conc in RUNS:

@@ -8,8 +8,13 @@ probabilities are ``count(x + a) / count(x)``.
 
 Representation (all chosen by measurement, see bench/index_bench.py):
 
-* Path compression.  A node stands for an edge of ``LEN`` tokens whose label
-  is read from token storage at ``(REF_SEQ, REF_POS)``.  Positions inside one
+* Path compression.  A node stands for an edge of tokens whose label is read
+  from token storage at ``(REF_SEQ, REF_POS)``.  ``LEN > 0`` is its length.
+  ``LEN < 0`` marks an *open leaf*: a leaf that one occurrence reaches, whose
+  label runs on to the end of its own sequence, capped at ``-LEN`` tokens by
+  the depth bound.  Appends never touch open leaves ("once a leaf, always a
+  leaf"), and each open sequence skips the leading run of its suffixes that
+  sit in open leaves (``SEQ_FRONT``).  Positions inside one
   edge share one count.  Invariant: a non-root node's children have a strictly
   smaller count than the node, otherwise the two would be one edge.  Hence a
   string where some occurrence *ends* (end of a sequence, or the depth bound)
@@ -58,7 +63,8 @@ SEQ_CAP = 2     # size of its region
 SEQ_ROOT = 3    # root node of its tree
 SEQ_SLOT = 4    # row of ``active`` while open, else -1
 SEQ_STATE = 5   # one of the SEQ_* states below
-SEQ_FIELDS = 6
+SEQ_FRONT = 6   # open suffixes starting before this all sit in open leaves
+SEQ_FIELDS = 7
 
 SEQ_FREE = 0
 SEQ_LIVE = 1
@@ -92,6 +98,8 @@ CHECK_MESSAGES = {
     10: "active node of an open sequence is not at the right suffix",
     11: "node has no label or no count",
     12: "free-node bookkeeping is wrong",
+    13: "open leaf is not a single-occurrence leaf of its sequence",
+    14: "an open suffix before SEQ_FRONT is not in an open leaf",
 }
 
 
@@ -314,6 +322,40 @@ def _label(arena, seqs, nodes, x, i):
 
 
 @njit(cache=True)
+def _elen(nodes, seqs, x):
+    """Length of node ``x``'s edge (open leaves end where their sequence does)."""
+    n = nodes[x, LEN]
+    if n >= 0:
+        return n
+    n2 = seqs[nodes[x, REF_SEQ], SEQ_LEN] - nodes[x, REF_POS]
+    return n2 if n2 < -n else -n
+
+
+@njit(cache=True)
+def _shift_front(nodes, x, k):
+    """Move the start of ``x``'s edge ``k`` tokens later (k < 0: earlier)."""
+    nodes[x, REF_POS] += k
+    if nodes[x, LEN] > 0:
+        nodes[x, LEN] -= k
+    else:
+        nodes[x, LEN] += k  # an open leaf's cap shrinks with its parent's depth growing
+
+
+@njit(cache=True)
+def _close_leaf(nodes, seqs, x, depth):
+    """Fix an open leaf's length, before a second occurrence reaches it.
+
+    Its owner sequence may have skipped the suffix that sits there
+    (``SEQ_FRONT``); pull the owner's front back so the suffix is visited again.
+    """
+    owner = nodes[x, REF_SEQ]
+    q = nodes[x, REF_POS] - (depth + nodes[x, LEN])  # start of the occurrence
+    nodes[x, LEN] = _elen(nodes, seqs, x)
+    if seqs[owner, SEQ_SLOT] != -1 and seqs[owner, SEQ_FRONT] > q:
+        seqs[owner, SEQ_FRONT] = q
+
+
+@njit(cache=True)
 def _absorb_parent(nodes, hkeys, hvals, meta, y):
     """Merge ``y`` with its parent ``x``; ``y`` keeps its id, ``x`` is freed.
 
@@ -325,8 +367,7 @@ def _absorb_parent(nodes, hkeys, hvals, meta, y):
     nodes[y, TOKEN] = nodes[x, TOKEN]
     _replace_child(nodes, hkeys, hvals, meta, p, x, y)
     nodes[y, PARENT] = p
-    nodes[y, LEN] += nodes[x, LEN]
-    nodes[y, REF_POS] -= nodes[x, LEN]
+    _shift_front(nodes, y, -nodes[x, LEN])
     _free(nodes, meta, x)
 
 
@@ -344,26 +385,22 @@ def new_root(nodes, meta):
 
 
 @njit(cache=True)
-def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
-    """Extend the occurrence ending at node ``a`` by token ``t``.
+def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
+    """Extend the occurrence ending at node ``a`` by token ``t`` (general case).
 
-    ``a`` ends at the string ``seq[s][q:p]``; the token at ``p`` is ``t``.
-    Returns the node that ends at ``seq[s][q:p+1]``.
+    ``a`` ends at the string ``seq[s][q:p]`` of ``d = p - q`` tokens, and is
+    not a single-occurrence leaf (the caller handles those); the token at
+    ``p`` is ``t``.  Returns the node that ends at ``seq[s][q:p+1]``.
     """
-    if nodes[a, PARENT] != -1 and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
-        # A leaf that only this occurrence reaches: lengthen it in place.  Its
-        # ref may point into a removed sequence, so re-point it here first.
-        nodes[a, REF_SEQ] = s
-        nodes[a, REF_POS] = p - nodes[a, LEN]
-        nodes[a, LEN] += 1
-        return a
+    depth = meta[META_DEPTH]
     c = _find_child(nodes, hkeys, hvals, a, t)
     if c == -1:
+        # A new open leaf: it will follow the sequence from here on.
         c = _alloc(nodes, meta)
         nodes[c, PARENT] = a
         nodes[c, TOKEN] = t
         nodes[c, COUNT] = 1
-        nodes[c, LEN] = 1
+        nodes[c, LEN] = -(depth - d)
         nodes[c, REF_SEQ] = s
         nodes[c, REF_POS] = p
         _link_child(nodes, hkeys, hvals, meta, a, c)
@@ -371,8 +408,10 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         if b == -1 or nodes[b, COUNT] <= 1:
             nodes[a, BEST] = c
         # No merge is possible: a node reached by this occurrence alone was
-        # a leaf and took the branch above.
+        # a single-occurrence leaf, which the caller handled.
         return c
+    if nodes[c, LEN] < 0:
+        _close_leaf(nodes, seqs, c, depth)
     if nodes[c, LEN] > 1 and nodes[a, PARENT] != -1 and nodes[c, COUNT] + 1 == nodes[a, COUNT]:
         # After this step every occurrence of a continues into c: instead of
         # splitting c and merging its head into a, move the boundary down one
@@ -382,8 +421,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
         nodes[a, LEN] += 1
         # c is a's only child, so it has no table entry to re-key.
-        nodes[c, LEN] -= 1
-        nodes[c, REF_POS] += 1
+        _shift_front(nodes, c, 1)
         nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
         return a
     if nodes[c, LEN] > 1:
@@ -397,8 +435,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p):
         nodes[m, REF_POS] = nodes[c, REF_POS]
         _replace_child(nodes, hkeys, hvals, meta, a, c, m)
         nodes[c, PARENT] = m
-        nodes[c, LEN] -= 1
-        nodes[c, REF_POS] += 1
+        _shift_front(nodes, c, 1)
         nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
         nodes[c, NEXT] = -1
         nodes[c, PREV] = -1
@@ -441,44 +478,94 @@ def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
         seqs[s, SEQ_LEN] = p + 1
         meta[META_LIVE_TOKENS] += 1
         nodes[root, COUNT] += 1
+        # Open suffixes start at q0..p; those before SEQ_FRONT sit in open
+        # leaves, which grew with the sequence just now.
         q0 = p - depth + 1
         if q0 < 0:
             q0 = 0
+        if seqs[s, SEQ_FRONT] > q0:
+            q0 = seqs[s, SEQ_FRONT]
         r = q0 % depth
         for q in range(q0, p + 1):
             a = root if q == p else active[slot, r]
-            c = nodes[a, BEST]
-            if q != p and c == -1 and nodes[a, COUNT] == 1:
-                # A leaf only this suffix reaches: lengthen it in place.  Its
-                # ref may point into a removed sequence, so re-point it too.
+            la = nodes[a, LEN]
+            if q != p and la < 0:
+                pass  # an open leaf: it grew with the sequence
+            elif q != p and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
+                # A closed leaf that only this suffix reaches (a removal left
+                # it so): re-open it on this sequence.
                 nodes[a, REF_SEQ] = s
-                nodes[a, REF_POS] = p - nodes[a, LEN]
-                nodes[a, LEN] += 1
-            elif (c != -1 and nodes[c, TOKEN] == t and nodes[c, LEN] == 1
-                  and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
-                # The most frequent child continues: it only gains a count
-                # and stays the most frequent.
-                nodes[c, COUNT] += 1
-                active[slot, r] = c
-            elif (c != -1 and q != p and nodes[c, TOKEN] == t and nodes[c, LEN] > 1
-                  and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
-                # c is a's only child and every other occurrence of a goes
-                # into it: move the boundary between them down one token
-                # (the suffix stays at a).  a's ref is re-derived from c's,
-                # whose occurrence is known to continue with t.
-                nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
-                nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
-                nodes[a, LEN] += 1
-                nodes[c, LEN] -= 1
-                nodes[c, REF_POS] += 1
-                nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+                nodes[a, REF_POS] = p - la
+                nodes[a, LEN] = -(depth - (p - q) + la)
             else:
-                active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta,
-                                                 arena, seqs, a, t, s, p)
+                c = nodes[a, BEST]
+                if c != -1 and nodes[c, TOKEN] != t:
+                    c = _find_child(nodes, hkeys, hvals, a, t)
+                lc = 0
+                if c != -1:
+                    lc = nodes[c, LEN]
+                if (lc == 1 and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
+                    # An existing one-token child continues and no edge
+                    # merges: it gains a count, and may become the most
+                    # frequent.
+                    nodes[c, COUNT] += 1
+                    if nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
+                        nodes[a, BEST] = c
+                    active[slot, r] = c
+                elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
+                    # c is a's only child and every other occurrence of a
+                    # goes into it: move the boundary between them down one
+                    # token (the suffix stays at a).  a's ref is re-derived
+                    # from c's, whose occurrence is known to continue with t.
+                    nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
+                    nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
+                    nodes[a, LEN] += 1
+                    nodes[c, LEN] -= 1
+                    nodes[c, REF_POS] += 1
+                    nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+                else:
+                    active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta, arena,
+                                                     seqs, a, t, s, p, p - q)
             r += 1
             if r == depth:
                 r = 0
+        # Advance the front over suffixes now sitting in open leaves.
+        front = seqs[s, SEQ_FRONT]
+        lo = p + 2 - depth
+        if front < lo:
+            front = lo
+        if front < 0:
+            front = 0
+        while front <= p and nodes[active[slot, front % depth], LEN] < 0:
+            front += 1
+        seqs[s, SEQ_FRONT] = front
     return tokens.shape[0]
+
+
+@njit(cache=True)
+def extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, seq_ids, tokens,
+                 offsets, progress):
+    """Append ``tokens[offsets[i]:offsets[i + 1]]`` to sequence ``seq_ids[i]``.
+
+    One call for a whole engine step.  Entries with ``seq_ids[i] < 0`` are
+    skipped.  ``progress`` holds ``(request index, tokens of it done)`` to
+    resume from and is updated in place.  Returns True when every request is
+    done, False when a capacity ran short at ``progress``; grow it and call
+    again.
+    """
+    for i in range(progress[0], seq_ids.shape[0]):
+        s = seq_ids[i]
+        lo = offsets[i] + progress[1]
+        hi = offsets[i + 1]
+        if s >= 0 and lo < hi:
+            done = extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens[lo:hi])
+            if lo + done < hi:
+                progress[0] = i
+                progress[1] = lo + done - offsets[i]
+                return False
+        progress[1] = 0
+    progress[0] = seq_ids.shape[0]
+    return True
 
 
 @njit(cache=True)
@@ -504,7 +591,7 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
             x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
             path[k] = x
             k += 1
-            d += nodes[x, LEN]
+            d += _elen(nodes, seqs, x)
         for j in range(k - 1, -1, -1):
             x = path[j]
             p = nodes[x, PARENT]
@@ -610,7 +697,7 @@ def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     off = 0
     for i in range(start, end):
         t = ctx[i]
-        if off == nodes[x, LEN]:
+        if off == _elen(nodes, seqs, x):
             x = _find_child(nodes, hkeys, hvals, x, t)
             if x == -1:
                 return -1, 0
@@ -623,8 +710,8 @@ def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
 
 
 @njit(cache=True)
-def _continues(nodes, x, off):
-    return off < nodes[x, LEN] or nodes[x, FIRST] != -1
+def _continues(nodes, seqs, x, off):
+    return off < _elen(nodes, seqs, x) or nodes[x, FIRST] != -1
 
 
 @njit(cache=True)
@@ -648,7 +735,7 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
     while lo < hi:
         mid = (lo + hi + 1) // 2
         x, off = _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - mid, end)
-        if x != -1 and (not need_continuation or _continues(nodes, x, off)):
+        if x != -1 and (not need_continuation or _continues(nodes, seqs, x, off)):
             lo = mid
             best_x = x
             best_off = off
@@ -672,8 +759,9 @@ def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
     n = 0
     prob = 1.0
     score = 0.0
+    length = _elen(nodes, seqs, x)
     while n < max_tokens:
-        if off < nodes[x, LEN]:
+        if off < length:
             out_tokens[n] = _label(arena, seqs, nodes, x, off)
             out_probs[n] = prob
             score += prob
@@ -692,6 +780,7 @@ def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
             prob = p
             x = b
             off = 0
+            length = _elen(nodes, seqs, x)
     return n, score
 
 
@@ -723,7 +812,7 @@ def draft_tree(nodes, arena, seqs, x, off, max_tokens, min_prob,
         parent = heap_parent[0]
         size -= 1
         _heap_pop(heap_prob, heap_node, heap_off, heap_parent, size)
-        if off < nodes[x, LEN]:
+        if off < _elen(nodes, seqs, x):
             out_tokens[n] = _label(arena, seqs, nodes, x, off)
             out_parents[n] = parent
             out_probs[n] = prob
@@ -799,7 +888,7 @@ def continuations(nodes, arena, seqs, x, off, out_tokens, out_counts):
 
     Returns how many; at most ``len(out_tokens)`` are written.
     """
-    if off < nodes[x, LEN]:
+    if off < _elen(nodes, seqs, x):
         if out_tokens.shape[0] > 0:
             out_tokens[0] = _label(arena, seqs, nodes, x, off)
             out_counts[0] = nodes[x, COUNT]
@@ -866,8 +955,12 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
             return 6
         if p == -1:
             continue
-        if nodes[x, LEN] < 1 or nodes[x, COUNT] < 1:
+        if nodes[x, LEN] == 0 or nodes[x, COUNT] < 1:
             return 11
+        if nodes[x, LEN] < 0 and (nodes[x, COUNT] != 1 or nodes[x, FIRST] != -1
+                                  or seqs[nodes[x, REF_SEQ], SEQ_STATE] != SEQ_LIVE
+                                  or _elen(nodes, seqs, x) < 1):
+            return 13
         if _has_siblings(nodes, p):
             edges += 1
             if _child(hkeys, hvals, p, nodes[x, TOKEN]) != x:
@@ -906,21 +999,26 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
                 x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
                 if x == -1:
                     return 8
-                for j in range(nodes[x, LEN]):
+                length = _elen(nodes, seqs, x)
+                for j in range(length):
                     if d + j >= end or _label(arena, seqs, nodes, x, j) != arena[off + d + j]:
                         return 8
+                if nodes[x, LEN] < 0 and d + length != min(q + depth, n):
+                    return 13
                 recount[x] += 1
-                d += nodes[x, LEN]
+                d += length
         slot = seqs[s, SEQ_SLOT]
         if slot != -1:
             for q in range(max(0, n - depth + 1), n):
                 x = active[slot, q % depth]
                 if x < 0 or x >= top or nodes[x, COUNT] == FREED:
                     return 10
+                if q < seqs[s, SEQ_FRONT] and nodes[x, LEN] >= 0:
+                    return 14
                 # The path from the root to x must spell seq[q:n].
                 d = n
                 while nodes[x, PARENT] != -1:
-                    d -= nodes[x, LEN]
+                    d -= _elen(nodes, seqs, x)
                     x = nodes[x, PARENT]
                 if d != q or x != root:
                     return 10
@@ -953,7 +1051,7 @@ def _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
     depth = active.shape[1]
     if slot >= 0 and length <= own_len and length < depth:
         x = active[slot, (own_len - length) % depth]
-        return x, nodes[x, LEN]
+        return x, _elen(nodes, seqs, x)
     return _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
 
 
@@ -978,7 +1076,7 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
         mid = (lo + hi + 1) // 2
         x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
                                   active, slot, own_len)
-        if x != -1 and _continues(nodes, x, off):
+        if x != -1 and _continues(nodes, seqs, x, off):
             lo = mid
         else:
             hi = mid - 1
@@ -1001,9 +1099,10 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
         x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
                                   active, slot, own_len)
         discount = 0
-        if flags & SELF_DISCOUNT and length <= own_len and off == nodes[x, LEN]:
+        at_end = off == _elen(nodes, seqs, x)
+        if flags & SELF_DISCOUNT and length <= own_len and at_end:
             discount = 1
-        if off == nodes[x, LEN]:
+        if at_end:
             b = nodes[x, BEST]
             if b == -1:
                 continue

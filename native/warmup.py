@@ -57,6 +57,9 @@ def warmup() -> float:
     tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
     si.extend(meta, nodes, hkeys, hvals, arena, seqs, active, 0, tokens)
     si.extend(meta, nodes, hkeys, hvals, arena, seqs, active, 0, _readonly(tokens)[0])
+    progress = np.zeros(2, np.int64)
+    si.extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, np.zeros(1, np.int64),
+                    tokens[:2], np.array([0, 2], np.int64), progress)
     meta[si.META_ARENA_TOP] = 32
     assert si.check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active) == 0
     k = 4
@@ -103,7 +106,7 @@ def warmup() -> float:
     return time.perf_counter() - t0
 
 
-KERNELS = (si.rehash, si.new_root, si.extend, si.remove_seq, si.drop_tree, si.move_seq,
+KERNELS = (si.rehash, si.new_root, si.extend, si.extend_batch, si.remove_seq, si.drop_tree, si.move_seq,
            si.compact_arena, si.longest_match, si.draft_path, si.draft_tree, si.continuations,
            si.check_integrity, si.propose_batch, ngram.ngram_propose,
            token_checks.first_bad_token)

@@ -46,7 +46,9 @@ class Proposer(Protocol):
     Call order per request: ``start_request`` once, then per engine step
     ``propose`` (batched over requests) followed by ``extend`` with the tokens
     the engine emitted, and finally ``finish_request`` (learn from the output)
-    or ``abort_request`` (forget it).
+    or ``abort_request`` (forget it).  A proposer may also offer
+    ``extend_batch(req_ids, token_ids)``, the same as ``extend`` for every
+    request of a step at once; callers use it when present.
     """
 
     def start_request(self, req_id: Hashable, prompt_token_ids: Sequence[int] | np.ndarray) -> None: ...

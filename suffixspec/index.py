@@ -55,6 +55,7 @@ class SuffixIndex:
         self.active = np.zeros((4, max_depth), np.int32)
         self.roots = np.full(4, -1, np.int32)
         self._path = np.zeros(max_depth + 1, np.int32)
+        self._progress = np.zeros(2, np.int64)
         self._free_seqs: list[int] = []
         self._next_seq = 0
         self._free_slots: list[int] = list(range(3, -1, -1))
@@ -100,6 +101,19 @@ class SuffixIndex:
             if done == n:
                 return
             self._make_room(seq, n - done)
+
+    def extend_many(self, seq_ids: np.ndarray, tokens: np.ndarray, offsets: np.ndarray) -> None:
+        """Append ``tokens[offsets[i]:offsets[i+1]]`` to each open ``seq_ids[i]`` (-1: skip).
+
+        ``seq_ids`` and ``offsets`` are int64, ``tokens`` int32; one native
+        call unless a capacity has to grow.
+        """
+        progress = self._progress
+        progress[:] = 0
+        while not nat.extend_batch(self.meta, self.nodes, self.hkeys, self.hvals, self.arena,
+                                   self.seqs, self.active, seq_ids, tokens, offsets, progress):
+            i, done = int(progress[0]), int(progress[1])
+            self._make_room(int(seq_ids[i]), int(offsets[i + 1] - offsets[i]) - done)
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+from itertools import accumulate
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -14,7 +14,6 @@ from suffixspec.native import warmup
 from suffixspec.pools import CrossPool, RequestPool
 from suffixspec.tokens import as_token_ids
 
-log = logging.getLogger(__name__)
 
 _SOURCES = ("request", "cross")
 
@@ -116,6 +115,27 @@ class SuffixProposer:
         seq = self._cross_seq.get(req_id)
         if seq is not None:
             self.cross.extend(seq, tokens)
+
+    def extend_batch(self, req_ids: Sequence[Hashable], token_ids: Sequence) -> None:
+        """``extend`` for every request of an engine step, in one native call per pool.
+
+        ``token_ids[i]`` are the tokens emitted for ``req_ids[i]``.  All input
+        is validated before anything is appended.
+        """
+        b = len(req_ids)
+        if len(token_ids) != b:
+            raise ValueError(f"{len(token_ids)} token lists for {b} requests")
+        if b <= 1:
+            if b:
+                self.extend(req_ids[0], token_ids[0])
+            return
+        rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
+        arrays = [as_token_ids(t) for t in token_ids]
+        offsets = np.fromiter(accumulate((a.shape[0] for a in arrays), initial=0), np.int64, b + 1)
+        tokens = np.concatenate(arrays)
+        self.requests.index.extend_many(rows[:, 1], tokens, offsets)
+        if self.cross is not None:
+            self.cross.index.extend_many(rows[:, 2], tokens, offsets)
 
     def finish_request(self, req_id: Hashable) -> None:
         """The request ended normally: its output stays in the cross pool."""

@@ -214,3 +214,47 @@ def test_long_sequences_match_reference(seed):
     ix.check_integrity()
     assert ix.dead_tokens == 0
     assert ix.live_tokens == sum(len(t) for t in ref.trees[tree].values())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interleaved_open_sequences_in_one_tree(seed):
+    """Requests in flight together append to one cross-pool tree in turns.
+
+    One sequence can then reach a leaf that another is still growing, the case
+    that closes open leaves and pulls the owner's SEQ_FRONT back.
+    """
+    rng = np.random.default_rng(100 + seed)
+    depth = int(rng.integers(2, 10))
+    ix = SuffixIndex(max_depth=depth, node_capacity=8, token_capacity=8)
+    ref = NaiveIndex(depth)
+    tree = ix.add_tree()
+    ref.trees[tree] = {}
+    motif = rng.integers(0, 4, size=12)
+    live = []
+    for step in range(60):
+        if len(live) < 3:
+            s = ix.add_sequence(tree)
+            ref.trees[tree][s] = []
+            live.append(s)
+        s = live[int(rng.integers(len(live)))]
+        start = int(rng.integers(0, 8))
+        chunk = (motif[start:start + int(rng.integers(1, 5))] if rng.random() < 0.7
+                 else rng.integers(0, 4, size=int(rng.integers(1, 4))))
+        ix.extend(s, chunk.astype(np.int32))
+        ref.trees[tree][s].extend(chunk.tolist())
+        r = rng.random()
+        if r < 0.08:
+            ix.close(s)
+            live.remove(s)
+        elif r < 0.12:
+            ix.remove(s)
+            live.remove(s)
+            del ref.trees[tree][s]
+        ix.check_integrity()
+        ctx = rng.integers(0, 4, size=6).tolist()
+        m = ix.match(tree, np.asarray(ctx, np.int32), need_continuation=True)
+        assert (m.length if m else -1) == ref.longest_match(tree, ctx, True, depth)
+        if m is not None and m.length:
+            toks, counts = ix.continuations(m)
+            want = ref.continuations(tree, ctx[len(ctx) - m.length:])
+            assert dict(zip(toks.tolist(), counts.tolist())) == dict(want)

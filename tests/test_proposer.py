@@ -194,3 +194,38 @@ def test_warmup_compiles_every_kernel_including_read_only_variants():
                    si.propose_batch):
         assert any(not getattr(t, "mutable", True) for sig in kernel.signatures for t in sig), \
             kernel.__name__
+
+
+def test_extend_batch_equals_extend_one_by_one():
+    rng = np.random.default_rng(5)
+    one, many = make(), make()
+    prompts = {i: rng.integers(0, 6, 30) for i in range(5)}
+    for p in (one, many):
+        for i, prompt in prompts.items():
+            p.start_request(i, prompt)
+    for _ in range(8):
+        ids = [i for i in prompts if rng.random() < 0.8]
+        emitted = [rng.integers(0, 6, int(rng.integers(0, 5))) for _ in ids]
+        for i, toks in zip(ids, emitted):
+            one.extend(i, toks)
+        many.extend_batch(ids, emitted)
+        a, b = one.propose(list(prompts)), many.propose(list(prompts))
+        assert [d.token_ids.tolist() for d in a] == [d.token_ids.tolist() for d in b]
+    assert one.cross.tokens == many.cross.tokens
+    many.requests.index.check_integrity()
+    many.cross.index.check_integrity()
+
+
+def test_extend_batch_refuses_bad_input_before_appending_anything():
+    p = make()
+    p.start_request("a", [1, 2, 3])
+    p.start_request("b", [1, 2, 3])
+    tokens_before = p.requests.index.live_tokens
+    with pytest.raises(ValueError, match="-1"):
+        p.extend_batch(["a", "b"], [[4, 5], [6, -1]])
+    with pytest.raises(ValueError, match="unknown request"):
+        p.extend_batch(["a", "zzz"], [[4], [5]])
+    with pytest.raises(ValueError, match="token lists"):
+        p.extend_batch(["a"], [[4], [5]])
+    assert p.requests.index.live_tokens == tokens_before
+    assert p.cross.tokens == 0

@@ -123,6 +123,12 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
         if progress is not None:
             progress(1)
 
+    extend_batch = getattr(proposer, "extend_batch", None)
+    if extend_batch is None:
+        def extend_batch(ids, emits):
+            for req_id, emit in zip(ids, emits):
+                proposer.extend(req_id, emit)
+
     admit()
     while active:
         # Requests with an empty recorded output finish without a step.
@@ -144,8 +150,7 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
             res.accepted += acc
             emits.append(req.output[pos:pos + min(acc + 1, target.shape[0])])
         t2 = clock()
-        for req_id, emit in zip(ids, emits):
-            proposer.extend(req_id, emit)
+        extend_batch(ids, emits)
         t3 = clock()
         us = ((t1 - t0) + (t3 - t2)) / 1e3
         res.engine_step_us.append(us)
