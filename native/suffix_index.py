@@ -1134,22 +1134,27 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
 
 @njit(cache=True)
 def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
-                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_root,
+                  b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, b_roots,
+                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_roots,
                   depth, req_seqs, req_trees, req_cross_seqs, limits, factor,
                   offset, min_prob, tree_mode, flags, out_tokens, out_parents,
                   out_probs, out_n, out_score, out_match, out_source,
                   scratch_tokens, scratch_parents, scratch_probs, cand_tokens,
                   cand_parents, cand_probs, hp, hn, ho, hpar):
-    """Draft for every request of a step, from its own tree and the cross tree.
+    """Draft for every request of a step, from its own tree and cross trees.
 
-    Request ``i`` reads its context from local sequence ``req_seqs[i]`` of tree
-    ``req_trees[i]``; ``req_cross_seqs[i]`` is its open output sequence in the
-    cross tree (-1 if none).  Its draft holds at most ``limits[i]`` tokens and
-    at most ``match_len * factor + offset``.  Each pool offers its best draft
-    (see the policy flags); the higher-ranked one wins, the request's own pool
-    on ties.  ``c_root < 0`` disables the cross pool.  Outputs are rows of the
-    ``out_*`` arrays; ``out_source`` is 0 for the request's own pool, 1 for the
-    cross pool, -1 for no draft.
+    Three indexes take part: ``l_*`` holds one tree per request, ``b_*`` and
+    ``c_*`` hold cross-request trees (a persistent pool's read-only snapshot
+    and its appendable part; either may be a dummy with no roots).  Request
+    ``i`` reads its context from local sequence ``req_seqs[i]`` of tree
+    ``req_trees[i]`` and may draw from the trees ``b_roots[i, :]`` and
+    ``c_roots[i, :]`` (-1: none).  ``req_cross_seqs[i]`` is its own open
+    output sequence in ``c_*`` (-1 if none).  A draft holds at most
+    ``limits[i]`` tokens and at most ``match_len * factor + offset``.  Each
+    tree offers its best draft (see the policy flags); the highest-ranked one
+    wins, the request's own tree on ties.  Outputs are rows of the ``out_*``
+    arrays; ``out_source`` is 0 for the request's own tree, 1 for a cross tree,
+    -1 for no draft.
     """
     for i in range(req_seqs.shape[0]):
         s = req_seqs[i]
@@ -1157,31 +1162,45 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
         start = end - depth
         if start < l_seqs[s, SEQ_OFF]:
             start = l_seqs[s, SEQ_OFF]
-        n1, score1, rank1, m1 = _pool_draft(
+        n, score, best, m = _pool_draft(
             l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]],
             l_arena, start, end, depth, limits[i], factor, offset, min_prob,
             tree_mode, l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], flags, out_tokens[i],
             out_parents[i], out_probs[i], cand_tokens, cand_parents, cand_probs,
             hp, hn, ho, hpar)
-        out_n[i] = n1
-        out_score[i] = score1
-        out_match[i] = m1
-        out_source[i] = 0 if n1 > 0 else -1
-        if c_root < 0:
-            continue
-        cs = req_cross_seqs[i]
-        slot = c_seqs[cs, SEQ_SLOT] if cs >= 0 else -1
-        own = c_seqs[cs, SEQ_LEN] if cs >= 0 else 0
-        n2, score2, rank2, m2 = _pool_draft(
-            c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_root,
-            l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, slot, own, flags, scratch_tokens, scratch_parents, scratch_probs,
-            cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
-        if n2 > 0 and rank2 > rank1:
-            out_tokens[i, :n2] = scratch_tokens[:n2]
-            out_parents[i, :n2] = scratch_parents[:n2]
-            out_probs[i, :n2] = scratch_probs[:n2]
-            out_n[i] = n2
-            out_score[i] = score2
-            out_match[i] = m2
-            out_source[i] = 1
+        out_n[i] = n
+        out_score[i] = score
+        out_match[i] = m
+        out_source[i] = 0 if n > 0 else -1
+        for j in range(b_roots.shape[1] + c_roots.shape[1]):
+            base = j < b_roots.shape[1]
+            root = b_roots[i, j] if base else c_roots[i, j - b_roots.shape[1]]
+            if root < 0:
+                continue
+            slot = -1
+            own = 0
+            cs = req_cross_seqs[i]
+            if not base and cs >= 0 and c_seqs[cs, SEQ_ROOT] == root:
+                slot = c_seqs[cs, SEQ_SLOT]
+                own = c_seqs[cs, SEQ_LEN]
+            if base:
+                n2, score2, rank2, m2 = _pool_draft(
+                    b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, root,
+                    l_arena, start, end, depth, limits[i], factor, offset, min_prob,
+                    tree_mode, slot, own, flags, scratch_tokens, scratch_parents,
+                    scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+            else:
+                n2, score2, rank2, m2 = _pool_draft(
+                    c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, root,
+                    l_arena, start, end, depth, limits[i], factor, offset, min_prob,
+                    tree_mode, slot, own, flags, scratch_tokens, scratch_parents,
+                    scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+            if n2 > 0 and rank2 > best:
+                best = rank2
+                out_tokens[i, :n2] = scratch_tokens[:n2]
+                out_parents[i, :n2] = scratch_parents[:n2]
+                out_probs[i, :n2] = scratch_probs[:n2]
+                out_n[i] = n2
+                out_score[i] = score2
+                out_match[i] = m2
+                out_source[i] = 1

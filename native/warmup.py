@@ -75,7 +75,7 @@ def warmup() -> float:
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr, 1)
             si.draft_tree(n_, ar, sq, x, off, k, 0.1, out_t, out_p, out_pr, *heap)
             si.continuations(n_, ar, sq, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
-    # One batched step, with the cross pool writeable and read-only.
+    # One batched step; the snapshot index is read-only in a persistent pool.
     b = 1
     outs = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32), np.zeros((b, k), np.float32),
             np.zeros(b, np.int64), np.zeros(b, np.float64), np.zeros(b, np.int64),
@@ -83,12 +83,12 @@ def warmup() -> float:
     scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)) * 2
     roots = np.array([root], np.int32)
     req = np.zeros(b, np.int64)
-    for cross in ((nodes, hkeys, hvals, arena, seqs, active),
-                  _readonly(nodes, hkeys, hvals, arena, seqs, active)):
-        si.propose_batch(nodes, hkeys, hvals, arena, seqs, active, roots, *cross, root, depth,
-                         req, req,
-                         np.full(b, -1, np.int64), np.full(b, k, np.int64), 1.0, 0.0, 0.1,
-                         False, si.DEFAULT_POLICY, *outs, *scratch, *heap)
+    cross_roots = np.full((b, 1), root, np.int64)
+    writeable = (nodes, hkeys, hvals, arena, seqs, active)
+    for base in (writeable, _readonly(*writeable)):
+        si.propose_batch(*writeable, roots, *base, cross_roots, *writeable, cross_roots, depth,
+                         req, req, np.full(b, -1, np.int64), np.full(b, k, np.int64), 1.0, 0.0,
+                         0.1, False, si.DEFAULT_POLICY, *outs, *scratch, *heap)
     # Maintenance kernels.
     keys2, vals2 = np.full(256, si.EMPTY, np.int64), np.full(256, -1, np.int32)
     si.rehash(hkeys, hvals, keys2, vals2, meta)

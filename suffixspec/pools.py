@@ -1,9 +1,12 @@
-"""The two pools a proposer drafts from.
+"""The pools a proposer drafts from.
 
 ``RequestPool``: one tree per active request over its prompt and output.
-``CrossPool``: one tree over the outputs of many requests, bounded by a token
-budget with oldest-first eviction.  Both wrap a ``SuffixIndex``; the batch
-kernel reads their arrays directly.
+``CrossPool``: outputs of many requests, one tree per namespace, bounded by a
+token budget with oldest-first eviction.  ``suffixspec.persistent`` adds a pool
+kept in LMDB.  All wrap ``SuffixIndex``; the batch kernel reads their arrays.
+
+A cross pool offers the batch kernel two indexes: ``base``, a read-only
+snapshot (None for in-memory pools), and ``delta``, the appendable part.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from typing import Hashable
 import numpy as np
 
 from suffixspec.index import SuffixIndex
+from suffixspec.store import check_namespace
+
+DEFAULT_NAMESPACE = "default"
 
 
 class RequestPool:
@@ -38,62 +44,84 @@ class RequestPool:
 
 
 class CrossPool:
-    """Outputs of past (and in-flight) requests in one tree.
+    """Outputs of past and in-flight requests, one tree per namespace.
 
-    ``begin`` opens a sequence for a request's output, ``extend`` appends to
-    it, ``commit`` keeps it and ``discard`` removes it.  Committed sequences
-    are evicted oldest first once ``max_tokens`` is exceeded.
+    ``begin(namespace)`` opens a sequence for a request's output, ``extend``
+    appends to it, ``commit`` keeps it and ``discard`` removes it.  Committed
+    sequences are evicted oldest first once ``max_tokens`` is exceeded (None:
+    unbounded).
     """
+
+    base = None
 
     def __init__(self, max_depth: int, max_tokens: int | None = 4_000_000):
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_depth = max_depth
         self.max_tokens = max_tokens
-        self.index = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
+        self.delta = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
                                  token_capacity=1 << 16)
-        self.tree = self.index.add_tree()
+        self.trees: dict[str, int] = {}
         self._committed: OrderedDict[int, None] = OrderedDict()
+        self.generation = 0  # bumps whenever tree ids may have changed
 
     @property
-    def root(self) -> int:
-        return int(self.index.roots[self.tree])
+    def index(self) -> SuffixIndex:
+        return self.delta
 
     @property
     def tokens(self) -> int:
-        return self.index.live_tokens
+        return self.delta.live_tokens
 
-    def begin(self) -> int:
-        return self.index.add_sequence(self.tree, capacity=256)
+    def tree(self, namespace: str) -> int:
+        """The delta tree of ``namespace``, created on first use."""
+        tree = self.trees.get(namespace)
+        if tree is None:
+            tree = self.trees[namespace] = self.delta.add_tree()
+        return tree
+
+    def roots(self, namespaces) -> tuple[list[int], list[int]]:
+        """Root node ids to draft from, in ``base`` and in ``delta``."""
+        return [], [int(self.delta.roots[self.trees[ns]]) for ns in namespaces
+                    if ns in self.trees]
+
+    def begin(self, namespace: str = DEFAULT_NAMESPACE) -> int:
+        return self.delta.add_sequence(self.tree(check_namespace(namespace)), capacity=256)
 
     def extend(self, seq: int, tokens: np.ndarray) -> None:
-        self.index.extend(seq, tokens)
+        self.delta.extend(seq, tokens)
 
-    def add(self, tokens: np.ndarray) -> int:
+    def add(self, tokens: np.ndarray, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Index a finished sequence in one call and commit it."""
-        seq = self.index.add_sequence(self.tree, capacity=max(tokens.shape[0], 1))
-        self.index.extend(seq, tokens)
+        seq = self.delta.add_sequence(self.tree(check_namespace(namespace)),
+                                      capacity=max(tokens.shape[0], 1))
+        self.delta.extend(seq, tokens)
         self.commit(seq)
         return seq
 
-    def commit(self, seq: int) -> None:
-        self.index.close(seq)
+    def commit(self, seq: int, request_id: str = "") -> None:
+        self.delta.close(seq)
         self._committed[seq] = None
         self._evict()
 
     def discard(self, seq: int) -> None:
         self._committed.pop(seq, None)
-        self.index.remove(seq)
+        self.delta.remove(seq)
         self._maybe_rebuild()
 
+    def refresh(self, force: bool = False) -> None:
+        """In-memory pools have nothing to pick up from other processes."""
+
     def _evict(self) -> None:
-        while (self.max_tokens is not None and self.index.live_tokens > self.max_tokens
+        while (self.max_tokens is not None and self.delta.live_tokens > self.max_tokens
                and self._committed):
             seq, _ = self._committed.popitem(last=False)
-            self.index.remove(seq)
+            self.delta.remove(seq)
         self._maybe_rebuild()
 
     def _maybe_rebuild(self) -> None:
         # Removed sequences keep their tokens while labels may read them;
         # rebuilding reclaims them once they outweigh the live ones.
-        if self.index.dead_tokens > max(self.index.live_tokens, 1 << 16):
-            self.index.rebuild()
+        if self.delta.dead_tokens > max(self.delta.live_tokens, 1 << 16):
+            self.delta.rebuild()
+            self.generation += 1

@@ -11,7 +11,8 @@ from suffixspec.draft import Draft
 from suffixspec.index import heap_scratch
 from suffixspec.native import suffix_index as nat
 from suffixspec.native import warmup
-from suffixspec.pools import CrossPool, RequestPool
+from suffixspec.pools import DEFAULT_NAMESPACE, CrossPool, RequestPool
+from suffixspec.store import check_namespace
 from suffixspec.tokens import as_token_ids
 
 
@@ -39,8 +40,17 @@ class SuffixProposer:
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
-    cross_pool:
-        Use this pool (for example a persistent one) instead of a new one.
+    pool:
+        A persistent cross-request pool: a path (opened or created as a
+        ``PersistentPool`` with ``tokenizer``) or a pool object
+        (``CrossPool`` or ``PersistentPool``).  Replaces the in-memory pool.
+    tokenizer:
+        The ``TokenizerId`` of the engine's tokenizer, checked against a
+        persistent pool's (needed to create one).
+    namespace:
+        Where finished outputs go, and what requests draw from by default.
+    shared_namespace:
+        A namespace every request also draws from (None: none).
     all_match_lengths:
         Draft from every match length and keep the best-scoring draft, instead
         of only from the longest match.
@@ -59,7 +69,8 @@ class SuffixProposer:
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, tree: bool = False,
-                 cross_pool_tokens: int | None = 4_000_000, cross_pool: CrossPool | None = None,
+                 cross_pool_tokens: int | None = 4_000_000, pool=None, tokenizer=None,
+                 namespace: str = DEFAULT_NAMESPACE, shared_namespace: str | None = None,
                  all_match_lengths: bool = True, self_discount: bool = True,
                  long_match_bias: bool = True):
         if not 2 <= max_depth <= 1024:
@@ -79,14 +90,25 @@ class SuffixProposer:
         self.flags = ((nat.ALL_LENGTHS if all_match_lengths else 0)
                       | (nat.SELF_DISCOUNT if self_discount else 0)
                       | (nat.LONG_BIAS if long_match_bias else 0))
+        self.namespace = check_namespace(namespace)
+        self.shared_namespace = (None if shared_namespace is None
+                                 else check_namespace(shared_namespace))
         self.requests = RequestPool(self.max_depth)
-        if cross_pool is not None and cross_pool.index.max_depth != self.max_depth:
-            raise ValueError(f"cross pool has max_depth {cross_pool.index.max_depth}, "
-                             f"proposer has {self.max_depth}")
-        if cross_pool is None and cross_pool_tokens != 0:
-            cross_pool = CrossPool(self.max_depth, cross_pool_tokens)
-        self.cross = cross_pool
+        if pool is not None and not isinstance(pool, CrossPool):
+            from suffixspec.persistent import PersistentPool
+
+            pool = PersistentPool(pool, tokenizer=tokenizer, max_depth=self.max_depth,
+                                  max_tokens=cross_pool_tokens)
+        if pool is not None and pool.max_depth != self.max_depth:
+            raise ValueError(f"pool has max_depth {pool.max_depth}, proposer has {self.max_depth}")
+        if pool is None and cross_pool_tokens != 0:
+            pool = CrossPool(self.max_depth, cross_pool_tokens)
+        self.cross = pool
         self._cross_seq: dict[Hashable, int] = {}
+        # req_id -> (namespace its output goes to, namespaces it draws from)
+        self._namespaces: dict[Hashable, tuple[str, tuple[str, ...]]] = {}
+        self._roots_cache: dict = {}
+        self._no_roots = np.full((8, 1), -1, np.int64)
         warmup()
         k = max(self.max_spec_tokens, 1)
         self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
@@ -96,14 +118,26 @@ class SuffixProposer:
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
-    def start_request(self, req_id: Hashable, prompt_token_ids) -> None:
-        """Index the prompt of a new request."""
+    def start_request(self, req_id: Hashable, prompt_token_ids, namespace: str | None = None,
+                      draw_from: Sequence[str] | None = None) -> None:
+        """Index the prompt of a new request.
+
+        Its output will join ``namespace`` (default: the proposer's); it
+        drafts from the namespaces in ``draw_from`` (default: its own plus the
+        shared one).
+        """
         if req_id in self.requests.requests:
             raise ValueError(f"request {req_id!r} is already active")
         prompt = as_token_ids(prompt_token_ids, "prompt_token_ids")
+        own = self.namespace if namespace is None else check_namespace(namespace)
+        if draw_from is None:
+            draw = (own,) if self.shared_namespace in (None, own) else (own, self.shared_namespace)
+        else:
+            draw = tuple(dict.fromkeys(check_namespace(ns) for ns in draw_from))
         self.requests.start(req_id, prompt)
+        self._namespaces[req_id] = (own, draw)
         if self.cross is not None:
-            self._cross_seq[req_id] = self.cross.begin()
+            self._cross_seq[req_id] = self.cross.begin(own)
 
     def extend(self, req_id: Hashable, token_ids) -> None:
         """Append the tokens the engine emitted for ``req_id`` this step."""
@@ -141,23 +175,29 @@ class SuffixProposer:
         """The request ended normally: its output stays in the cross pool."""
         self._check_active(req_id)
         self.requests.drop(req_id)
+        self._namespaces.pop(req_id)
         seq = self._cross_seq.pop(req_id, None)
         if seq is not None:
-            self.cross.commit(seq)
+            self.cross.commit(seq, request_id=str(req_id))
 
     def abort_request(self, req_id: Hashable) -> None:
         """The request was cancelled: forget it entirely."""
         self._check_active(req_id)
         self.requests.drop(req_id)
+        self._namespaces.pop(req_id)
         seq = self._cross_seq.pop(req_id, None)
         if seq is not None:
             self.cross.discard(seq)
 
     def index_memory(self) -> tuple[int, int]:
-        """(bytes held, tokens indexed) of the cross-request pool."""
+        """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:
             return 0, 0
-        return self.cross.index.memory_bytes(), self.cross.tokens
+        base = self.cross.base
+        snapshot = 0 if base is None else sum(
+            a.nbytes for a in (base.meta, base.nodes, base.hkeys, base.hvals, base.arena,
+                               base.seqs, base.roots))
+        return self.cross.delta.memory_bytes() + snapshot, self.cross.tokens
 
     @property
     def active_requests(self):
@@ -181,14 +221,10 @@ class SuffixProposer:
             self._out = self._outputs(max(b, 2 * self._out[0].shape[0]))
         tokens, parents, probs, n, score, match, source = self._out
         local = self.requests.index
-        if self.cross is not None:
-            c = self.cross.index
-            c_arrays = (c.nodes, c.hkeys, c.hvals, c.arena, c.seqs, c.active, self.cross.root)
-        else:
-            c_arrays = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
-                        local.active, -1)
+        base_arrays, base_roots, delta_arrays, delta_roots = self._cross_args(req_ids)
         nat.propose_batch(local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
-                          local.active, local.roots, *c_arrays, self.max_depth, rows[:, 1],
+                          local.active, local.roots, *base_arrays, base_roots, *delta_arrays,
+                          delta_roots, self.max_depth, rows[:, 1],
                           rows[:, 0], rows[:, 2], limits, self.max_spec_factor,
                           self.max_spec_offset, self.min_token_prob, self.tree, self.flags,
                           tokens, parents, probs, n, score, match, source, *self._scratch,
@@ -205,6 +241,36 @@ class SuffixProposer:
         return drafts
 
     # ------------------------------------------------------------ internals
+    def _cross_args(self, req_ids):
+        """Arrays of the cross pool's two indexes and each request's roots in them."""
+        local = self.requests.index
+        empty = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs, local.active)
+        b = len(req_ids)
+        if self.cross is None:
+            if self._no_roots.shape[0] < b:
+                self._no_roots = np.full((2 * b, 1), -1, np.int64)
+            none = self._no_roots[:b]
+            return empty, none, empty, none
+        self.cross.refresh()
+        pool = self.cross
+        key = pool.generation
+        rows = []
+        for req_id in req_ids:
+            draw = self._namespaces[req_id][1]
+            row = self._roots_cache.get((key, draw))
+            if row is None:
+                if len(self._roots_cache) > 1024:
+                    self._roots_cache.clear()
+                row = self._roots_cache[(key, draw)] = pool.roots(draw)
+            rows.append(row)
+        base_roots = _matrix([r[0] for r in rows])
+        delta_roots = _matrix([r[1] for r in rows])
+        base = pool.base
+        d = pool.delta
+        return ((base.nodes, base.hkeys, base.hvals, base.arena, base.seqs, base.active)
+                if base is not None else empty, base_roots,
+                (d.nodes, d.hkeys, d.hvals, d.arena, d.seqs, d.active), delta_roots)
+
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:
             raise ValueError(f"unknown request {req_id!r}: not started, or already finished")
@@ -239,3 +305,12 @@ class SuffixProposer:
         return (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
                 np.zeros((b, k), np.float32), np.zeros(b, np.int64),
                 np.zeros(b, np.float64), np.zeros(b, np.int64), np.zeros(b, np.int64))
+
+
+def _matrix(rows: list[list[int]]) -> np.ndarray:
+    """Ragged lists of root ids as an int64 matrix padded with -1."""
+    width = max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), width), -1, np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out

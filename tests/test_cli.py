@@ -20,14 +20,14 @@ def run(*args):
 def test_replay_builtin_workload_table():
     result = run("replay", "-k", "8")
     assert result.exit_code == 0, result.output
-    header, row = result.output.strip().splitlines()
+    header, row = result.stdout.strip().splitlines()
     assert "mean_tokens_per_step" in header and row.strip().startswith("built-in")
 
 
 def test_replay_json_has_exactly_the_metric_keys():
     result = run("replay", "--json", "--engine", "ngram")
     assert result.exit_code == 0, result.output
-    obj = json.loads(result.output)
+    obj = json.loads(result.stdout)
     assert tuple(obj) == METRIC_KEYS
     assert obj["mean_tokens_per_step"] > 1.0
 
@@ -37,7 +37,7 @@ def test_replay_real_trace_slice(traces_dir, tokenizer_path):
     result = run("replay", str(trace), str(trace), "--tokenizer", str(tokenizer_path),
                  "--records", "40", "--json", "-c", "4")
     assert result.exit_code == 0, result.output
-    lines = [json.loads(x) for x in result.output.strip().splitlines()]
+    lines = [json.loads(x) for x in result.stdout.strip().splitlines()]
     assert len(lines) == 2 and all(x["requests"] == 40 for x in lines)
 
 
@@ -58,4 +58,4 @@ def test_arctic_engine_when_installed():
     pytest.importorskip("arctic_inference.suffix_decoding")
     result = run("replay", "--engine", "arctic", "--json", "-k", "8")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["mean_tokens_per_step"] > 1.0
+    assert json.loads(result.stdout)["mean_tokens_per_step"] > 1.0

@@ -1,4 +1,4 @@
-"""The ``suffixspec`` command line: thin wrappers over the library."""
+"""``suffixspec replay``: measure a proposer on recorded requests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 import click
 from tqdm import tqdm
 
+from suffixspec.cli.common import open_pool
+from suffixspec.fingerprint import BYTES, tokenizer_id
 from suffixspec.native import warmup
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
@@ -21,13 +23,7 @@ _COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("step
             ("index_bytes_per_token", "{}"))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="suffixspec")
-def main():
-    """Suffix-trie speculative decoding: replay traces, build pools."""
-
-
-@main.command(name="replay")
+@click.command(name="replay")
 @click.argument("traces", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--tokenizer", type=click.Path(exists=True),
               help="Hugging Face tokenizer.json (or its folder); required with TRACE files.")
@@ -53,10 +49,15 @@ def main():
               help="Shortest n-gram (ngram engine).")
 @click.option("--ngram-max", type=click.IntRange(1), default=5, show_default=True,
               help="Longest n-gram (ngram engine).")
+@click.option("--pool", type=click.Path(dir_okay=False),
+              help="Replay against this persistent pool (suffixspec engine); finished "
+                   "requests are added to it.")
+@click.option("--namespace", default="default", show_default=True,
+              help="Pool namespace the replayed requests use.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
 def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_factor,
                min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
-               as_json):
+               pool, namespace, as_json):
     """Replay recorded requests and report what speculation would save.
 
     With no TRACE, replays a built-in synthetic agent workload (byte tokens).
@@ -69,6 +70,8 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_f
     """
     if traces and tokenizer is None:
         raise click.UsageError("replaying TRACE files needs --tokenizer")
+    if pool is not None and engine != "suffixspec":
+        raise click.UsageError("--pool works with the suffixspec engine only")
     workloads = []
     if not traces:
         workloads.append(("built-in", default_workload()))
@@ -82,19 +85,31 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_f
             workloads.append((path, requests))
     warmup()
     rows = []
-    for name, requests in workloads:
-        proposer = make_proposer(engine, requests, max_depth=max_depth,
-                                 max_spec_tokens=max_spec_tokens,
-                                 max_spec_factor=max_spec_factor, min_token_prob=min_token_prob,
-                                 tree=tree, ngram_min=ngram_min, ngram_max=ngram_max,
-                                 **({"cross_pool_tokens": None} if engine == "suffixspec" else {}))
-        with tqdm(total=len(requests), desc=name, unit="req", file=sys.stderr, delay=2,
-                  leave=False) as bar:
-            result = replay(requests, proposer, concurrency=concurrency, progress=bar.update)
-        metrics = result.metrics()
-        if as_json:
-            click.echo(json.dumps({k: metrics[k] for k in METRIC_KEYS}))
-        rows.append({"trace": name, **metrics})
+    options = {}
+    pool_obj = None
+    if engine == "suffixspec":
+        options = {"cross_pool_tokens": None, "namespace": namespace}
+        if pool is not None:
+            tok_id = tokenizer_id(tokenizer) if traces else BYTES
+            pool_obj = options["pool"] = open_pool(pool, tok_id, max_depth)
+    try:
+        for name, requests in workloads:
+            proposer = make_proposer(engine, requests, max_depth=max_depth,
+                                     max_spec_tokens=max_spec_tokens,
+                                     max_spec_factor=max_spec_factor,
+                                     min_token_prob=min_token_prob, tree=tree,
+                                     ngram_min=ngram_min, ngram_max=ngram_max, **options)
+            with tqdm(total=len(requests), desc=name, unit="req", file=sys.stderr, delay=2,
+                      leave=False) as bar:
+                result = replay(requests, proposer, concurrency=concurrency,
+                                progress=bar.update)
+            metrics = result.metrics()
+            if as_json:
+                click.echo(json.dumps({k: metrics[k] for k in METRIC_KEYS}))
+            rows.append({"trace": name, **metrics})
+    finally:
+        if pool_obj is not None:
+            pool_obj.close()
     if not as_json:
         click.echo(_table(rows))
 
@@ -108,6 +123,3 @@ def _table(rows: list[dict]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    main()

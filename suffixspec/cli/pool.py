@@ -1,0 +1,178 @@
+"""Pool commands: ``ingest``, ``stats``, ``prune``, ``forget``, ``export``, ``snapshot``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+from tqdm import tqdm
+
+from suffixspec.cli.common import open_pool, parse_duration
+from suffixspec.ingest import FORMATS, ingest
+from suffixspec.store import PoolError, PoolStore
+
+_POOL = click.argument("pool", type=click.Path(dir_okay=False))
+
+
+def _store(path: str, **kw) -> PoolStore:
+    try:
+        return PoolStore(path, **kw)
+    except PoolError as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _emit(obj: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(obj))
+    else:
+        width = max(len(k) for k in obj)
+        for k, v in obj.items():
+            click.echo(f"{k.ljust(width)}  {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+
+
+@click.command(name="ingest")
+@_POOL
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", type=click.Path(exists=True),
+              help="tokenizer.json or a model folder holding one (not needed for export files).")
+@click.option("--namespace", default="default", show_default=True,
+              help="Namespace the sequences join.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="Input format; auto decides per file from its first record.")
+@click.option("--role", "roles", multiple=True, default=("assistant",), show_default=True,
+              help="openai-chat roles to ingest (repeatable).")
+@click.option("--include-prompts", is_flag=True, help="trace format: also ingest prompts.")
+@click.option("--strict", is_flag=True, help="Stop at the first bad line (what came before stays).")
+@click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
+              help="Index depth, when the pool is created.")
+@click.option("--no-snapshot", is_flag=True, help="Skip writing the index snapshot at the end.")
+@click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
+def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, strict, max_depth,
+               no_snapshot, as_json):
+    """Add the outputs in FILES to POOL (created if missing).
+
+    \b
+    Example:
+      suffixspec ingest pool.lmdb ../shared/data/traces/sql_spider_bird.jsonl.gz \\
+          --tokenizer ../shared/tokenizers/qwen --namespace sql
+    """
+    from suffixspec.fingerprint import tokenizer_id
+    from suffixspec.persistent import PersistentPool
+    from suffixspec.replay.traces import hf_encoder
+
+    tok = tokenizer_id(tokenizer) if tokenizer else None
+    encode = hf_encoder(tokenizer) if tokenizer else None
+    t0 = time.perf_counter()
+    with _store(pool, tokenizer=tok, max_depth=max_depth if tok else None) as store:
+        try:
+            with tqdm(desc="ingest", unit="tok", unit_scale=True, file=sys.stderr,
+                      delay=1) as bar:
+                report = ingest(store, list(files), encode, namespace=namespace, fmt=fmt,
+                                roles=tuple(roles), include_prompts=include_prompts,
+                                strict=strict, progress=bar.update,
+                                warn=lambda m: tqdm.write(m, file=sys.stderr))
+            snapshot_s = 0.0
+            if not no_snapshot and report.sequences:
+                t1 = time.perf_counter()
+                with PersistentPool(store) as p:
+                    p.write_snapshot()
+                snapshot_s = time.perf_counter() - t1
+        except (PoolError, ValueError) as e:
+            raise click.ClickException(str(e)) from e
+    summary = {**report.summary(), "snapshot_s": round(snapshot_s, 3),
+               "wall_s": round(time.perf_counter() - t0, 3)}
+    _emit(summary, as_json)
+    if report.stopped:
+        raise click.ClickException(f"stopped at a bad line (--strict): {report.stopped}")
+
+
+@click.command(name="stats")
+@_POOL
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+def stats_cmd(pool, as_json):
+    """Sequences, tokens, namespaces, size on disk, tokenizer and snapshot age of POOL.
+
+    \b
+    Example:
+      suffixspec stats pool.lmdb --json
+    """
+    with _store(pool, readonly=True) as store:
+        _emit(store.stats(), as_json)
+
+
+@click.command(name="prune")
+@_POOL
+@click.option("--max-tokens", type=click.IntRange(0), help="Keep at most this many tokens "
+              "(oldest deleted first).")
+@click.option("--older-than", help="Delete sequences older than this (7d, 12h, 30m, 45s).")
+@click.option("--namespace", help="Only within this namespace.")
+@click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
+def prune_cmd(pool, max_tokens, older_than, namespace, as_json):
+    """Delete the oldest sequences of POOL beyond a budget, or older than an age.
+
+    \b
+    Example:
+      suffixspec prune pool.lmdb --max-tokens 10000000 --older-than 7d
+    """
+    if max_tokens is None and older_than is None:
+        raise click.UsageError("give --max-tokens and/or --older-than")
+    age = parse_duration(older_than) if older_than else None
+    with open_pool(pool) as p:
+        deleted = p.prune(max_tokens=max_tokens, older_than=age, namespace=namespace)
+        _emit({"deleted": deleted, "tokens": p.tokens}, as_json)
+
+
+@click.command(name="forget")
+@_POOL
+@click.option("--request-id", help="Delete this request's sequences.")
+@click.option("--namespace", help="Delete every sequence of this namespace.")
+@click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
+def forget_cmd(pool, request_id, namespace, as_json):
+    """Delete data from POOL for real: the file is compacted so the tokens are gone.
+
+    \b
+    Examples:
+      suffixspec forget pool.lmdb --request-id chat-123
+      suffixspec forget pool.lmdb --namespace tenant-a
+    """
+    if (request_id is None) == (namespace is None):
+        raise click.UsageError("give exactly one of --request-id and --namespace")
+    with open_pool(pool) as p:
+        deleted = p.forget(request_id=request_id, namespace=namespace)
+        _emit({"deleted": deleted, "tokens": p.tokens}, as_json)
+
+
+@click.command(name="export")
+@_POOL
+@click.option("--namespace", help="Only this namespace.")
+def export_cmd(pool, namespace):
+    """Write POOL's sequences as JSON lines to stdout; `ingest` reads them back.
+
+    \b
+    Example:
+      suffixspec export pool.lmdb --namespace sql > sql.jsonl
+    """
+    from suffixspec.ingest import export
+
+    with _store(pool, readonly=True) as store:
+        n = export(store, sys.stdout, namespace=namespace)
+    click.echo(f"exported {n} sequences", err=True)
+
+
+@click.command(name="snapshot")
+@_POOL
+@click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
+def snapshot_cmd(pool, as_json):
+    """Rebuild POOL's index snapshot (also applies its budget), for fast opening.
+
+    \b
+    Example:
+      suffixspec snapshot pool.lmdb
+    """
+    t0 = time.perf_counter()
+    with open_pool(pool) as p:
+        generation = p.write_snapshot()
+        _emit({"generation": generation, "tokens": p.tokens,
+               "seconds": round(time.perf_counter() - t0, 3)}, as_json)

@@ -1,0 +1,327 @@
+"""Offline ingestion: build or extend a pool from request logs.
+
+Formats (``auto`` picks by the first record, or ``text`` for non-JSON files):
+
+* ``trace``: JSON lines with ``output`` (see ``../shared/data/README.md``);
+  outputs are ingested, and with ``include_prompts`` also prompts (for
+  multi-turn records, the new text of each turn, ``prompt_delta``).
+* ``openai-chat``: one chat-completion log per line, ``{"messages": [...],
+  "response": {...}}`` or ``{"messages": [...], "choices": [...]}``; messages
+  whose role is in ``roles`` are ingested (default: the assistant's).  Tool
+  calls count as text: name and arguments.
+* ``text``: each file is one document (a code repository, docs).
+* ``export``: what ``suffixspec export`` writes; token ids, no tokenizer run.
+
+A bad line is reported with file, line number and reason and skipped; with
+``strict`` ingestion stops there.  Either way everything before it stays
+committed: sequences are committed in batches, each one transaction.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from suffixspec.store import DiskFullError, PoolStore, check_namespace
+from suffixspec.tokens import as_token_ids
+
+FORMATS = ("auto", "trace", "openai-chat", "text", "export")
+EXPORT_HEADER = "suffixspec_export"
+
+
+class BadRecord(ValueError):
+    """A record that cannot be ingested; the message says why."""
+
+
+class StopIngest(Exception):  # noqa: N818 - control flow, not an error
+    """``strict`` ingestion met a bad record."""
+
+
+@dataclass
+class IngestReport:
+    files: int = 0
+    lines: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+    tokenize_s: float = 0.0
+    store_s: float = 0.0
+    stopped: str | None = None
+
+    def summary(self) -> dict:
+        return {"files": self.files, "lines": self.lines, "sequences": self.sequences,
+                "tokens": self.tokens, "skipped": self.skipped,
+                "tokenize_s": round(self.tokenize_s, 3), "store_s": round(self.store_s, 3),
+                "stopped": self.stopped}
+
+
+# ------------------------------------------------------------------- parsing
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadRecord(f"{what} is {type(value).__name__}, not a string")
+    return value
+
+
+def _message_text(message) -> str:
+    if not isinstance(message, dict):
+        raise BadRecord(f"message is {type(message).__name__}, not an object")
+    parts = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+    elif content is not None:
+        raise BadRecord(f"message content is {type(content).__name__}")
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(p for p in parts if p)
+
+
+def parse_trace(rec: dict, include_prompts: bool) -> list[str]:
+    if "output" not in rec:
+        raise BadRecord("no 'output' field")
+    texts = [_text(rec["output"], "'output'")]
+    if include_prompts:
+        key = "prompt_delta" if "prompt_delta" in rec else "prompt"
+        if key in rec:
+            texts.insert(0, _text(rec[key], f"'{key}'"))
+    return texts
+
+
+def parse_openai_chat(rec: dict, roles: tuple[str, ...]) -> list[str]:
+    messages = rec.get("messages")
+    if not isinstance(messages, list):
+        raise BadRecord("no 'messages' list")
+    chosen = [m for m in messages if isinstance(m, dict) and m.get("role") in roles]
+    response = rec.get("response")
+    if isinstance(response, dict) and "choices" in response:
+        response = response["choices"]
+    if response is None:
+        response = rec.get("choices")
+    if isinstance(response, list):
+        response = [c.get("message") if isinstance(c, dict) and "message" in c else c
+                    for c in response]
+    elif response is not None:
+        response = [response]
+    for m in response or []:
+        if isinstance(m, str):
+            m = {"role": "assistant", "content": m}
+        if isinstance(m, dict) and m.get("role", "assistant") in roles:
+            chosen.append(m)
+    return [_message_text(m) for m in chosen]
+
+
+def sniff(path: Path) -> str:
+    """The format of a file, from its first record."""
+    try:
+        with _open_binary(path) as f:
+            for raw in f:
+                if raw.strip():
+                    rec = json.loads(raw)
+                    break
+            else:
+                return "text"
+    except (ValueError, UnicodeDecodeError, OSError, EOFError):
+        return "text"
+    if not isinstance(rec, dict):
+        return "text"
+    if EXPORT_HEADER in rec:
+        return "export"
+    if "messages" in rec:
+        return "openai-chat"
+    if "output" in rec:
+        return "trace"
+    return "text"
+
+
+def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
+            ) -> Iterator[tuple[int, list[str] | np.ndarray | BadRecord, dict]]:
+    """``(line number, texts or token ids or BadRecord, stored fields)`` per record.
+
+    Stored fields (namespace, source, request id) come with exported records.
+    """
+    if fmt == "text":
+        try:
+            with _open_binary(path) as f:
+                yield 1, [f.read().decode("utf-8")], {}
+        except UnicodeDecodeError as e:
+            yield 1, BadRecord(f"not UTF-8 text ({e.reason} at byte {e.start})"), {}
+        return
+    with _open_binary(path) as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+                if not isinstance(rec, dict):
+                    raise BadRecord(f"record is {type(rec).__name__}, not an object")
+                if fmt == "export":
+                    if EXPORT_HEADER in rec:
+                        continue
+                    fields = {k: str(rec[k]) for k in ("namespace", "source", "request_id")
+                              if rec.get(k)}
+                    yield n, _export_tokens(rec), fields
+                    continue
+                texts = (parse_trace(rec, include_prompts) if fmt == "trace"
+                         else parse_openai_chat(rec, roles))
+                if not any(texts):
+                    raise BadRecord("nothing to ingest (empty output)")
+                yield n, [t for t in texts if t], {}
+            except UnicodeDecodeError as e:
+                yield n, BadRecord(f"not UTF-8 ({e.reason} at byte {e.start})"), {}
+            except json.JSONDecodeError as e:
+                yield n, BadRecord(f"invalid JSON ({e.msg} at column {e.colno})"), {}
+            except BadRecord as e:
+                yield n, e, {}
+
+
+def _export_tokens(rec: dict) -> np.ndarray:
+    try:
+        tokens = as_token_ids(rec["token_ids"])
+    except KeyError:
+        raise BadRecord("no 'token_ids' field") from None
+    except ValueError as e:
+        raise BadRecord(str(e)) from None
+    if tokens.shape[0] == 0:
+        raise BadRecord("empty token_ids")
+    return tokens
+
+
+def export_header(path: Path) -> dict:
+    with _open_binary(path) as f:
+        for raw in f:
+            if raw.strip():
+                rec = json.loads(raw)
+                if isinstance(rec, dict) and EXPORT_HEADER in rec:
+                    return rec
+                break
+    raise BadRecord(f"{path}: no export header line")
+
+
+# ----------------------------------------------------------------- ingestion
+def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | None,
+           namespace: str = "default", fmt: str = "auto", roles: tuple[str, ...] = ("assistant",),
+           include_prompts: bool = False, strict: bool = False, progress: Callable | None = None,
+           batch_tokens: int = 1 << 20, warn: Callable[[str], None] | None = None) -> IngestReport:
+    """Ingest ``files`` into ``store``; returns the counts.
+
+    ``encode_batch`` turns a list of texts into token id lists (None only for
+    the ``export`` format).  ``progress(tokens)`` is called after each commit,
+    ``warn(message)`` for each bad record.
+    """
+    check_namespace(namespace)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    report = IngestReport()
+    pending: list[tuple] = []  # (tokens, namespace, source, request_id)
+    texts: list[tuple[str, str]] = []  # (text, source) waiting for the tokenizer
+    pending_tokens = 0
+
+    def problem(message: str):
+        report.skipped += 1
+        if len(report.problems) < 1000:
+            report.problems.append(message)
+        if warn is not None:
+            warn(message)
+        if strict:
+            raise StopIngest(message)
+
+    def tokenize():
+        nonlocal pending_tokens
+        if not texts:
+            return
+        t0 = time.perf_counter()
+        ids = encode_batch([t for t, _ in texts])
+        report.tokenize_s += time.perf_counter() - t0
+        for (_, source), tok in zip(texts, ids):
+            arr = np.asarray(tok, np.int32)
+            pending.append((arr, namespace, source, ""))
+            pending_tokens += arr.shape[0]
+        texts.clear()
+
+    def commit():
+        nonlocal pending_tokens
+        tokenize()
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        try:
+            store.add_many(pending)
+        except DiskFullError as e:
+            raise DiskFullError(f"{e}; committed before this batch: {report.sequences} "
+                                f"sequences, {report.tokens} tokens") from e
+        report.store_s += time.perf_counter() - t0
+        report.sequences += len(pending)
+        report.tokens += pending_tokens
+        if progress is not None:
+            progress(pending_tokens)
+        pending.clear()
+        pending_tokens = 0
+
+    try:
+        for file in map(Path, files):
+            report.files += 1
+            kind = sniff(file) if fmt == "auto" else fmt
+            if kind == "export":
+                _check_export_header(file, store)
+            elif encode_batch is None:
+                raise ValueError(f"{file}: ingesting {kind} needs a tokenizer")
+            for line, item, fields in records(file, kind, roles, include_prompts):
+                report.lines += 1
+                if isinstance(item, BadRecord):
+                    commit()  # everything before a bad line is committed first
+                    problem(f"{file}:{line}: {item}")
+                    continue
+                source = f"{file.name}:{line}"
+                if isinstance(item, np.ndarray):
+                    pending.append((item, fields.get("namespace", namespace),
+                                    fields.get("source", source), fields.get("request_id", "")))
+                    pending_tokens += item.shape[0]
+                else:
+                    texts.extend((t, source) for t in item)
+                    if len(texts) >= 512:
+                        tokenize()
+                if pending_tokens >= batch_tokens:
+                    commit()
+        commit()
+    except StopIngest as e:
+        report.stopped = str(e)
+    return report
+
+
+def _check_export_header(file: Path, store: PoolStore) -> None:
+    header = export_header(file)
+    if header.get("fingerprint") != store.info["fingerprint"]:
+        from suffixspec.store import TokenizerMismatchError
+
+        raise TokenizerMismatchError(
+            f"{file} was exported from a pool with tokenizer {header.get('tokenizer')} "
+            f"({header.get('fingerprint')}); this pool uses {store.tokenizer}")
+
+
+def export(store: PoolStore, out, namespace: str | None = None) -> int:
+    """Write the pool's sequences as JSON lines (ingestable); returns how many."""
+    info = store.info
+    out.write(json.dumps({EXPORT_HEADER: 1, "tokenizer": info["tokenizer"],
+                          "fingerprint": info["fingerprint"], "max_depth": info["max_depth"]})
+              + "\n")
+    n = 0
+    for seq in store.sequences(namespace=namespace):
+        out.write(json.dumps({"namespace": seq.namespace, "source": seq.source,
+                              "request_id": seq.request_id, "added": seq.added,
+                              "token_ids": seq.tokens.tolist()}) + "\n")
+        n += 1
+    return n

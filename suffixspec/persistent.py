@@ -1,0 +1,274 @@
+"""``PersistentPool``: a cross-request pool kept in LMDB.
+
+It drafts from two indexes.  The *base* is a snapshot of the index over every
+sequence up to a watermark id, stored in the pool file and read zero-copy
+(read-only arrays over LMDB's memory map), so opening a large pool costs no
+re-indexing.  The *delta* is an in-memory index over sequences added since:
+this process's requests (in flight and finished) and what other processes
+committed, picked up by ``refresh()``.
+
+Sequences are committed to the store when a request finishes.  Snapshots are
+written by ``write_snapshot()`` (the ``ingest``, ``snapshot``, ``prune`` and
+``forget`` commands call it, and a pool may call it itself every
+``snapshot_every`` committed tokens); that is also when ``max_tokens`` and
+``ttl`` are enforced, so between snapshots a pool may hold more.  Readers see
+others' commits within ``refresh_interval`` seconds, or at once on
+``refresh(force=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from suffixspec.fingerprint import TokenizerId
+from suffixspec.index import SuffixIndex
+from suffixspec.native import suffix_index as nat
+from suffixspec.pools import CrossPool
+from suffixspec.store import PoolStore, StoredSequence
+
+
+def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int], int, int]:
+    """Index stored sequences, one tree per namespace.
+
+    Returns the index, namespace -> tree, the highest sequence id and the
+    number of tokens.
+    """
+    ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1 << 16)
+    trees: dict[str, int] = {}
+    watermark = tokens = 0
+    for seq in sequences:
+        tree = trees.get(seq.namespace)
+        if tree is None:
+            tree = trees[seq.namespace] = ix.add_tree()
+        s = ix.add_sequence(tree, capacity=max(seq.length, 1))
+        ix.extend(s, seq.tokens)
+        ix.close(s)
+        watermark = max(watermark, seq.seq_id)
+        tokens += seq.length
+    return ix, trees, watermark, tokens
+
+
+def snapshot_arrays(ix: SuffixIndex) -> dict[str, np.ndarray]:
+    """The arrays of a fully closed index, trimmed to what is in use."""
+    nat.compact_arena(ix.arena, ix.seqs, ix.meta)
+    return {"meta": ix.meta, "nodes": ix.nodes[: ix.meta[nat.META_TOP]],
+            "hkeys": ix.hkeys, "hvals": ix.hvals,
+            "arena": ix.arena[: ix.meta[nat.META_ARENA_TOP]],
+            "seqs": ix.seqs[: ix._next_seq], "roots": ix.roots[: ix._next_tree]}
+
+
+def frozen_index(arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
+    """A query-only ``SuffixIndex`` over (read-only) snapshot arrays."""
+    ix = SuffixIndex.__new__(SuffixIndex)
+    ix.max_depth = max_depth
+    for name in ("meta", "nodes", "hkeys", "hvals", "arena", "seqs", "roots"):
+        setattr(ix, name, arrays[name])
+    ix.active = np.zeros((1, max_depth), np.int32)  # no open sequences
+    return ix
+
+
+class PersistentPool(CrossPool):
+    """A cross-request pool in an LMDB file; see the module docstring.
+
+    ``path`` names the pool file; creating one needs ``tokenizer`` and
+    ``max_depth``, and opening one with another tokenizer is refused.
+    """
+
+    def __init__(self, path: str | Path | PoolStore, tokenizer: TokenizerId | None = None,
+                 max_depth: int | None = None, max_tokens: int | None = None,
+                 ttl: float | None = None, refresh_interval: float = 1.0,
+                 snapshot_every: int | None = None, durable: bool = True):
+        self.store = path if isinstance(path, PoolStore) else PoolStore(
+            path, tokenizer, max_depth, durable=durable)
+        super().__init__(self.store.max_depth, max_tokens=None)
+        self.budget = max_tokens
+        self.ttl = ttl
+        self.refresh_interval = refresh_interval
+        self.snapshot_every = snapshot_every
+        self.base: SuffixIndex | None = None
+        self.base_trees: dict[str, int] = {}
+        self._txn = None
+        self._snapshot_generation = 0
+        self._inode = None
+        self._seen = 0            # highest store id indexed (base or delta)
+        self._own: set[int] = set()  # ids this process committed and indexed already
+        self._open: dict[int, str] = {}  # open delta sequence -> namespace
+        self._since_snapshot = 0
+        self._last_refresh = 0.0
+        self._load()
+
+    # ----------------------------------------------------------- cross pool
+    @property
+    def tokens(self) -> int:
+        base = int(self.base.meta[nat.META_LIVE_TOKENS]) if self.base is not None else 0
+        return base + self.delta.live_tokens
+
+    def roots(self, namespaces) -> tuple[list[int], list[int]]:
+        base = [int(self.base.roots[self.base_trees[ns]]) for ns in namespaces
+                if self.base is not None and ns in self.base_trees]
+        return base, super().roots(namespaces)[1]
+
+    def begin(self, namespace: str = "default") -> int:
+        seq = super().begin(namespace)
+        self._open[seq] = namespace
+        return seq
+
+    def commit(self, seq: int, request_id: str = "") -> None:
+        """Store the finished sequence (one transaction) and keep it indexed."""
+        namespace = self._open.pop(seq)
+        tokens = self.delta.sequence(seq)
+        self.delta.close(seq)
+        if tokens.shape[0] == 0:
+            return
+        store_id = self.store.add(tokens, namespace, source="engine", request_id=str(request_id))
+        self._own.add(store_id)
+        self._since_snapshot += tokens.shape[0]
+        if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
+            self.write_snapshot()
+
+    def discard(self, seq: int) -> None:
+        self._open.pop(seq, None)
+        self.delta.remove(seq)
+
+    def add(self, tokens: np.ndarray, namespace: str = "default") -> int:
+        seq = self.begin(namespace)
+        self.delta.extend(seq, tokens)
+        self.commit(seq)
+        return seq
+
+    # -------------------------------------------------------------- refresh
+    def refresh(self, force: bool = False) -> None:
+        """Pick up what other processes committed, or a newer snapshot."""
+        now = time.monotonic()
+        if not force and now - self._last_refresh < self.refresh_interval:
+            return
+        self._last_refresh = now
+        if self._file_replaced():
+            self.store.close()
+            self._load()
+            return
+        info = self.store.snapshot_info()
+        if (info["generation"] if info else 0) != self._snapshot_generation:
+            self._load()
+            return
+        for seq in self.store.sequences(after=self._seen):
+            if seq.seq_id not in self._own:
+                self._index_stored(seq)
+            self._seen = max(self._seen, seq.seq_id)
+        self._own = {i for i in self._own if i > self._seen}
+
+    # ------------------------------------------------------------ snapshots
+    def write_snapshot(self) -> int:
+        """Enforce ``max_tokens`` and ``ttl``, re-index the store, save, reload.
+
+        Returns the snapshot generation.
+        """
+        self.prune(max_tokens=self.budget, older_than=self.ttl, snapshot=False)
+        ix, trees, watermark, tokens = build_index(self.store.sequences(), self.max_depth)
+        generation = self.store.write_snapshot(
+            snapshot_arrays(ix), {"watermark": watermark, "tokens": tokens,
+                                  "namespaces": trees, "max_depth": self.max_depth})
+        self._load()
+        return generation
+
+    def prune(self, max_tokens: int | None = None, older_than: float | None = None,
+              namespace: str | None = None, snapshot: bool = True) -> int:
+        """Delete sequences older than ``older_than`` seconds and the oldest
+        beyond ``max_tokens`` (within ``namespace`` if given); returns how many."""
+        now = time.time()
+        metas = list(self.store.sequences(namespace=namespace, with_tokens=False))
+        doomed = {m.seq_id for m in metas if older_than is not None and now - m.added > older_than}
+        if max_tokens is not None:
+            total = sum(m.length for m in metas if m.seq_id not in doomed)
+            for m in metas:  # oldest first
+                if total <= max_tokens:
+                    break
+                if m.seq_id not in doomed:
+                    doomed.add(m.seq_id)
+                    total -= m.length
+        deleted = self.store.delete(doomed)
+        if deleted and snapshot:
+            self.write_snapshot()
+        return deleted
+
+    def forget(self, request_id: str | None = None, namespace: str | None = None) -> int:
+        """Delete a request's or a namespace's sequences for real.
+
+        The snapshot is rebuilt without them and the file compacted, so their
+        tokens are gone from disk.  Returns how many sequences were deleted.
+        """
+        if (request_id is None) == (namespace is None):
+            raise ValueError("forget needs exactly one of request_id and namespace")
+        doomed = [m.seq_id for m in self.store.sequences(namespace=namespace, with_tokens=False)
+                  if request_id is None or m.request_id == str(request_id)]
+        deleted = self.store.delete(doomed)
+        self.write_snapshot()
+        self._close_snapshot()
+        self.store.compact()
+        self._load()
+        return deleted
+
+    def close(self) -> None:
+        self._close_snapshot()
+        self.store.close()
+
+    def __enter__(self) -> PersistentPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------- internal
+    def _load(self) -> None:
+        """Map the current snapshot and index everything after it into a new delta.
+
+        Open (in-flight) sequences keep their ids and tokens.
+        """
+        self._close_snapshot()
+        txn = self.store.read(buffers=True)
+        info = self.store.snapshot_info(txn)
+        if info is None:
+            txn.abort()
+            self.base, self.base_trees, watermark, self._snapshot_generation = None, {}, 0, 0
+        else:
+            arrays = self.store.snapshot_arrays(txn, info)
+            self.base = frozen_index(arrays, self.max_depth)
+            self.base_trees = dict(info["namespaces"])
+            watermark = info["watermark"]
+            self._snapshot_generation = info["generation"]
+            self._txn = txn
+        self._inode = os.stat(self.store.path).st_ino
+        old, self.delta, self.trees = self.delta, SuffixIndex(
+            self.max_depth, node_capacity=1 << 14, token_capacity=1 << 16), {}
+        for seq, namespace in sorted(self._open.items()):
+            self.delta._open_seq(seq, self.tree(namespace), max(old.seq_len(seq), 1))
+            self.delta.extend(seq, old.sequence(seq))
+        self._seen = watermark
+        for seq in self.store.sequences(after=watermark):
+            self._index_stored(seq)
+            self._seen = seq.seq_id
+        self._own = set()
+        self._since_snapshot = 0
+        self._last_refresh = time.monotonic()
+        self.generation += 1
+
+    def _index_stored(self, seq: StoredSequence) -> None:
+        s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))
+        self.delta.extend(s, seq.tokens)
+        self.delta.close(s)
+
+    def _close_snapshot(self) -> None:
+        if self._txn is not None:
+            self.base = None
+            self._txn.abort()
+            self._txn = None
+
+    def _file_replaced(self) -> bool:
+        try:
+            return os.stat(self.store.path).st_ino != self._inode
+        except FileNotFoundError:
+            return False

@@ -1,0 +1,377 @@
+"""``PoolStore``: a pool's sequences and index snapshot in one LMDB file.
+
+Layout (named databases in one environment, ``subdir=False``, mode 0600):
+
+* ``meta``: ``b"format"`` -> msgpack ``{version, tokenizer, fingerprint,
+  max_depth, created}``; ``b"next_id"`` -> the next sequence id.
+* ``seqs``: 8-byte big-endian sequence id -> msgpack ``{ns, src, rid, t, n,
+  crc, tok}``: namespace, source, request id, time added, token count, CRC-32
+  of the token bytes, and the int32 tokens.  Ids only grow, so every insert is
+  a sorted append.
+* ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
+  namespaces, arrays}`` and ``b"a:<name>"`` -> raw bytes of one index array.
+
+Every write is one transaction; a commit that returned is durable.  A full map
+grows and the transaction is retried.  The environment is opened lazily and
+again after a fork, so each process has its own handle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import lmdb
+import msgpack
+import numpy as np
+
+from suffixspec.fingerprint import TokenizerId
+
+FORMAT_VERSION = 1
+_MAX_NAMESPACE = 128
+
+
+class PoolError(RuntimeError):
+    """A pool cannot be used as asked; the message says why."""
+
+
+class TokenizerMismatchError(PoolError):
+    """The pool was built with a different tokenizer."""
+
+
+class CorruptPoolError(PoolError):
+    """Stored data fails its checks."""
+
+
+class DiskFullError(PoolError):
+    """The disk filled up; what was committed before stays committed."""
+
+
+@dataclass
+class StoredSequence:
+    seq_id: int
+    namespace: str
+    source: str
+    request_id: str
+    added: float
+    length: int
+    tokens: np.ndarray | None  # None when read without tokens
+
+
+def _key(seq_id: int) -> bytes:
+    return seq_id.to_bytes(8, "big")
+
+
+def check_namespace(namespace) -> str:
+    if not isinstance(namespace, str) or not 0 < len(namespace) <= _MAX_NAMESPACE:
+        raise ValueError(f"namespace must be a non-empty string of at most {_MAX_NAMESPACE} "
+                         f"characters, got {namespace!r}")
+    return namespace
+
+
+class PoolStore:
+    """One pool file.  Create it by passing ``tokenizer`` and ``max_depth``.
+
+    Opening an existing pool checks its format version and, when ``tokenizer``
+    is given, refuses a different tokenizer.
+    """
+
+    def __init__(self, path: str | Path, tokenizer: TokenizerId | None = None,
+                 max_depth: int | None = None, readonly: bool = False,
+                 map_size: int = 1 << 26, durable: bool = True):
+        self.path = Path(path)
+        self.readonly = readonly
+        self.durable = durable
+        self._map_size = map_size
+        self._env = None
+        self._pid = None
+        exists = self.path.exists()
+        if not exists:
+            if readonly:
+                raise PoolError(f"no pool at {self.path}")
+            if tokenizer is None or max_depth is None:
+                raise PoolError(f"no pool at {self.path}; creating one needs a tokenizer "
+                                f"and max_depth")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.info = self._read_or_create_format(tokenizer, max_depth)
+            if tokenizer is not None and tokenizer.fingerprint != self.info["fingerprint"]:
+                raise TokenizerMismatchError(
+                    f"pool {self.path} was built with tokenizer {self.info['tokenizer']} "
+                    f"({self.info['fingerprint']}), but this run uses {tokenizer}; pools "
+                    f"never mix token ids of different tokenizers")
+            if max_depth is not None and max_depth != self.info["max_depth"]:
+                raise PoolError(f"pool {self.path} has max_depth {self.info['max_depth']}, "
+                                f"asked for {max_depth}")
+        except BaseException:
+            self.close()  # a refused pool leaves no handle open
+            raise
+
+    # ------------------------------------------------------------ environment
+    @property
+    def env(self) -> lmdb.Environment:
+        if self._env is None or self._pid != os.getpid():
+            try:
+                self._env = lmdb.open(str(self.path), subdir=False, max_dbs=4, mode=0o600,
+                                      map_size=self._map_size, readonly=self.readonly,
+                                      sync=self.durable, metasync=self.durable, lock=True,
+                                      max_readers=256)
+                self._dbs = {name: self._env.open_db(name.encode(), create=not self.readonly)
+                             for name in ("meta", "seqs", "snap")}
+            except lmdb.Error as e:
+                if self._env is not None:
+                    self._env.close()
+                self._env = None
+                if "already open" in str(e):
+                    raise PoolError(f"{self.path} is already open in this process; close "
+                                    f"the other handle first") from e
+                raise CorruptPoolError(f"{self.path} is not a readable pool file ({e})") from e
+            self._pid = os.getpid()
+        return self._env
+
+    def db(self, name: str):
+        self.env  # noqa: B018 - opens the environment (and its databases) if needed
+        return self._dbs[name]
+
+    def close(self) -> None:
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = None
+
+    def __enter__(self) -> PoolStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, fn: Callable):
+        """Run ``fn(txn)`` in one write transaction, growing the map as needed."""
+        if self.readonly:
+            raise PoolError(f"pool {self.path} is open read-only")
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self.env.set_mapsize(2 * self.env.info()["map_size"])
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)  # another process grew it: adopt its size
+            except lmdb.Error as e:
+                if "No space left" in str(e) or getattr(e, "errno", None) == 28:
+                    raise DiskFullError(f"disk full while writing {self.path}: {e}") from e
+                raise
+
+    def read(self, buffers: bool = False):
+        """A read transaction (use as a context manager)."""
+        while True:
+            try:
+                return self.env.begin(buffers=buffers)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+
+    # ----------------------------------------------------------------- format
+    def _read_or_create_format(self, tokenizer, max_depth) -> dict:
+        with self.read() as txn:
+            raw = txn.get(b"format", db=self.db("meta"))
+        if raw is None:
+            if self.readonly or tokenizer is None or max_depth is None:
+                raise CorruptPoolError(f"{self.path} is not a suffixspec pool (no format record)")
+            info = {"version": FORMAT_VERSION, "tokenizer": tokenizer.name,
+                    "fingerprint": tokenizer.fingerprint, "max_depth": int(max_depth),
+                    "created": time.time()}
+
+            def create(txn):
+                if txn.get(b"format", db=self.db("meta")) is None:
+                    txn.put(b"format", msgpack.packb(info), db=self.db("meta"))
+                    txn.put(b"next_id", _key(1), db=self.db("meta"))
+                return msgpack.unpackb(txn.get(b"format", db=self.db("meta")))
+
+            return _checked_format(self.write(create), self.path)
+        try:
+            info = msgpack.unpackb(raw)
+        except (ValueError, msgpack.UnpackException) as e:
+            raise CorruptPoolError(f"{self.path}: unreadable format record ({e})") from e
+        return _checked_format(info, self.path)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.info["max_depth"])
+
+    @property
+    def tokenizer(self) -> TokenizerId:
+        return TokenizerId(self.info["tokenizer"], self.info["fingerprint"])
+
+    # -------------------------------------------------------------- sequences
+    def add(self, tokens: np.ndarray, namespace: str, source: str = "",
+            request_id: str = "") -> int:
+        """Commit one sequence; returns its id once the commit returned."""
+        return self.add_many([(tokens, namespace, source, request_id)])[0]
+
+    def add_many(self, items: Iterable[tuple]) -> list[int]:
+        """Commit ``(tokens, namespace, source, request_id)`` items in one transaction."""
+        now = time.time()
+        values = []
+        for tokens, namespace, source, request_id in items:
+            check_namespace(namespace)
+            data = np.ascontiguousarray(tokens, np.int32).tobytes()
+            values.append(msgpack.packb({"ns": namespace, "src": str(source),
+                                         "rid": str(request_id), "t": now,
+                                         "n": len(data) // 4, "crc": zlib.crc32(data),
+                                         "tok": data}))
+
+        def put(txn):
+            meta, seqs = self.db("meta"), self.db("seqs")
+            first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
+            for i, value in enumerate(values):
+                txn.put(_key(first + i), value, db=seqs, append=True)
+            txn.put(b"next_id", _key(first + len(values)), db=meta)
+            return list(range(first, first + len(values)))
+
+        return self.write(put)
+
+    def sequences(self, after: int = 0, namespace: str | None = None,
+                  with_tokens: bool = True) -> Iterator[StoredSequence]:
+        """Stored sequences with id > ``after``, in id order."""
+        with self.read() as txn:
+            cur = txn.cursor(db=self.db("seqs"))
+            if not cur.set_range(_key(after + 1)):
+                return
+            for key, value in cur:
+                seq = _decode(key, value, self.path, with_tokens)
+                if namespace is None or seq.namespace == namespace:
+                    yield seq
+
+    def delete(self, seq_ids: Iterable[int]) -> int:
+        """Delete sequences by id; returns how many existed."""
+        ids = sorted(set(seq_ids))
+
+        def drop(txn):
+            return sum(bool(txn.delete(_key(i), db=self.db("seqs"))) for i in ids)
+
+        return self.write(drop) if ids else 0
+
+    def last_id(self) -> int:
+        with self.read() as txn:
+            return int.from_bytes(txn.get(b"next_id", db=self.db("meta")), "big") - 1
+
+    # --------------------------------------------------------------- snapshot
+    def snapshot_info(self, txn=None) -> dict | None:
+        if txn is None:
+            with self.read() as t:
+                return self.snapshot_info(t)
+        raw = txn.get(b"meta", db=self.db("snap"))
+        return None if raw is None else msgpack.unpackb(bytes(raw))
+
+    def write_snapshot(self, arrays: dict[str, np.ndarray], info: dict) -> int:
+        """Replace the snapshot; returns its generation."""
+        described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)] for name, a in arrays.items()}
+
+        def put(txn):
+            snap = self.db("snap")
+            old = txn.get(b"meta", db=snap)
+            generation = 1 + (msgpack.unpackb(bytes(old))["generation"] if old else 0)
+            with txn.cursor(db=snap) as cur:
+                if cur.first():
+                    while cur.delete():
+                        pass
+            for name, a in arrays.items():
+                txn.put(b"a:" + name.encode(), np.ascontiguousarray(a).data, db=snap)
+            txn.put(b"meta", msgpack.packb({**info, "generation": generation,
+                                            "created": time.time(), "arrays": described}),
+                    db=snap)
+            return generation
+
+        return self.write(put)
+
+    def snapshot_arrays(self, txn, info: dict, verify: bool = False) -> dict[str, np.ndarray]:
+        """Read-only arrays over the snapshot's bytes, valid while ``txn`` is open.
+
+        ``txn`` must come from ``read(buffers=True)`` for zero copy.
+        """
+        out = {}
+        for name, (dtype, shape, crc) in info["arrays"].items():
+            buf = txn.get(b"a:" + name.encode(), db=self.db("snap"))
+            if buf is None:
+                raise CorruptPoolError(f"{self.path}: snapshot array {name} is missing")
+            a = np.frombuffer(buf, dtype=np.dtype(dtype))
+            if a.size != int(np.prod(shape)):
+                raise CorruptPoolError(f"{self.path}: snapshot array {name} has {a.size} "
+                                       f"items, expected {int(np.prod(shape))}")
+            if verify and zlib.crc32(a) != crc:
+                raise CorruptPoolError(f"{self.path}: snapshot array {name} fails its checksum")
+            out[name] = a.reshape(shape)
+        return out
+
+    # ------------------------------------------------------------ maintenance
+    def stats(self) -> dict:
+        namespaces: dict[str, dict] = {}
+        sequences = tokens = 0
+        for seq in self.sequences(with_tokens=False):
+            ns = namespaces.setdefault(seq.namespace, {"sequences": 0, "tokens": 0})
+            ns["sequences"] += 1
+            ns["tokens"] += seq.length
+            sequences += 1
+            tokens += seq.length
+        snap = self.snapshot_info()
+        return {"path": str(self.path), "sequences": sequences, "tokens": tokens,
+                "namespaces": namespaces, "bytes_on_disk": self.path.stat().st_size,
+                "tokenizer": self.info["tokenizer"], "fingerprint": self.info["fingerprint"],
+                "max_depth": self.max_depth, "format_version": self.info["version"],
+                "snapshot_generation": snap["generation"] if snap else None,
+                "snapshot_tokens": snap["tokens"] if snap else 0,
+                "snapshot_age_s": round(time.time() - snap["created"], 1) if snap else None}
+
+    def check(self) -> int:
+        """Verify every sequence (decoding, count, checksum); returns how many."""
+        n = 0
+        last = 0
+        for seq in self.sequences():
+            n += 1
+            last = seq.seq_id
+        if last > self.last_id():
+            raise CorruptPoolError(f"{self.path}: sequence id {last} beyond next_id")
+        snap = self.snapshot_info()
+        if snap is not None:
+            with self.read(buffers=True) as txn:
+                self.snapshot_arrays(txn, snap, verify=True)
+        return n
+
+    def compact(self) -> None:
+        """Rewrite the file without free pages, so deleted data is gone from disk.
+
+        Other processes must reopen the pool afterwards (the file is replaced).
+        """
+        tmp = self.path.with_name(self.path.name + ".compact")
+        if tmp.exists():
+            tmp.unlink()
+        self.env.copy(str(tmp), compact=True)
+        os.chmod(tmp, 0o600)
+        self.close()
+        os.replace(tmp, self.path)
+
+
+def _checked_format(info: dict, path: Path) -> dict:
+    if info.get("version") != FORMAT_VERSION:
+        raise CorruptPoolError(f"{path}: pool format version {info.get('version')}, this "
+                               f"suffixspec reads version {FORMAT_VERSION}")
+    return info
+
+
+def _decode(key, value, path, with_tokens=True) -> StoredSequence:
+    seq_id = int.from_bytes(bytes(key), "big")
+    try:
+        rec = msgpack.unpackb(bytes(value))
+        data = rec["tok"]
+        tokens = None
+        if with_tokens:
+            if len(data) != 4 * rec["n"] or zlib.crc32(data) != rec["crc"]:
+                raise ValueError("token bytes fail their count or checksum")
+            tokens = np.frombuffer(data, np.int32).copy()
+        return StoredSequence(seq_id, rec["ns"], rec["src"], rec["rid"], rec["t"], rec["n"],
+                              tokens)
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+        raise CorruptPoolError(f"{path}: sequence {seq_id} is corrupt ({e})") from e

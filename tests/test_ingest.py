@@ -1,0 +1,161 @@
+"""Ingestion and the pool commands, through click's CliRunner on real files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from suffixspec.cli import main
+from suffixspec.fingerprint import tokenizer_id
+from suffixspec.store import PoolStore
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture()
+def trace_slice(traces_dir, tmp_path):
+    """The first 60 records of the SQL trace, as a gzipped JSON-lines file."""
+    out = tmp_path / "slice.jsonl.gz"
+    with gzip.open(traces_dir / "sql_spider_bird.jsonl.gz", "rt") as src, \
+            gzip.open(out, "wt") as dst:
+        for _, line in zip(range(60), src):
+            dst.write(line)
+    return out
+
+
+def test_ingest_stats_export_round_trip(tmp_path, trace_slice, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--namespace", "sql",
+            "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["lines"] == 60 and summary["sequences"] == 60 and summary["skipped"] == 0
+    assert summary["tokens"] > 60
+
+    stats = json.loads(run("stats", pool, "--json").stdout)
+    assert stats["sequences"] == 60 and stats["tokens"] == summary["tokens"]
+    assert stats["namespaces"]["sql"]["sequences"] == 60
+    assert stats["snapshot_tokens"] == summary["tokens"]
+    assert stats["fingerprint"] == tokenizer_id(tokenizer_path).fingerprint
+
+    exported = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(main, ["export", str(pool)])
+    assert r.exit_code == 0
+    exported.write_text(r.stdout)
+    copy = tmp_path / "copy.lmdb"
+    r = run("ingest", copy, exported, "--tokenizer", tokenizer_path, "--json")
+    assert r.exit_code == 0, r.output
+    a = list(PoolStore(pool, readonly=True).sequences())
+    b = list(PoolStore(copy, readonly=True).sequences())
+    assert [(x.namespace, x.source, x.tokens.tolist()) for x in a] == \
+           [(x.namespace, x.source, x.tokens.tolist()) for x in b]
+
+
+def test_outputs_of_the_trace_are_what_is_stored(tmp_path, trace_slice, tokenizer_path):
+    from suffixspec.replay.traces import hf_encoder, load_trace
+
+    pool = tmp_path / "pool.lmdb"
+    assert run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path).exit_code == 0
+    want = [r.output.tolist() for r in load_trace(trace_slice, hf_encoder(tokenizer_path))]
+    got = [s.tokens.tolist() for s in PoolStore(pool, readonly=True).sequences()]
+    assert got == want
+
+
+def test_openai_chat_and_text_formats(tmp_path, tokenizer_path):
+    chat = tmp_path / "chat.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "earlier answer"}],
+         "response": {"choices": [{"message": {"role": "assistant", "content": "SELECT 1;"}}]}},
+        {"messages": [{"role": "system", "content": "be brief"}],
+         "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+             {"function": {"name": "run_sql", "arguments": "{\"q\": \"SELECT 2\"}"}}]}}]},
+    ]
+    chat.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    code = tmp_path / "module.py"
+    code.write_text("def f(x):\n    return x + 1\n")
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, chat, code, "--tokenizer", tokenizer_path, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    # Two assistant messages in line 1, one tool call in line 2, one document.
+    assert summary["sequences"] == 4 and summary["skipped"] == 0
+    r = run("ingest", tmp_path / "roles.lmdb", chat, "--tokenizer", tokenizer_path,
+            "--role", "system", "--role", "user", "--json")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["sequences"] == 2
+
+
+def bad_file(tmp_path):
+    good = json.dumps({"id": 1, "prompt": "p", "output": "SELECT a FROM t;"}).encode()
+    rows = [good,
+            b'{"id": 2, "prompt": "p", "output": "SELECT',  # truncated JSON
+            json.dumps({"id": 3, "prompt": "p", "output": 42}).encode(),  # wrong type
+            json.dumps({"id": 4, "prompt": "p", "output": ""}).encode(),  # empty output
+            b'{"id": 5, "prompt": "p", "output": "caf\xe9"}',  # not UTF-8
+            json.dumps([1, 2]).encode(),  # not an object
+            good.replace(b'"id": 1', b'"id": 7')]
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    return path
+
+
+def test_bad_lines_are_reported_and_skipped(tmp_path, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, bad_file(tmp_path), "--tokenizer", tokenizer_path,
+            "--format", "trace", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (summary["lines"], summary["sequences"], summary["skipped"]) == (7, 2, 5)
+    for line, words in ((2, "invalid JSON"), (3, "not a string"), (4, "empty output"),
+                        (5, "UTF-8"), (6, "not an object")):
+        assert f"bad.jsonl:{line}: " in r.output and words in r.output
+
+
+def test_strict_stops_at_the_first_bad_line_keeping_what_came_before(tmp_path, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, bad_file(tmp_path), "--tokenizer", tokenizer_path,
+            "--format", "trace", "--strict")
+    assert r.exit_code == 1 and "bad.jsonl:2" in r.output
+    assert PoolStore(pool, readonly=True).stats()["sequences"] == 1
+
+
+def test_ingest_into_a_pool_of_another_tokenizer_is_refused(tmp_path, trace_slice,
+                                                            tokenizer_path):
+    from suffixspec.fingerprint import BYTES
+
+    pool = tmp_path / "pool.lmdb"
+    PoolStore(pool, tokenizer=BYTES, max_depth=64).add(np.arange(3, dtype=np.int32), "x")
+    r = run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path)
+    assert r.exit_code == 1 and "utf8-bytes" in r.output and "was built with" in r.output
+    assert PoolStore(pool, readonly=True).stats()["sequences"] == 1
+
+
+def test_prune_forget_and_snapshot_commands(tmp_path, trace_slice, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--namespace", "a")
+    run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--namespace", "b")
+    total = json.loads(run("stats", pool, "--json").stdout)["tokens"]
+    r = run("prune", pool, "--max-tokens", total // 2, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] <= total // 2
+    stats = json.loads(run("stats", pool, "--json").stdout)
+    assert set(stats["namespaces"]) == {"b"}  # namespace a was older
+    r = run("forget", pool, "--namespace", "b", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["tokens"] == 0
+    assert run("snapshot", pool, "--json").exit_code == 0
+    assert run("prune", pool).exit_code == 2
+    assert run("forget", pool).exit_code == 2
+    assert run("prune", pool, "--older-than", "soon").exit_code == 2
+
+
+def test_replay_against_a_pool_warms_up(tmp_path):
+    pool = tmp_path / "pool.lmdb"
+    first = json.loads(run("replay", "--pool", pool, "--json", "-k", "8").stdout)
+    second = json.loads(run("replay", "--pool", pool, "--json", "-k", "8").stdout)
+    assert second["mean_tokens_per_step"] > first["mean_tokens_per_step"]

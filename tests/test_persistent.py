@@ -1,0 +1,209 @@
+"""PersistentPool: warm start, other processes, crashes, namespaces, forgetting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+from suffixspec.store import PoolStore
+
+DEPTH = 16
+PATTERN = [900001, 900002, 900003, 900004, 900005, 900006, 900007, 900008]
+
+
+def pool_at(path, **kw):
+    return PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH, **kw)
+
+
+def proposer(pool, **kw):
+    return SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, max_spec_factor=4.0, pool=pool, **kw)
+
+
+def run_request(prop, req_id, prompt, output):
+    prop.start_request(req_id, prompt)
+    prop.extend(req_id, output)
+    prop.finish_request(req_id)
+
+
+def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    prop = proposer(pool)
+    run_request(prop, "a", [1, 2], PATTERN)
+    assert pool.store.stats()["sequences"] == 1
+    pool.write_snapshot()
+    run_request(prop, "b", [3], [700, 701, 702, 703, 704, 705])  # after the snapshot
+    pool.close()
+
+    pool = pool_at(path)
+    assert pool.base is not None and not pool.base.nodes.flags.writeable  # zero-copy
+    assert pool.tokens == len(PATTERN) + 6
+    prop = proposer(pool)
+    prop.start_request("c", [5, 5] + PATTERN[:3])
+    d = prop.propose(["c"])[0]
+    assert d.source == "cross" and d.token_ids.tolist() == PATTERN[3:]
+    prop.start_request("d", [700, 701, 702])
+    assert prop.propose(["d"])[0].token_ids.tolist()[:3] == [703, 704, 705]
+    pool.base.check_integrity()
+    pool.delta.check_integrity()
+
+
+def test_aborted_requests_are_not_stored(tmp_path):
+    pool = pool_at(tmp_path / "pool.lmdb")
+    prop = proposer(pool)
+    prop.start_request("a", [1])
+    prop.extend("a", PATTERN)
+    prop.abort_request("a")
+    assert pool.store.stats()["sequences"] == 0
+    prop.start_request("b", PATTERN[:3])
+    assert len(prop.propose(["b"])[0]) == 0
+
+
+_WRITER = """
+import sys, numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.store import PoolStore
+store = PoolStore(sys.argv[1], tokenizer=BYTES, max_depth=16, map_size=64 * 1024)
+rng = np.random.default_rng(int(sys.argv[2]))
+for i in range(int(sys.argv[3])):
+    toks = rng.integers(0, 1000, int(rng.integers(1, 3000))).astype(np.int32)
+    sid = store.add(toks, "ns", request_id=str(i))
+    print(sid, int(toks.astype(np.int64).sum()), len(toks), flush=True)
+"""
+
+
+def spawn_writer(path, seed, count):
+    return subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(seed), str(count)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_another_process_commits_are_seen_on_refresh(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path, refresh_interval=3600)
+    writer = spawn_writer(path, 1, 5)
+    lines = writer.stdout.read().split("\n")
+    assert writer.wait() == 0
+    committed = [tuple(map(int, line.split())) for line in lines if line]
+    assert len(committed) == 5
+    assert pool.tokens == 0  # not yet refreshed
+    pool.refresh(force=True)
+    assert pool.tokens == sum(n for _, _, n in committed)
+    pool.delta.check_integrity()
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_sigkill_mid_write_loses_no_committed_sequence(tmp_path, trial):
+    path = tmp_path / "pool.lmdb"
+    PoolStore(path, tokenizer=BYTES, max_depth=DEPTH).close()
+    writer = spawn_writer(path, trial, 100000)
+    rng = np.random.default_rng(trial)
+    committed = []
+    deadline = time.monotonic() + 0.4 + float(rng.random())
+    while time.monotonic() < deadline:
+        line = writer.stdout.readline()
+        if not line:
+            break
+        committed.append(tuple(map(int, line.split())))
+    os.kill(writer.pid, signal.SIGKILL)
+    rest = writer.stdout.read()  # printed after its commit returned, before the kill
+    committed += [tuple(map(int, x.split())) for x in rest.split("\n") if x.strip()]
+    writer.wait()
+    assert committed, "the writer committed nothing before the kill"
+    store = PoolStore(path, tokenizer=BYTES)
+    assert store.check() >= len(committed)
+    stored = {s.seq_id: s for s in store.sequences()}
+    for sid, total, n in committed:
+        assert sid in stored
+        assert len(stored[sid].tokens) == n and int(stored[sid].tokens.sum()) == total
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_drafts_never_come_from_another_namespace(data):
+    alphabet = st.integers(0, 5)
+    mine = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=25), min_size=1, max_size=4))
+    theirs = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=25), min_size=1, max_size=4))
+    prompt = data.draw(st.lists(alphabet, min_size=1, max_size=20))
+    steps = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=3), max_size=6))
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = pool_at(Path(tmp) / "pool.lmdb")
+        for i, toks in enumerate(mine):
+            pool.add(np.asarray(toks, np.int32), "mine")
+            if i == 0:
+                pool.write_snapshot()  # part from the snapshot, part from the delta
+        for toks in theirs:
+            pool.add(np.asarray(toks, np.int32), "theirs")
+        prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=6, max_spec_factor=4.0,
+                              min_token_prob=0.0, pool=pool, namespace="mine")
+        prop.start_request("r", prompt)
+        own = list(prompt)
+        allowed = [list(t) for t in mine]
+        for emitted in steps + [[]]:
+            d = prop.propose(["r"])[0]
+            if len(d):
+                # What the draft claims followed must have followed in "mine" or
+                # in the request itself.
+                claim = own[len(own) - d.match_len:] + d.token_ids.tolist()
+                assert any(_contains(seq, claim) for seq in allowed + [own]), (claim, d)
+            if emitted:
+                prop.extend("r", emitted)
+                own += emitted
+        pool.close()
+
+
+def _contains(seq, sub):
+    n = len(sub)
+    return any(seq[i:i + n] == sub for i in range(len(seq) - n + 1))
+
+
+def test_forget_removes_tokens_from_the_file(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    prop = proposer(pool)
+    run_request(prop, "secret", [1], PATTERN * 3)
+    run_request(prop, "keep", [1], [11, 12, 13, 14])
+    pool.write_snapshot()
+    needle = np.asarray(PATTERN[:4], np.int32).tobytes()
+    assert needle in path.read_bytes()
+    assert pool.forget(request_id="secret") == 1
+    assert needle not in path.read_bytes()
+    assert [s.request_id for s in pool.store.sequences()] == ["keep"]
+    prop.start_request("probe", PATTERN[:3])
+    assert len(prop.propose(["probe"])[0]) == 0
+    pool.forget(namespace="default")
+    assert pool.store.stats()["sequences"] == 0
+
+
+def test_ttl_and_budget_delete_oldest_first(tmp_path):
+    pool = pool_at(tmp_path / "pool.lmdb")
+    pool.add(np.arange(100, 120, dtype=np.int32))
+    time.sleep(0.3)
+    for base in (200, 300, 400):
+        pool.add(np.arange(base, base + 20, dtype=np.int32))
+    assert pool.prune(older_than=0.2) == 1
+    assert [int(s.tokens[0]) for s in pool.store.sequences()] == [200, 300, 400]
+    pool.budget = 45
+    pool.write_snapshot()
+    assert [int(s.tokens[0]) for s in pool.store.sequences()] == [300, 400]
+    assert pool.tokens == 40
+
+
+def test_snapshot_every_keeps_the_delta_small(tmp_path):
+    pool = pool_at(tmp_path / "pool.lmdb", snapshot_every=50)
+    for i in range(6):
+        pool.add(np.arange(i * 20, i * 20 + 20, dtype=np.int32))
+    assert pool.base is not None and pool.delta.live_tokens < 50
+    assert pool.tokens == 120

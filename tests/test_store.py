@@ -1,0 +1,126 @@
+"""PoolStore: real LMDB files in temporary folders, tiny maps to force growth."""
+
+from __future__ import annotations
+
+import stat
+import zlib
+
+import msgpack
+import numpy as np
+import pytest
+
+from suffixspec.fingerprint import BYTES, TokenizerId, tokenizer_id
+from suffixspec.store import (CorruptPoolError, PoolError, PoolStore, TokenizerMismatchError,
+                              _key)
+
+OTHER = TokenizerId("other-tok", "0123456789abcdef")
+
+
+def new_store(tmp_path, **kw):
+    kw.setdefault("map_size", 64 * 1024)
+    return PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES, max_depth=16, **kw)
+
+
+def test_round_trip_and_reopen(tmp_path):
+    store = new_store(tmp_path)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 2**31 - 1, int(rng.integers(1, 300))).astype(np.int32)
+            for _ in range(20)]
+    ids = [store.add(s, "ns-a" if i % 2 else "ns-b", source="test", request_id=f"r{i}")
+           for i, s in enumerate(seqs)]
+    assert ids == list(range(1, 21))
+    store.close()
+    again = PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES)
+    got = list(again.sequences())
+    assert [g.seq_id for g in got] == ids
+    for g, s, i in zip(got, seqs, range(20)):
+        assert np.array_equal(g.tokens, s)
+        assert (g.namespace, g.source, g.request_id) == ("ns-a" if i % 2 else "ns-b", "test", f"r{i}")
+    assert [g.seq_id for g in again.sequences(after=15)] == [16, 17, 18, 19, 20]
+    assert {g.namespace for g in again.sequences(namespace="ns-a")} == {"ns-a"}
+    assert again.check() == 20
+    stats = again.stats()
+    assert stats["sequences"] == 20 and stats["tokens"] == sum(len(s) for s in seqs)
+    assert stats["namespaces"]["ns-a"]["sequences"] == 10
+
+
+def test_pool_file_is_private(tmp_path):
+    new_store(tmp_path).add(np.arange(5, dtype=np.int32), "x")
+    for p in (tmp_path / "pool.lmdb", tmp_path / "pool.lmdb-lock"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_map_grows_when_full(tmp_path):
+    store = new_store(tmp_path, map_size=32 * 1024)
+    before = store.env.info()["map_size"]
+    for i in range(60):
+        store.add(np.full(2000, i, np.int32), "x")
+    assert store.env.info()["map_size"] > before
+    assert store.check() == 60
+
+
+def test_another_tokenizer_is_refused_by_name(tmp_path):
+    new_store(tmp_path).close()
+    with pytest.raises(TokenizerMismatchError) as e:
+        PoolStore(tmp_path / "pool.lmdb", tokenizer=OTHER)
+    assert "utf8-bytes" in str(e.value) and "other-tok" in str(e.value)
+    with pytest.raises(PoolError, match="max_depth 16"):
+        PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES, max_depth=32)
+
+
+def test_real_tokenizer_fingerprint_is_stable_and_distinct(tokenizer_path):
+    a, b = tokenizer_id(tokenizer_path), tokenizer_id(tokenizer_path.parent)
+    assert a == b and a.fingerprint != BYTES.fingerprint and len(a.fingerprint) == 16
+
+
+def test_missing_or_foreign_files_give_clear_errors(tmp_path):
+    with pytest.raises(PoolError, match="no pool"):
+        PoolStore(tmp_path / "absent.lmdb", readonly=True)
+    with pytest.raises(PoolError, match="needs a tokenizer"):
+        PoolStore(tmp_path / "absent.lmdb")
+    junk = tmp_path / "junk.lmdb"
+    junk.write_bytes(b"not an lmdb file" * 1000)
+    with pytest.raises(CorruptPoolError):
+        PoolStore(junk, tokenizer=BYTES, max_depth=16)
+
+
+def test_corrupt_sequence_is_reported_not_crashed(tmp_path):
+    store = new_store(tmp_path)
+    store.add(np.arange(10, dtype=np.int32), "x")
+    bad = msgpack.packb({"ns": "x", "src": "", "rid": "", "t": 0.0, "n": 3,
+                         "crc": zlib.crc32(b"abc"), "tok": b"\x00" * 12})
+
+    def put(txn):
+        txn.put(_key(2), bad, db=store.db("seqs"))
+        txn.put(b"next_id", _key(3), db=store.db("meta"))
+
+    store.write(put)
+    with pytest.raises(CorruptPoolError, match="sequence 2"):
+        store.check()
+
+
+def test_bad_namespaces_are_refused(tmp_path):
+    store = new_store(tmp_path)
+    for ns in ("", 5, "x" * 200):
+        with pytest.raises(ValueError, match="namespace"):
+            store.add(np.arange(3, dtype=np.int32), ns)
+    assert store.last_id() == 0
+
+
+def test_readonly_store_refuses_writes(tmp_path):
+    new_store(tmp_path).add(np.arange(3, dtype=np.int32), "x")
+    ro = PoolStore(tmp_path / "pool.lmdb", readonly=True)
+    assert ro.check() == 1
+    with pytest.raises(PoolError, match="read-only"):
+        ro.add(np.arange(3, dtype=np.int32), "x")
+
+
+def test_snapshot_arrays_round_trip_zero_copy(tmp_path):
+    store = new_store(tmp_path)
+    arrays = {"a": np.arange(10, dtype=np.int32), "b": np.ones((3, 4), np.int64)}
+    assert store.write_snapshot(arrays, {"watermark": 0}) == 1
+    assert store.write_snapshot(arrays, {"watermark": 0}) == 2
+    info = store.snapshot_info()
+    with store.read(buffers=True) as txn:
+        got = store.snapshot_arrays(txn, info, verify=True)
+        assert np.array_equal(got["b"], arrays["b"]) and not got["a"].flags.writeable
