@@ -99,6 +99,8 @@ class PersistentPool(CrossPool):
         self._open: dict[int, str] = {}  # open delta sequence -> namespace
         self._since_snapshot = 0
         self._last_refresh = 0.0
+        self._stale = False
+        self.store.remap_listeners.append(self._drop_snapshot_view)
         self._load()
 
     # ----------------------------------------------------------- cross pool
@@ -126,6 +128,8 @@ class PersistentPool(CrossPool):
             return
         store_id = self.store.add(tokens, namespace, source="engine", request_id=str(request_id))
         self._own.add(store_id)
+        if self._stale:
+            self._load()  # the map grew: map the snapshot again
         self._since_snapshot += tokens.shape[0]
         if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
             self.write_snapshot()
@@ -144,6 +148,9 @@ class PersistentPool(CrossPool):
     def refresh(self, force: bool = False) -> None:
         """Pick up what other processes committed, or a newer snapshot."""
         now = time.monotonic()
+        if self._stale:
+            self._load()
+            return
         if not force and now - self._last_refresh < self.refresh_interval:
             return
         self._last_refresh = now
@@ -254,12 +261,18 @@ class PersistentPool(CrossPool):
         self._own = set()
         self._since_snapshot = 0
         self._last_refresh = time.monotonic()
+        self._stale = False
         self.generation += 1
 
     def _index_stored(self, seq: StoredSequence) -> None:
         s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))
         self.delta.extend(s, seq.tokens)
         self.delta.close(s)
+
+    def _drop_snapshot_view(self) -> None:
+        """The store is about to re-map the file: let go of the snapshot view."""
+        self._close_snapshot()
+        self._stale = True
 
     def _close_snapshot(self) -> None:
         if self._txn is not None:

@@ -12,8 +12,12 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   namespaces, arrays}`` and ``b"a:<name>"`` -> raw bytes of one index array.
 
 Every write is one transaction; a commit that returned is durable.  A full map
-grows and the transaction is retried.  The environment is opened lazily and
-again after a fork, so each process has its own handle.
+grows and the transaction is retried.  Growing re-maps the file, which would
+invalidate zero-copy views, so holders of such views register a
+``remap_listener`` that drops them first.  The default map size is large
+(address space only: the file grows as it fills), so this is rare.  The
+environment is opened lazily and again after a fork, so each process has its
+own handle.
 """
 
 from __future__ import annotations
@@ -82,13 +86,14 @@ class PoolStore:
 
     def __init__(self, path: str | Path, tokenizer: TokenizerId | None = None,
                  max_depth: int | None = None, readonly: bool = False,
-                 map_size: int = 1 << 26, durable: bool = True):
+                 map_size: int = 1 << 36, durable: bool = True):
         self.path = Path(path)
         self.readonly = readonly
         self.durable = durable
         self._map_size = map_size
         self._env = None
         self._pid = None
+        self.remap_listeners: list[Callable[[], None]] = []
         exists = self.path.exists()
         if not exists:
             if readonly:
@@ -157,9 +162,9 @@ class PoolStore:
                 with self.env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self.env.set_mapsize(2 * self.env.info()["map_size"])
+                self._remap(2 * self.env.info()["map_size"])
             except lmdb.MapResizedError:
-                self.env.set_mapsize(0)  # another process grew it: adopt its size
+                self._remap(0)  # another process grew it: adopt its size
             except lmdb.Error as e:
                 if "No space left" in str(e) or getattr(e, "errno", None) == 28:
                     raise DiskFullError(f"disk full while writing {self.path}: {e}") from e
@@ -171,7 +176,13 @@ class PoolStore:
             try:
                 return self.env.begin(buffers=buffers)
             except lmdb.MapResizedError:
-                self.env.set_mapsize(0)
+                self._remap(0)
+
+    def _remap(self, size: int) -> None:
+        """Resize the map; views into the old mapping are dropped first."""
+        for drop_views in self.remap_listeners:
+            drop_views()
+        self.env.set_mapsize(size)
 
     # ----------------------------------------------------------------- format
     def _read_or_create_format(self, tokenizer, max_depth) -> dict:

@@ -207,3 +207,21 @@ def test_snapshot_every_keeps_the_delta_small(tmp_path):
         pool.add(np.arange(i * 20, i * 20 + 20, dtype=np.int32))
     assert pool.base is not None and pool.delta.live_tokens < 50
     assert pool.tokens == 120
+
+
+def test_map_growth_while_the_snapshot_is_mapped(tmp_path):
+    """Growing the map re-maps the file; the zero-copy snapshot must be re-mapped too."""
+    store = PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES, max_depth=DEPTH,
+                      map_size=256 * 1024)
+    pool = PersistentPool(store)
+    prop = proposer(pool)
+    run_request(prop, "a", [1], PATTERN)
+    pool.write_snapshot()
+    rng = np.random.default_rng(0)
+    for i in range(40):  # far more than the initial map holds
+        run_request(prop, f"big{i}", [2], rng.integers(0, 50000, 3000))
+        prop.start_request(f"probe{i}", [3] + PATTERN[:3])
+        assert prop.propose([f"probe{i}"])[0].token_ids.tolist()[:5] == PATTERN[3:8]
+        prop.abort_request(f"probe{i}")
+    assert store.env.info()["map_size"] > 256 * 1024
+    pool.base.check_integrity()
