@@ -9,8 +9,9 @@ Sections (all in one run; pool files go to a temporary folder):
 
 1. ingest: every shared trace (outputs), tokens/s with and without
    tokenization, then the snapshot build;
-2. open-to-first-draft at 1M and 10M tokens, each timed in a fresh process
-   (kernels already compiled in the on-disk cache, timed apart);
+2. open-to-first-draft at 1M and 10M tokens (the shared traces' outputs, then
+   prompts, no repeats), each timed in a fresh process (kernels already
+   compiled in the on-disk cache, timed apart);
 3. bytes on disk per token;
 4. replay of the agent and SQL traces with a pool pre-ingested from a disjoint
    first part of the same trace, against a cold pool;
@@ -148,19 +149,18 @@ def section_ingest(tmp: Path, args, encode, tok) -> list[dict]:
 
 
 def build_pool(path: Path, tok, sequences, target: int) -> tuple[int, float]:
-    """A pool of about ``target`` tokens from ``sequences`` (cycled)."""
+    """A pool of the first ``target`` tokens of ``sequences``; returns (tokens, snapshot s)."""
     total = 0
     with PoolStore(path, tokenizer=tok, max_depth=64) as store:
         batch = []
-        while total < target:
-            for s in sequences:
-                batch.append((s, "main", "bench", ""))
-                total += len(s)
-                if len(batch) >= 2000:
-                    store.add_many(batch)
-                    batch = []
-                if total >= target:
-                    break
+        for s in sequences:
+            batch.append((s, "main", "bench", ""))
+            total += len(s)
+            if len(batch) >= 2000:
+                store.add_many(batch)
+                batch = []
+            if total >= target:
+                break
         if batch:
             store.add_many(batch)
         t0 = time.perf_counter()
@@ -169,9 +169,11 @@ def build_pool(path: Path, tok, sequences, target: int) -> tuple[int, float]:
         return total, time.perf_counter() - t0
 
 
-def section_open(tmp: Path, tok, requests, sizes) -> list[dict]:
-    seqs = [r.output for r in requests if len(r.output)] + [r.prompt for r in requests]
-    probe = ",".join(map(str, requests[5].output[:12].tolist()))
+def section_open(tmp: Path, tok, traces: dict, sizes) -> list[dict]:
+    # Distinct data: every trace's outputs first, then prompts.
+    seqs = ([r.output for reqs in traces.values() for r in reqs if len(r.output)]
+            + [r.prompt for reqs in traces.values() for r in reqs])
+    probe = ",".join(map(str, traces["sql"][5].output[:12].tolist()))
     rows = []
     for target in sizes:
         path = tmp / f"open-{target}.lmdb"
@@ -318,10 +320,10 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.out) as tmp_name:
         tmp = Path(tmp_name)
         results["ingest"] = section_ingest(tmp, args, encode, tok)
-        sql = load(args.traces, "sql", encode)
-        agent = load(args.traces, "agent", encode)
+        traces = {name: load(args.traces, name, encode) for name in TRACES}
+        sql, agent = traces["sql"], traces["agent"]
         sizes = [int(x) for x in args.open_sizes.split(",")]
-        results["open"] = section_open(tmp, tok, sql + agent, sizes)
+        results["open"] = section_open(tmp, tok, traces, sizes)
         results["warm"] = [section_warm(tmp, tok, "agent", agent),
                            section_warm(tmp, tok, "sql", sql)]
         results["readers"] = section_readers(tmp, tok, args.readers_seconds)
