@@ -80,10 +80,6 @@ class SuffixIndex:
         self.roots[tree] = -1
         self._free_trees.append(tree)
 
-    def tree_tokens(self, tree: int) -> int:
-        """Tokens indexed in ``tree`` (its root's count)."""
-        return int(self.nodes[self._root(tree), nat.COUNT])
-
     # -------------------------------------------------------------- sequences
     def add_sequence(self, tree: int, capacity: int = 64) -> int:
         """Open a new, empty sequence in ``tree`` and return its id."""

@@ -78,6 +78,7 @@ class CrossPool:
         tree = self.trees.get(namespace)
         if tree is None:
             tree = self.trees[namespace] = self.delta.add_tree()
+            self.generation += 1  # cached root lists may now be incomplete
         return tree
 
     def roots(self, namespaces) -> tuple[list[int], list[int]]:

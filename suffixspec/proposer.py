@@ -97,6 +97,9 @@ class SuffixProposer:
         if pool is not None and not isinstance(pool, CrossPool):
             from suffixspec.persistent import PersistentPool
 
+            if tokenizer is None:
+                raise ValueError("a pool path needs tokenizer=TokenizerId of the engine's "
+                                 "tokenizer, so token ids of different tokenizers never mix")
             pool = PersistentPool(pool, tokenizer=tokenizer, max_depth=self.max_depth,
                                   max_tokens=cross_pool_tokens)
         if pool is not None and pool.max_depth != self.max_depth:
@@ -105,8 +108,8 @@ class SuffixProposer:
             pool = CrossPool(self.max_depth, cross_pool_tokens)
         self.cross = pool
         self._cross_seq: dict[Hashable, int] = {}
-        # req_id -> (namespace its output goes to, namespaces it draws from)
-        self._namespaces: dict[Hashable, tuple[str, tuple[str, ...]]] = {}
+        self._draw_from: dict[Hashable, tuple[str, ...]] = {}  # req_id -> namespaces
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._roots_cache: dict = {}
         self._no_roots = np.full((8, 1), -1, np.int64)
         warmup()
@@ -134,8 +137,9 @@ class SuffixProposer:
             draw = (own,) if self.shared_namespace in (None, own) else (own, self.shared_namespace)
         else:
             draw = tuple(dict.fromkeys(check_namespace(ns) for ns in draw_from))
+        draw = self._interned.setdefault(draw, draw)  # equal sets share one object
         self.requests.start(req_id, prompt)
-        self._namespaces[req_id] = (own, draw)
+        self._draw_from[req_id] = draw
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(own)
 
@@ -175,7 +179,7 @@ class SuffixProposer:
         """The request ended normally: its output stays in the cross pool."""
         self._check_active(req_id)
         self.requests.drop(req_id)
-        self._namespaces.pop(req_id)
+        self._draw_from.pop(req_id)
         seq = self._cross_seq.pop(req_id, None)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
@@ -184,7 +188,7 @@ class SuffixProposer:
         """The request was cancelled: forget it entirely."""
         self._check_active(req_id)
         self.requests.drop(req_id)
-        self._namespaces.pop(req_id)
+        self._draw_from.pop(req_id)
         seq = self._cross_seq.pop(req_id, None)
         if seq is not None:
             self.cross.discard(seq)
@@ -242,34 +246,36 @@ class SuffixProposer:
 
     # ------------------------------------------------------------ internals
     def _cross_args(self, req_ids):
-        """Arrays of the cross pool's two indexes and each request's roots in them."""
+        """Arrays of the cross pool's two indexes and each request's roots in them.
+
+        Root matrices are cached per pool generation; a batch whose requests
+        all draw from the same namespaces (the usual case) is one cache hit.
+        """
         local = self.requests.index
         empty = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs, local.active)
         b = len(req_ids)
-        if self.cross is None:
+        pool = self.cross
+        if pool is None:
             if self._no_roots.shape[0] < b:
                 self._no_roots = np.full((2 * b, 1), -1, np.int64)
-            none = self._no_roots[:b]
-            return empty, none, empty, none
-        self.cross.refresh()
-        pool = self.cross
-        key = pool.generation
-        rows = []
-        for req_id in req_ids:
-            draw = self._namespaces[req_id][1]
-            row = self._roots_cache.get((key, draw))
-            if row is None:
-                if len(self._roots_cache) > 1024:
+            return empty, self._no_roots[:b], empty, self._no_roots[:b]
+        pool.refresh()
+        draws = [self._draw_from[r] for r in req_ids]
+        first = draws[0]
+        key = (pool.generation, first, b) if all(d is first for d in draws) else None
+        roots = self._roots_cache.get(key) if key is not None else None
+        if roots is None:
+            rows = [pool.roots(d) for d in draws]
+            roots = (_matrix([r[0] for r in rows]), _matrix([r[1] for r in rows]))
+            if key is not None:
+                if len(self._roots_cache) > 256:
                     self._roots_cache.clear()
-                row = self._roots_cache[(key, draw)] = pool.roots(draw)
-            rows.append(row)
-        base_roots = _matrix([r[0] for r in rows])
-        delta_roots = _matrix([r[1] for r in rows])
+                self._roots_cache[key] = roots
         base = pool.base
         d = pool.delta
         return ((base.nodes, base.hkeys, base.hvals, base.arena, base.seqs, base.active)
-                if base is not None else empty, base_roots,
-                (d.nodes, d.hkeys, d.hvals, d.arena, d.seqs, d.active), delta_roots)
+                if base is not None else empty, roots[0],
+                (d.nodes, d.hkeys, d.hvals, d.arena, d.seqs, d.active), roots[1])
 
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:

@@ -37,6 +37,9 @@ from suffixspec.fingerprint import TokenizerId
 
 FORMAT_VERSION = 1
 _MAX_NAMESPACE = 128
+# How a refused write reads in LMDB's errors: ENOSPC, EFBIG, EDQUOT, and EIO,
+# which LMDB reports for a short write (a disk that filled up mid-write).
+_NO_SPACE = ("No space left", "File too large", "Disk quota exceeded", "Input/output error")
 
 
 class PoolError(RuntimeError):
@@ -52,7 +55,7 @@ class CorruptPoolError(PoolError):
 
 
 class DiskFullError(PoolError):
-    """The disk filled up; what was committed before stays committed."""
+    """A write was refused (disk full, size limit); what was committed stays."""
 
 
 @dataclass
@@ -166,8 +169,8 @@ class PoolStore:
             except lmdb.MapResizedError:
                 self._remap(0)  # another process grew it: adopt its size
             except lmdb.Error as e:
-                if "No space left" in str(e) or getattr(e, "errno", None) == 28:
-                    raise DiskFullError(f"disk full while writing {self.path}: {e}") from e
+                if any(words in str(e) for words in _NO_SPACE):
+                    raise DiskFullError(f"could not write {self.path} (disk full?): {e}") from e
                 raise
 
     def read(self, buffers: bool = False):

@@ -225,3 +225,12 @@ def test_map_growth_while_the_snapshot_is_mapped(tmp_path):
         prop.abort_request(f"probe{i}")
     assert store.env.info()["map_size"] > 256 * 1024
     pool.base.check_integrity()
+
+
+def test_a_pool_path_needs_the_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer"):
+        SuffixProposer(max_depth=DEPTH, pool=tmp_path / "pool.lmdb")
+    prop = SuffixProposer(max_depth=DEPTH, pool=tmp_path / "pool.lmdb", tokenizer=BYTES)
+    run_request(prop, "a", [1], PATTERN)
+    assert prop.cross.store.stats()["sequences"] == 1
+    prop.cross.close()

@@ -229,3 +229,19 @@ def test_extend_batch_refuses_bad_input_before_appending_anything():
         p.extend_batch(["a"], [[4], [5]])
     assert p.requests.index.live_tokens == tokens_before
     assert p.cross.tokens == 0
+
+
+def test_namespaces_in_memory_and_a_shared_one_appearing_later():
+    p = make(namespace="a", shared_namespace="s", max_spec_factor=4.0)
+    p.start_request("r1", [1, 2, 3])
+    p.propose(["r1"])  # caches where ("a", "s") draw from, before "s" exists
+    p.start_request("w", [9], namespace="s")
+    p.extend("w", PATTERN)
+    p.finish_request("w")
+    p.start_request("r2", PATTERN[:3])
+    assert p.propose(["r2"])[0].token_ids.tolist() == PATTERN[3:]
+    p.start_request("b-only", PATTERN[:3], namespace="b", draw_from=["b"])
+    assert len(p.propose(["b-only"])[0]) == 0
+    with pytest.raises(ValueError, match="namespace"):
+        p.start_request("bad", [1], namespace="")
+    assert "bad" not in p.active_requests

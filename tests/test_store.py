@@ -124,3 +124,42 @@ def test_snapshot_arrays_round_trip_zero_copy(tmp_path):
     with store.read(buffers=True) as txn:
         got = store.snapshot_arrays(txn, info, verify=True)
         assert np.array_equal(got["b"], arrays["b"]) and not got["a"].flags.writeable
+
+
+_FILL = """
+import resource, signal, sys, numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.ingest import ingest
+from suffixspec.store import DiskFullError, PoolStore
+# Writes past this size fail as on a full disk (EFBIG instead of ENOSPC).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))
+store = PoolStore(sys.argv[1], tokenizer=BYTES, max_depth=16, map_size=64 << 20)
+path = sys.argv[2]
+try:
+    ingest(store, [path], None, fmt="export", batch_tokens=20000)
+except DiskFullError as e:
+    print(e)
+"""
+
+
+def test_full_disk_says_what_was_committed(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from suffixspec.ingest import EXPORT_HEADER
+
+    pool = tmp_path / "pool.lmdb"
+    PoolStore(pool, tokenizer=BYTES, max_depth=16).close()
+    export = tmp_path / "big.jsonl"
+    with open(export, "w") as f:
+        f.write(json.dumps({EXPORT_HEADER: 1, "fingerprint": BYTES.fingerprint}) + "\n")
+        for i in range(400):
+            f.write(json.dumps({"token_ids": list(range(i, i + 5000))}) + "\n")
+    out = subprocess.run([sys.executable, "-c", _FILL, str(pool), str(export)],
+                         capture_output=True, text=True, timeout=120)
+    assert "could not write" in out.stdout, out.stdout + out.stderr
+    committed = int(out.stdout.split("committed before this batch: ")[1].split()[0])
+    store = PoolStore(pool, tokenizer=BYTES)
+    assert store.check() == committed > 0
