@@ -715,14 +715,17 @@ def _continues(nodes, seqs, x, off):
 
 
 @njit(cache=True)
-def longest_match(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
-                  max_len, need_continuation):
+def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
+                  max_len, need_continuation, slot=-1, own_len=0):
     """Longest suffix of ``ctx[start:end]`` found in the tree.
 
     Only suffixes of at most ``max_len`` tokens are tried.  With
     ``need_continuation`` the suffix must also be followed by some token in
     the index.  Both properties shrink monotonically with the suffix length,
-    so a binary search finds the longest.  Returns ``(length, node, offset)``.
+    so a binary search finds the longest.  ``slot`` and ``own_len`` name the
+    request's own open sequence, if the tree holds it (see
+    ``_suffix_position``).  Returns ``(length, node, offset)``, length -1 when
+    not even the empty suffix qualifies.
     """
     hi = end - start
     if hi > max_len:
@@ -734,7 +737,8 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end,
         return -1, -1, 0
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        x, off = _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - mid, end)
+        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
+                                  active, slot, own_len)
         if x != -1 and (not need_continuation or _continues(nodes, seqs, x, off)):
             lo = mid
             best_x = x
@@ -1068,19 +1072,8 @@ def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
     probabilities, the rank what candidates were compared by; n is 0 when
     nothing matched.
     """
-    # Longest suffix followed by some token: binary search, as the property
-    # shrinks monotonically with the length.
-    lo = 0
-    hi = min(end - start, depth - 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
-                                  active, slot, own_len)
-        if x != -1 and _continues(nodes, seqs, x, off):
-            lo = mid
-        else:
-            hi = mid - 1
-    match_len = lo
+    match_len, x, off = longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx,
+                                      start, end, depth - 1, True, slot, own_len)
     if match_len <= 0:
         return 0, 0.0, 0.0, 0
     shortest = 1 if flags & ALL_LENGTHS else match_len

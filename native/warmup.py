@@ -67,10 +67,11 @@ def warmup() -> float:
             np.empty(64, np.int32))
     out_t, out_p, out_pr = np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)
     ctx = np.array([1, 2], np.int32)
-    for arrs in ((nodes, hkeys, hvals, arena, seqs), _readonly(nodes, hkeys, hvals, arena, seqs)):
-        n_, hk, hv, ar, sq = arrs
+    for arrs in ((nodes, hkeys, hvals, arena, seqs, active),
+                 _readonly(nodes, hkeys, hvals, arena, seqs, active)):
+        n_, hk, hv, ar, sq, ac = arrs
         for c in (ctx, _readonly(ctx)[0]):
-            length, x, off = si.longest_match(n_, hk, hv, ar, sq, root, c, 0, 2, depth, True)
+            length, x, off = si.longest_match(n_, hk, hv, ar, sq, ac, root, c, 0, 2, depth, True)
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr)
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr, 1)
             si.draft_tree(n_, ar, sq, x, off, k, 0.1, out_t, out_p, out_pr, *heap)

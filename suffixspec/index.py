@@ -153,8 +153,8 @@ class SuffixIndex:
         """
         limit = self.max_depth if max_len is None else min(max_len, self.max_depth)
         length, node, off = nat.longest_match(
-            self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self._root(tree),
-            context, 0, context.shape[0], limit, need_continuation)
+            self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active,
+            self._root(tree), context, 0, context.shape[0], limit, need_continuation)
         if length < 0:
             return None
         return Match(int(length), int(node), int(off), int(self.nodes[node, nat.COUNT]))

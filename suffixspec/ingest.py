@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from suffixspec.store import DiskFullError, PoolStore, check_namespace
+from suffixspec.store import DiskFullError, PoolStore, TokenizerMismatchError, check_namespace
 from suffixspec.tokens import as_token_ids
 
 FORMATS = ("auto", "trace", "openai-chat", "text", "export")
@@ -305,8 +305,6 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
 def _check_export_header(file: Path, store: PoolStore) -> None:
     header = export_header(file)
     if header.get("fingerprint") != store.info["fingerprint"]:
-        from suffixspec.store import TokenizerMismatchError
-
         raise TokenizerMismatchError(
             f"{file} was exported from a pool with tokenizer {header.get('tokenizer')} "
             f"({header.get('fingerprint')}); this pool uses {store.tokenizer}")

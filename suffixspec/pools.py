@@ -66,10 +66,6 @@ class CrossPool:
         self.generation = 0  # bumps whenever tree ids may have changed
 
     @property
-    def index(self) -> SuffixIndex:
-        return self.delta
-
-    @property
     def tokens(self) -> int:
         return self.delta.live_tokens
 

@@ -173,7 +173,7 @@ class SuffixProposer:
         tokens = np.concatenate(arrays)
         self.requests.index.extend_many(rows[:, 1], tokens, offsets)
         if self.cross is not None:
-            self.cross.index.extend_many(rows[:, 2], tokens, offsets)
+            self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
 
     def finish_request(self, req_id: Hashable) -> None:
         """The request ended normally: its output stays in the cross pool."""

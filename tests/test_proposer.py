@@ -47,7 +47,7 @@ def test_finished_output_feeds_other_requests_and_abort_does_not():
     assert p.cross.tokens == before
     p.start_request("d", [40, 41])
     assert len(p.propose(["d"])[0]) == 0
-    p.cross.index.check_integrity()
+    p.cross.delta.check_integrity()
 
 
 def test_batched_propose_equals_one_by_one():
@@ -119,7 +119,7 @@ def test_many_requests_reuse_trees_and_rebuild_stays_sound():
         (p.finish_request if i % 3 else p.abort_request)(i)
     assert not p.active_requests
     p.requests.index.check_integrity()
-    p.cross.index.check_integrity()
+    p.cross.delta.check_integrity()
     assert p.cross.tokens <= 300
 
 
@@ -213,7 +213,7 @@ def test_extend_batch_equals_extend_one_by_one():
         assert [d.token_ids.tolist() for d in a] == [d.token_ids.tolist() for d in b]
     assert one.cross.tokens == many.cross.tokens
     many.requests.index.check_integrity()
-    many.cross.index.check_integrity()
+    many.cross.delta.check_integrity()
 
 
 def test_extend_batch_refuses_bad_input_before_appending_anything():
