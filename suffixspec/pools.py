@@ -48,17 +48,21 @@ class CrossPool:
 
     ``begin(namespace)`` opens a sequence for a request's output, ``extend``
     appends to it, ``commit`` keeps it and ``discard`` removes it.  Committed
-    sequences are evicted oldest first once ``max_tokens`` is exceeded (None:
-    unbounded).
+    sequences are evicted oldest first once ``max_tokens`` tokens or
+    ``max_sequences`` sequences are exceeded (None: unbounded).
     """
 
     base = None
 
-    def __init__(self, max_depth: int, max_tokens: int | None = 4_000_000):
+    def __init__(self, max_depth: int, max_tokens: int | None = 4_000_000,
+                 max_sequences: int | None = None):
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if max_sequences is not None and max_sequences < 0:
+            raise ValueError(f"max_sequences must be >= 0, got {max_sequences}")
         self.max_depth = max_depth
         self.max_tokens = max_tokens
+        self.max_sequences = max_sequences
         self.delta = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
                                  token_capacity=1 << 16)
         self.trees: dict[str, int] = {}
@@ -110,8 +114,10 @@ class CrossPool:
         """In-memory pools have nothing to pick up from other processes."""
 
     def _evict(self) -> None:
-        while (self.max_tokens is not None and self.delta.live_tokens > self.max_tokens
-               and self._committed):
+        while self._committed and (
+                (self.max_tokens is not None and self.delta.live_tokens > self.max_tokens)
+                or (self.max_sequences is not None
+                    and len(self._committed) > self.max_sequences)):
             seq, _ = self._committed.popitem(last=False)
             self.delta.remove(seq)
         self._maybe_rebuild()

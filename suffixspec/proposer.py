@@ -40,6 +40,9 @@ class SuffixProposer:
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
+    cross_pool_requests:
+        Most outputs the in-memory cross-request pool keeps (oldest evicted
+        first); None: no limit beyond the token budget.
     pool:
         A persistent cross-request pool: a path (opened or created as a
         ``PersistentPool`` with ``tokenizer``) or a pool object
@@ -69,7 +72,8 @@ class SuffixProposer:
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
                  min_token_prob: float = 0.1, tree: bool = False,
-                 cross_pool_tokens: int | None = 4_000_000, pool=None, tokenizer=None,
+                 cross_pool_tokens: int | None = 4_000_000,
+                 cross_pool_requests: int | None = None, pool=None, tokenizer=None,
                  namespace: str = DEFAULT_NAMESPACE, shared_namespace: str | None = None,
                  all_match_lengths: bool = True, self_discount: bool = True,
                  long_match_bias: bool = True):
@@ -105,7 +109,7 @@ class SuffixProposer:
         if pool is not None and pool.max_depth != self.max_depth:
             raise ValueError(f"pool has max_depth {pool.max_depth}, proposer has {self.max_depth}")
         if pool is None and cross_pool_tokens != 0:
-            pool = CrossPool(self.max_depth, cross_pool_tokens)
+            pool = CrossPool(self.max_depth, cross_pool_tokens, cross_pool_requests)
         self.cross = pool
         self._cross_seq: dict[Hashable, int] = {}
         self._draw_from: dict[Hashable, tuple[str, ...]] = {}  # req_id -> namespaces

@@ -1,0 +1,227 @@
+"""``SuffixSpecDrafter``: suffixspec behind vLLM's ``SuffixDecodingProposer`` interface.
+
+The model runner calls ``propose`` once per step with its persistent batch.
+Rows move between steps, so all state is keyed by request id: per request,
+how many of its tokens (prompt and output) are indexed.  Each step catches
+every request up from ``token_ids_cpu``, which also covers a request resumed
+after preemption, then drafts for all of them in one native call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+from suffixspec.integrations.vllm.metrics import DrafterMetrics
+from suffixspec.integrations.vllm.settings import Settings
+
+logger = logging.getLogger("vllm.suffixspec")
+
+
+class SuffixSpecDrafter(SuffixDecodingProposer):
+    """Serves ``--speculative-config '{"method": "suffix", ...}'`` with suffixspec.
+
+    ``num_speculative_tokens`` caps each draft; ``suffix_decoding_max_tree_depth``
+    is the trie depth, ``suffix_decoding_max_spec_factor`` and
+    ``suffix_decoding_min_token_prob`` shape drafts as in arctic-inference,
+    and ``suffix_decoding_max_cached_requests`` bounds the in-memory
+    cross-request pool (0 turns it off).  Settings vLLM has no key for come
+    from ``Settings`` (environment).
+    """
+
+    def __init__(self, vllm_config):  # no super().__init__: it builds arctic-inference's cache
+        config = vllm_config.speculative_config
+        assert config is not None, "speculative config must be set"
+        self.num_speculative_tokens = int(config.num_speculative_tokens)
+        self.max_tree_depth = config.suffix_decoding_max_tree_depth
+        self.max_spec_factor = config.suffix_decoding_max_spec_factor
+        self.min_token_prob = config.suffix_decoding_min_token_prob
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.settings = Settings.from_env()
+        self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
+        self.indexed: dict[str, int] = {}  # req_id -> tokens indexed (prompt + output)
+        self.metrics = DrafterMetrics(self.settings.log_interval)
+        self._warned = False
+
+        from vllm.v1.worker import gpu_model_runner
+
+        from suffixspec.integrations.vllm.patch import install_runner_hooks
+
+        install_runner_hooks(gpu_model_runner.GPUModelRunner)
+        pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
+        logger.info("suffixspec drafter: up to %d tokens, depth %d, spec factor %.2f, "
+                    "min token prob %.2f, cross-request pool %s",
+                    self.num_speculative_tokens, self.proposer.max_depth, self.max_spec_factor,
+                    self.min_token_prob, pool)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load: drafts come from the tries."""
+
+    # -------------------------------------------------------------- per step
+    def propose(self, num_speculative_tokens, input_batch, sampled_token_ids,
+                slot_mappings=None) -> list[list[int]]:
+        """One draft per batch row; rows still in prefill (no sampled token) get none."""
+        n = len(sampled_token_ids)
+        start = time.perf_counter()
+        try:
+            drafts = self._propose(min(int(num_speculative_tokens), self.num_speculative_tokens),
+                                   input_batch, sampled_token_ids)
+        except Exception as exc:  # a drafting bug must never stop the engine
+            self._failed(exc, input_batch.req_ids[:n])
+            drafts = [[] for _ in range(n)]
+        self.metrics.steps += 1
+        self.metrics.seconds += time.perf_counter() - start
+        self.metrics.maybe_log(logger)
+        return drafts
+
+    def _propose(self, k: int, batch, sampled_token_ids) -> list[list[int]]:
+        n = len(sampled_token_ids)
+        out: list[list[int]] = [[] for _ in range(n)]
+        req_ids = batch.req_ids
+        num_tokens = batch.num_tokens_no_spec
+        token_ids = batch.token_ids_cpu
+        prop = self.proposer
+        grown_ids, grown = [], []
+        rows, ids, limits = [], [], []
+        for i in range(n):
+            if not sampled_token_ids[i]:
+                continue  # still prefilling
+            req = req_ids[i]
+            total = int(num_tokens[i])
+            have = self.indexed.get(req)
+            if have is None or have > total:  # new, or tokens were taken back
+                if have is not None:
+                    prop.abort_request(req)
+                have = int(batch.num_prompt_tokens[i])
+                prop.start_request(req, token_ids[i, :have])
+                self.indexed[req] = have
+                self.metrics.forget(req)
+            if total > have:
+                tokens = token_ids[i, have:total]
+                grown_ids.append(req)
+                grown.append(tokens)
+                self.metrics.emitted(req, tokens)
+                self.indexed[req] = total
+            room = min(k, self.max_model_len - total - 1)
+            if room > 0:
+                rows.append(i)
+                ids.append(req)
+                limits.append(room)
+        prop.extend_batch(grown_ids, grown)
+        if not ids:
+            return out
+        self.metrics.request_steps += len(ids)
+        budget = self.max_num_batched_tokens - n  # one token per row is already scheduled
+        for i, req, draft in zip(rows, ids, prop.propose(ids, np.asarray(limits, np.int64))):
+            tokens = draft.token_ids[:max(budget, 0)]
+            if tokens.shape[0]:
+                budget -= tokens.shape[0]
+                out[i] = tokens.tolist()
+                self.metrics.drafted(req, tokens, draft.source)
+        return out
+
+    # ------------------------------------------------------------ lifecycle
+    def request_removed(self, req_id: str) -> None:
+        """The runner dropped ``req_id`` (finished or aborted, never preempted)."""
+        if self.indexed.pop(req_id, None) is None:
+            return
+        self.metrics.forget(req_id)
+        try:
+            self.proposer.finish_request(req_id)
+            self.metrics.finished += 1
+        except Exception as exc:
+            self._failed(exc, [])
+
+    def close(self) -> None:
+        """Engine shutdown: keep what in-flight requests emitted, close the pool.
+
+        Their outputs so far are genuine model output, so they join the
+        cross-request pool like finished requests.
+        """
+        for req_id in list(self.indexed):
+            self.request_removed(req_id)
+        logger.info("suffixspec metrics at shutdown: %s", self.metrics.summary())
+        close = getattr(self.proposer.cross, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as exc:
+                self._failed(exc, [])
+
+    def stats(self) -> dict:
+        """Counters for tests and tools: steps, per-pool drafts and acceptance."""
+        out = self.metrics.as_dict()
+        out["active_requests"] = len(self.indexed)
+        cross = self.proposer.cross
+        out["cross_tokens"] = 0 if cross is None else int(cross.tokens)
+        return out
+
+    def _failed(self, exc: Exception, req_ids) -> None:
+        """Log the first failure with its cause; restart the affected requests."""
+        self.metrics.failures += 1
+        if not self._warned:
+            self._warned = True
+            logger.warning("suffixspec: drafting failed, the affected requests get no draft "
+                           "this step and are indexed again from their tokens next step; "
+                           "later failures are only counted in the metrics line: %r", exc,
+                           exc_info=exc)
+        for req in list(req_ids):
+            if self.indexed.pop(req, None) is None:
+                continue
+            self.metrics.forget(req)
+            try:
+                self.proposer.abort_request(req)
+            except Exception:
+                pass  # state for req is gone either way; it restarts next step
+
+
+def build_proposer(spec_config, model_config, settings: Settings):
+    from suffixspec.proposer import SuffixProposer
+
+    depth = spec_config.suffix_decoding_max_tree_depth
+    if depth < 2:
+        logger.warning("suffixspec: suffix_decoding_max_tree_depth %d raised to 2", depth)
+        depth = 2
+    max_cached = spec_config.suffix_decoding_max_cached_requests
+    kwargs = dict(max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
+                  max_spec_factor=spec_config.suffix_decoding_max_spec_factor,
+                  min_token_prob=spec_config.suffix_decoding_min_token_prob,
+                  namespace=settings.namespace, shared_namespace=settings.shared_namespace)
+    if max_cached == 0:
+        return SuffixProposer(cross_pool_tokens=0, **kwargs)
+    if settings.pool is None:
+        return SuffixProposer(cross_pool_tokens=settings.cross_tokens,
+                              cross_pool_requests=max_cached, **kwargs)
+    from suffixspec.persistent import PersistentPool
+
+    pool = PersistentPool(settings.pool, tokenizer=engine_tokenizer(model_config, settings),
+                          max_depth=depth, max_tokens=settings.cross_tokens,
+                          snapshot_every=settings.snapshot_every)
+    return SuffixProposer(pool=pool, **kwargs)
+
+
+def engine_tokenizer(model_config, settings: Settings):
+    """The ``TokenizerId`` a persistent pool is checked against."""
+    from suffixspec.fingerprint import tokenizer_id
+
+    if settings.tokenizer:
+        return tokenizer_id(settings.tokenizer)
+    name = model_config.tokenizer
+    if Path(name, "tokenizer.json").is_file():
+        return tokenizer_id(name)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "tokenizer.json",
+                                        revision=model_config.tokenizer_revision)
+    except Exception:
+        cached = None
+    if isinstance(cached, str):
+        return tokenizer_id(cached)
+    raise ValueError(f"suffixspec: no tokenizer.json found for {name!r}; set "
+                     "SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")

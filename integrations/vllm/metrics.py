@@ -1,0 +1,82 @@
+"""Per-pool draft and acceptance figures, logged next to vLLM's own.
+
+vLLM's ``SpecDecoding metrics`` line counts drafted and accepted tokens for
+the whole proposer.  This splits them by the pool a draft came from (the
+request's own tokens, or past outputs) and adds the proposer's own time.
+A draft's accepted length is read off the tokens the engine emits next: the
+longest common prefix of draft and emitted tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+POOLS = ("request", "cross")
+
+
+@dataclass
+class PoolCounts:
+    drafts: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+
+@dataclass
+class DrafterMetrics:
+    log_interval: float = 10.0
+    steps: int = 0                 # propose calls
+    request_steps: int = 0         # requests asked for a draft
+    seconds: float = 0.0           # time inside propose
+    failures: int = 0
+    finished: int = 0              # requests committed to the cross pool
+    pools: dict[str, PoolCounts] = field(default_factory=lambda: {p: PoolCounts() for p in POOLS})
+    _pending: dict = field(default_factory=dict)   # req_id -> (draft tokens, pool)
+    _last_log: float = field(default_factory=time.monotonic)
+
+    def drafted(self, req_id, tokens: np.ndarray, pool: str) -> None:
+        counts = self.pools[pool]
+        counts.drafts += 1
+        counts.drafted_tokens += int(tokens.shape[0])
+        self._pending[req_id] = (tokens, pool)
+
+    def emitted(self, req_id, tokens: np.ndarray) -> None:
+        """The engine emitted ``tokens`` for ``req_id`` after its last draft."""
+        pending = self._pending.pop(req_id, None)
+        if pending is None:
+            return
+        draft, pool = pending
+        k = min(draft.shape[0], tokens.shape[0])
+        mismatch = np.flatnonzero(draft[:k] != tokens[:k])
+        self.pools[pool].accepted_tokens += int(mismatch[0]) if mismatch.size else k
+
+    def forget(self, req_id) -> None:
+        self._pending.pop(req_id, None)
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "request_steps": self.request_steps,
+                "seconds": self.seconds, "failures": self.failures, "finished": self.finished,
+                **{f"{p}_{k}": v for p, c in self.pools.items() for k, v in vars(c).items()}}
+
+    def maybe_log(self, logger: logging.Logger) -> None:
+        if self.log_interval <= 0:
+            return
+        now = time.monotonic()
+        if now - self._last_log < self.log_interval:
+            return
+        self._last_log = now
+        logger.info("suffixspec metrics: %s", self.summary())
+
+    def summary(self) -> str:
+        asked = max(self.request_steps, 1)
+        parts = [f"{self.request_steps} draft requests in {self.steps} steps, "
+                 f"{1e6 * self.seconds / max(self.steps, 1):.0f} us/step"]
+        for name, c in self.pools.items():
+            rate = 100.0 * c.accepted_tokens / max(c.drafted_tokens, 1)
+            parts.append(f"{name} pool: hit {100.0 * c.drafts / asked:.1f}%, accepted "
+                         f"{c.accepted_tokens}/{c.drafted_tokens} drafted tokens ({rate:.1f}%)")
+        parts.append(f"finished {self.finished}, failures {self.failures}")
+        return "; ".join(parts)
