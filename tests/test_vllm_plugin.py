@@ -1,0 +1,218 @@
+"""The vLLM plugin in real vLLM (CPU build), with a tiny random Llama.
+
+Every engine runs in its own process (tests/vllm_scenarios.py): vLLM loads
+plugins once per process and the in-process engine owns its process.  Skipped
+only when vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed", allow_module_level=True)
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = HERE / "vllm_scenarios.py"
+SQL_TRACE = HERE.parent.parent / "shared" / "data" / "traces" / "sql_spider_bird.jsonl.gz"
+ENV = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+       "SUFFIXSPEC_LOG_INTERVAL": "0"}
+
+
+def run(args: list[str], enable: bool = True, timeout: int = 600, **env) -> tuple[dict, str]:
+    """Run a scenario; returns its JSON result and everything it logged."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SUFFIXSPEC_")}
+    full.update(ENV, **env)
+    if enable:
+        full["SUFFIXSPEC_ENABLE"] = "1"
+    proc = subprocess.run([sys.executable, str(SCENARIOS), *args], env=full, text=True,
+                          capture_output=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    results = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and results, f"scenario {args[0]} failed:\n{log[-6000:]}"
+    return json.loads(results[-1]), log
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from tiny_llama import build
+
+    return build(tmp_path_factory.mktemp("tiny-llama"), SQL_TRACE)
+
+
+@pytest.fixture(scope="module")
+def prompts(model, tmp_path_factory) -> Path:
+    """Six real SQL prompts (their last 160 tokens), as token ids."""
+    from tokenizers import Tokenizer
+    from tiny_llama import corpus
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    texts = [t for t in itertools.islice(corpus(SQL_TRACE, records=400), 0, None, 2)][-6:]
+    path = tmp_path_factory.mktemp("prompts") / "prompts.json"
+    path.write_text(json.dumps([tok.encode(t).ids[-160:] for t in texts]))
+    return path
+
+
+def generate(model, prompts, *extra, enable=True, **env):
+    return run(["generate", "--model", str(model), "--prompts", str(prompts), *extra],
+               enable=enable, **env)
+
+
+@pytest.fixture(scope="module")
+def baseline(model, prompts) -> dict:
+    return generate(model, prompts, "--no-spec", enable=False)[0]
+
+
+@pytest.fixture(scope="module")
+def suffixspec_run(model, prompts) -> tuple[dict, str]:
+    # arctic-inference is blocked: the plugin must not need it.
+    return generate(model, prompts, "--no-arctic")
+
+
+def accepted(result: dict) -> int:
+    return result["counters"]["vllm:spec_decode_num_accepted_tokens"]
+
+
+def stored_outputs(pool: str) -> list[list[int]]:
+    from suffixspec.store import PoolStore
+
+    with PoolStore(pool) as store:
+        return [s.tokens.tolist() for s in store.sequences()]
+
+
+def assert_committed_once(stored: list[list[int]], outputs: list[list[int]], k: int = 8) -> None:
+    """One stored sequence per request, holding its whole output.
+
+    The worker never sees where the engine cut an output (max_tokens, stop
+    strings), so a stored sequence may run up to k + 1 verified tokens past it.
+    """
+    assert len(stored) == len(outputs)
+    for out in outputs:
+        owners = [s for s in stored if s[:len(out)] == out and len(s) <= len(out) + k + 1]
+        assert len(owners) >= 1, f"output {out[:12]}... was not committed whole"
+    assert len({tuple(s) for s in stored}) == len({tuple(o) for o in outputs})
+
+
+def test_greedy_outputs_identical_to_no_speculation(baseline, suffixspec_run):
+    result, _ = suffixspec_run
+    assert result["single"] == baseline["single"]
+    assert result["batch"] == baseline["batch"]
+    assert all(len(t) == 48 for t in result["batch"])
+
+
+def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
+    result, log = suffixspec_run
+    stats = result["drafter"]
+    assert accepted(result) > 0
+    assert stats["failures"] == 0
+    ours = stats["request_accepted_tokens"] + stats["cross_accepted_tokens"]
+    # Ours are read off the tokens seen at the next step, so a request's last
+    # verified draft may go uncounted; never more than vLLM's count.
+    assert 0.9 * accepted(result) <= ours <= accepted(result)
+    assert stats["cross_accepted_tokens"] > 0  # repeated prompts draft from past outputs
+    assert "suffixspec drafter: up to 8 tokens, depth 32" in log
+
+
+def test_config_needs_no_arctic_inference_only_with_the_plugin(model):
+    on, _ = run(["validate", "--model", str(model), "--no-arctic"])
+    assert on["ok"], on["error"]
+    assert on["proposer"].endswith("drafter.SuffixSpecDrafter")
+    off, _ = run(["validate", "--model", str(model), "--no-arctic"], enable=False)
+    assert not off["ok"] and "Arctic Inference is required" in off["error"]
+    assert off["proposer"] == "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer"
+
+
+def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
+    pool = str(tmp_path / "pool.lmdb")
+    first, _ = generate(model, prompts, "--modes", "batch", SUFFIXSPEC_POOL=pool)
+    assert_committed_once(stored_outputs(pool), first["batch"])
+    second, _ = generate(model, prompts, "--modes", "batch", SUFFIXSPEC_POOL=pool)
+    assert second["batch"] == first["batch"]
+    assert accepted(second) > accepted(first)
+    assert second["drafter"]["cross_accepted_tokens"] > first["drafter"]["cross_accepted_tokens"]
+
+
+def test_preempted_requests_resume_and_are_committed_once(model, prompts, baseline, tmp_path):
+    pool = str(tmp_path / "pool.lmdb")
+    # 576 tokens of KV cache in 32-token blocks: three 160-token prompts fit,
+    # their 128-token outputs do not, so running requests get preempted.
+    result, _ = generate(model, prompts, "--modes", "batch", "--max-model-len", "320",
+                         "--max-tokens", "128", "--block-size", "32",
+                         "--kv-bytes", str(600 << 10), SUFFIXSPEC_POOL=pool)
+    assert result["counters"]["vllm:num_preemptions"] > 0
+    assert [out[:48] for out in result["batch"]] == baseline["batch"]  # greedy: same prefix
+    assert_committed_once(stored_outputs(pool), result["batch"])
+
+
+def test_proposer_exception_keeps_the_engine_serving(model, prompts, baseline):
+    result, log = generate(model, prompts, "--fault-every", "3")
+    assert result["single"] == baseline["single"]
+    assert result["batch"] == baseline["batch"]
+    assert result["drafter"]["failures"] > 1
+    assert accepted(result) > 0  # steps between faults still draft
+    assert log.count("suffixspec: drafting failed") == 1
+    assert "injected proposer fault" in log
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUFFIXSPEC_")}
+    env.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", SUFFIXSPEC_ENABLE="1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's default: multiprocess
+    log_path = tmp_path / "server.log"
+    spec = json.dumps({"method": "suffix", "num_speculative_tokens": 8})
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+             "--port", str(port), "--model", str(model), "--dtype", "float32",
+             "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes",
+             str(64 << 20), "--speculative-config", spec],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, log_path.read_text()[-6000:]
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(1)
+        body = json.dumps({"model": str(model), "prompt": "SELECT name FROM singer WHERE",
+                           "max_tokens": 32, "temperature": 0, "ignore_eos": True}).encode()
+        req = urllib.request.Request(base + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        answer = json.load(urllib.request.urlopen(req, timeout=120))
+        assert answer["usage"]["completion_tokens"] == 32
+        assert answer["choices"][0]["text"]
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            code = server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    text = log_path.read_text()
+    assert code == 0, text[-6000:]
+    assert "suffixspec drafter: up to 8 tokens" in text  # the engine process used the plugin
+    assert "suffixspec metrics at shutdown" in text

@@ -1,0 +1,139 @@
+"""Engine runs for test_vllm_plugin.py, each in its own process.
+
+vLLM keeps per-process state (plugins load once, the in-process engine owns
+the process), so every scenario runs as
+
+    python tests/vllm_scenarios.py SCENARIO --model DIR ... 
+
+and prints one JSON line last on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def block_arctic() -> None:
+    """Make ``import arctic_inference`` fail in this process."""
+    sys.modules["arctic_inference"] = None  # type: ignore[assignment]
+
+
+def spec_config(k: int) -> dict:
+    return {"method": "suffix", "num_speculative_tokens": k,
+            "suffix_decoding_max_tree_depth": 32}
+
+
+def engine(model: str, spec: bool, k: int, max_model_len: int, kv_bytes: int, max_num_seqs: int,
+           block_size: int | None = None):
+    from vllm import LLM
+
+    return LLM(model, dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+               max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0,
+               block_size=block_size,
+               kv_cache_memory_bytes=kv_bytes, disable_log_stats=False,
+               speculative_config=spec_config(k) if spec else None)
+
+
+def counters(llm) -> dict:
+    return {m.name: m.value for m in llm.get_metrics()
+            if m.name.startswith(("vllm:spec_decode_num", "vllm:num_preemptions"))
+            and hasattr(m, "value")}
+
+
+def drafter_stats(llm):
+    def stats(worker):
+        drafter = getattr(worker.model_runner, "drafter", None)
+        return drafter.stats() if hasattr(drafter, "stats") else None
+
+    return llm.collective_rpc(stats)[0]
+
+
+def inject_faults(llm, every: int) -> None:
+    """Make every ``every``-th batched propose of the suffixspec proposer raise."""
+    def install(worker):
+        proposer = worker.model_runner.drafter.proposer
+        original = proposer.propose
+        calls = [0]
+
+        def propose(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] % every == 0:
+                raise RuntimeError("injected proposer fault")
+            return original(*args, **kwargs)
+
+        proposer.propose = propose
+
+    llm.collective_rpc(install)
+
+
+@click.group()
+def main() -> None:
+    pass
+
+
+@main.command()
+@click.option("--model", required=True)
+@click.option("--prompts", "prompts_file", required=True)
+@click.option("--spec/--no-spec", default=True)
+@click.option("--modes", default="single,batch")
+@click.option("--k", default=8)
+@click.option("--max-tokens", default=48)
+@click.option("--max-model-len", default=1024)
+@click.option("--kv-bytes", default=64 << 20)
+@click.option("--max-num-seqs", default=8)
+@click.option("--block-size", type=int, default=None)
+@click.option("--fault-every", default=0)
+@click.option("--no-arctic", is_flag=True, help="Block arctic-inference imports.")
+def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_bytes,
+             max_num_seqs, block_size, fault_every, no_arctic):
+    """Greedy outputs for the prompts, one at a time and/or as one batch."""
+    if no_arctic:
+        block_arctic()
+    from vllm import SamplingParams
+
+    prompts = [{"prompt_token_ids": p} for p in json.load(open(prompts_file))]
+    llm = engine(model, spec, k, max_model_len, kv_bytes, max_num_seqs, block_size)
+    if fault_every:
+        inject_faults(llm, fault_every)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    result: dict = {}
+    for mode in modes.split(","):
+        if mode == "single":
+            outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+        else:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        result[mode] = [list(o.outputs[0].token_ids) for o in outs]
+    result["counters"] = counters(llm)
+    result["drafter"] = drafter_stats(llm)
+    print(json.dumps(result))
+
+
+@main.command()
+@click.option("--model", required=True)
+@click.option("--no-arctic", is_flag=True)
+def validate(model, no_arctic):
+    """Build the engine config for ``method: "suffix"``; report the proposer class."""
+    if no_arctic:
+        block_arctic()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    out = {"ok": True, "error": None}
+    try:
+        EngineArgs(model=model, dtype="float32", max_model_len=512,
+                   speculative_config=spec_config(4)).create_engine_config()
+    except Exception as e:
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    import vllm.v1.spec_decode.suffix_decoding as sd
+
+    cls = sd.SuffixDecodingProposer
+    out["proposer"] = f"{cls.__module__}.{cls.__qualname__}"
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
