@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from suffixspec.index import SuffixIndex
 from suffixspec.native import warmup

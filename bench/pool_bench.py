@@ -44,7 +44,7 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 from suffixspec.store import PoolStore
 
-from bench_common import TRACES, load
+from bench_common import TRACES, load, save_results
 
 _OPEN = """
 import sys, time
@@ -328,11 +328,7 @@ def main():
                            section_warm(tmp, tok, "sql", sql)]
         results["readers"] = section_readers(tmp, tok, args.readers_seconds)
         results["kills"] = section_kills(tmp, args.kills)
-    out = Path(args.out)
-    (out / "pool.json").write_text(json.dumps(results, indent=1))
-    md = markdown(results)
-    (out / "pool.md").write_text(md + "\n")
-    print(md)
+    save_results(args.out, "pool", results, markdown(results))
 
 
 if __name__ == "__main__":

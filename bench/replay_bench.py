@@ -28,7 +28,6 @@ import json
 import platform
 import sys
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -37,7 +36,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import TRACES, load
+from bench_common import TRACES, load, save_results
 
 DEFAULT = dict(max_depth=64, max_spec_tokens=16, max_spec_factor=1.0, min_token_prob=0.1)
 COST_AWARE = dict(DEFAULT, max_spec_factor=2.0, min_token_prob=0.2)
@@ -154,12 +153,7 @@ def main():
     ap.add_argument("--only", nargs="*", choices=list(TRACES), help="run only these traces")
     args = ap.parse_args()
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps(results, indent=1))
-    md = markdown(results)
-    (out / "replay.md").write_text(md + "\n")
-    print(md)
+    save_results(args.out, "replay", results, markdown(results))
 
 
 if __name__ == "__main__":

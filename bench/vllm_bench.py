@@ -27,7 +27,10 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import save_results  # noqa: E402
 from smollm2 import ensure_model  # noqa: E402
+
+from suffixspec.replay.traces import read_records  # noqa: E402  (loads no Numba)
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
@@ -46,16 +49,6 @@ def chat(prompt: str) -> list[dict]:
                 for i in range(1, len(parts) - 1, 2)]
     return [m if m["role"] != "tool" else {"role": "user", "content": m["content"]}
             for m in messages if m["content"]]
-
-
-def read_records(path: Path):
-    # Plain gzip + json: the engine process for the other methods must not
-    # load Numba (vLLM's CPU start-up trips over llvmlite; see the README).
-    import gzip
-
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
 
 
 def workload(name: str, traces: Path, n: int) -> list[list[dict]]:
@@ -128,7 +121,8 @@ def spec_counts(llm) -> dict:
 @click.option("--min-prob", default=0.2, show_default=True, help="suffix_decoding_min_token_prob.")
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--out", type=click.Path(path_type=Path),
-              default=Path(__file__).parent / "results" / "vllm", show_default=True)
+              default=Path(__file__).parent / "results", show_default=True,
+              help="Folder for vllm.json and vllm.md.")
 @click.pass_context
 def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, out):
     if ctx.invoked_subcommand is not None:
@@ -188,10 +182,7 @@ def one(model, method, wl, traces, prompts, concurrency, knobs):
 def write(rows, out: Path, knobs: dict, prompts: int) -> None:
     from tabulate import tabulate
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     slim = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
-    out.with_suffix(".json").write_text(json.dumps({"knobs": knobs, "prompts": prompts,
-                                                    "rows": slim}, indent=1))
     table = []
     for r in slim:
         arctic = next((a for a in slim if a["method"] == "arctic" and a["workload"] == r["workload"]
@@ -204,10 +195,9 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
     md = tabulate(table, headers=["workload", "mode", "method", "tok/s", "vs arctic",
                                   "accept len", "drafted/draft", "out tokens", "identical"],
                   tablefmt="github")
-    out.with_suffix(".md").write_text(
-        f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128, {prompts} prompts per "
-        f"workload; suffix knobs {knobs}\n\n{md}\n")
-    print(md)
+    save_results(out, "vllm", {"knobs": knobs, "prompts": prompts, "rows": slim},
+                 f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128, {prompts} "
+                 f"prompts per workload; suffix knobs {knobs}\n\n{md}")
 
 
 if __name__ == "__main__":

@@ -181,21 +181,22 @@ class SuffixProposer:
 
     def finish_request(self, req_id: Hashable) -> None:
         """The request ended normally: its output stays in the cross pool."""
-        self._check_active(req_id)
-        self.requests.drop(req_id)
-        self._draw_from.pop(req_id)
-        seq = self._cross_seq.pop(req_id, None)
+        seq = self._end(req_id)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
 
     def abort_request(self, req_id: Hashable) -> None:
         """The request was cancelled: forget it entirely."""
+        seq = self._end(req_id)
+        if seq is not None:
+            self.cross.discard(seq)
+
+    def _end(self, req_id: Hashable) -> int | None:
+        """Drop the request's own tree; returns its open cross-pool sequence, if any."""
         self._check_active(req_id)
         self.requests.drop(req_id)
         self._draw_from.pop(req_id)
-        seq = self._cross_seq.pop(req_id, None)
-        if seq is not None:
-            self.cross.discard(seq)
+        return self._cross_seq.pop(req_id, None)
 
     def index_memory(self) -> tuple[int, int]:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""

@@ -37,9 +37,6 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         config = vllm_config.speculative_config
         assert config is not None, "speculative config must be set"
         self.num_speculative_tokens = int(config.num_speculative_tokens)
-        self.max_tree_depth = config.suffix_decoding_max_tree_depth
-        self.max_spec_factor = config.suffix_decoding_max_spec_factor
-        self.min_token_prob = config.suffix_decoding_min_token_prob
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self.settings = Settings.from_env()
@@ -56,8 +53,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
         logger.info("suffixspec drafter: up to %d tokens, depth %d, spec factor %.2f, "
                     "min token prob %.2f, cross-request pool %s",
-                    self.num_speculative_tokens, self.proposer.max_depth, self.max_spec_factor,
-                    self.min_token_prob, pool)
+                    self.num_speculative_tokens, self.proposer.max_depth,
+                    self.proposer.max_spec_factor, self.proposer.min_token_prob, pool)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the tries."""
