@@ -191,7 +191,10 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
              "--port", str(port), "--model", str(model), "--dtype", "float32",
              "--enforce-eager", "--max-model-len", "1024", "--kv-cache-memory-bytes",
-             str(64 << 20), "--speculative-config", spec],
+             str(64 << 20), "--speculative-config", spec,
+             # vLLM's default (0) force-kills the engine at once on shutdown;
+             # a grace period lets the worker close the drafter.
+             "--shutdown-timeout", "30"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
