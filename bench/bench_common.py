@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 from pathlib import Path
 
 from suffixspec.replay.traces import load_trace
@@ -17,10 +19,34 @@ TRACES = {
 }
 
 
-def load(traces_dir: str | Path, name: str, encode):
-    """The tokenized requests of one benchmark trace."""
+CACHE = Path(__file__).parent / "cache"
+
+
+def load(traces_dir: str | Path, name: str, encode, tokenizer: str | Path | None = None):
+    """The tokenized requests of one benchmark trace.
+
+    With ``tokenizer`` (the tokenizer.json or its folder), the result is cached
+    under bench/cache/, keyed by the trace file's and the tokenizer's bytes'
+    sizes and times, so later runs skip tokenizing.
+    """
     file, sessions = TRACES[name]
-    return load_trace(Path(traces_dir) / file, encode, max_sessions=sessions)
+    path = Path(traces_dir) / file
+    if tokenizer is None:
+        return load_trace(path, encode, max_sessions=sessions)
+    tok = Path(tokenizer)
+    tok = tok / "tokenizer.json" if tok.is_dir() else tok
+    stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in (path, tok)]
+    key = hashlib.sha256(repr((stamp, sessions)).encode()).hexdigest()[:16]
+    cached = CACHE / f"{name}-{key}.pkl"
+    if cached.is_file():
+        with open(cached, "rb") as f:
+            return pickle.load(f)
+    requests = load_trace(path, encode, max_sessions=sessions)
+    CACHE.mkdir(exist_ok=True)
+    with open(cached.with_suffix(".tmp"), "wb") as f:
+        pickle.dump(requests, f, protocol=pickle.HIGHEST_PROTOCOL)
+    cached.with_suffix(".tmp").replace(cached)
+    return requests
 
 
 def save_results(out: str | Path, name: str, data, md: str) -> None:

@@ -96,7 +96,7 @@ def main():
     compile_s = warmup()
     rows = []
     for name in TRACES:
-        reqs = load(args.traces, name, encode)
+        reqs = load(args.traces, name, encode, args.tokenizer)
         outputs = [r.output for r in reqs if len(r.output)]
         prompts = [r.prompt for r in reqs[: args.prompts] if len(r.prompt)]
         n_out = sum(len(x) for x in outputs)

@@ -320,7 +320,7 @@ def main():
     with tempfile.TemporaryDirectory(dir=args.out) as tmp_name:
         tmp = Path(tmp_name)
         results["ingest"] = section_ingest(tmp, args, encode, tok)
-        traces = {name: load(args.traces, name, encode) for name in TRACES}
+        traces = {name: load(args.traces, name, encode, args.tokenizer) for name in TRACES}
         sql, agent = traces["sql"], traces["agent"]
         sizes = [int(x) for x in args.open_sizes.split(",")]
         results["open"] = section_open(tmp, tok, traces, sizes)
