@@ -1,4 +1,4 @@
-"""Replay every shared trace through suffixspec, arctic-inference and ngram.
+"""Replay every shared trace through suffixspec and arctic-inference, side by side.
 
 Usage (from the repository root, arctic-inference installed by
 bench/setup_arctic.sh):
@@ -8,23 +8,28 @@ bench/setup_arctic.sh):
 
 Whole files, except the agent trace (first 40 sessions).  All engines run in
 this one process on the same tokenized requests, so ratios are comparable.
-Configurations:
+Depth 64 everywhere.  Configurations (``RUNS``):
 
-* ``default``: k 16, depth 64, factor 1, min_token_prob 0.1 (arctic's
-  defaults) for suffixspec and arctic, and ngram (n 2..5, k 16);
-* ``cost-aware``: arctic's best on these traces (factor 2, min_token_prob
-  0.2) for both;
-* ``concurrency 32``: the default configuration with 32 requests in flight,
-  one batched propose per engine step.
+* ``new``: suffixspec's default policy (calibrated, cost-aware, start
+  anchors), k 16, draft cost 0.03;
+* ``old f1`` / ``old f2``: suffixspec's counts policy at arctic's defaults
+  (factor 1, min_token_prob 0.1) and at arctic's cost-aware best on these
+  traces (factor 2, min_token_prob 0.2);
+* ``arctic f1`` / ``arctic f2``: arctic-inference at the same two settings;
+* ``new tree``: the default policy drafting trees;
+* ``new k32 c0.01`` against ``arctic k32 f4``: a low draft cost against
+  arctic's best-MTS setting (k 32, factor 4, min_token_prob 0.05);
+* ``@32``: ``new`` and ``arctic f2`` with 32 requests in flight, one batched
+  propose per engine step.
 
-Compilation is timed apart (``warmup``).  Writes ``replay.json`` and
-``replay.md`` into ``--out`` and prints the Markdown.
+est = MTS / (1 + 0.03 * drafted tokens per step).  Compilation is timed
+apart (``warmup``).  Writes ``replay.json`` and ``replay.md`` into ``--out``
+and prints the Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -38,22 +43,26 @@ from suffixspec.replay.traces import hf_encoder
 
 from bench_common import TRACES, load, save_results
 
-DEFAULT = dict(max_depth=64, max_spec_tokens=16, max_spec_factor=1.0, min_token_prob=0.1)
-COST_AWARE = dict(DEFAULT, max_spec_factor=2.0, min_token_prob=0.2)
-RUNS = [
-    ("default", "suffixspec", DEFAULT, 1),
-    ("default", "arctic", DEFAULT, 1),
-    ("default", "ngram", dict(max_spec_tokens=16), 1),
-    ("cost-aware", "suffixspec", COST_AWARE, 1),
-    ("cost-aware", "arctic", COST_AWARE, 1),
-    ("concurrency 32", "suffixspec", DEFAULT, 32),
-    ("concurrency 32", "arctic", DEFAULT, 32),
-]
-
-
-def est(m: dict) -> float:
-    """Tokens per step, discounted for verifying drafted tokens."""
-    return m["mean_tokens_per_step"] / (1 + 0.03 * m["drafted_per_step"])
+K16 = dict(max_depth=64, max_spec_tokens=16)
+F1 = dict(K16, max_spec_factor=1.0, min_token_prob=0.1)
+F2 = dict(K16, max_spec_factor=2.0, min_token_prob=0.2)
+K32 = dict(max_depth=64, max_spec_tokens=32)
+# name -> (engine, knobs, concurrency)
+RUNS = {
+    "new": ("suffixspec", K16, 1),
+    "old f1": ("suffixspec", dict(F1, policy="counts"), 1),
+    "old f2": ("suffixspec", dict(F2, policy="counts"), 1),
+    "arctic f1": ("arctic", F1, 1),
+    "arctic f2": ("arctic", F2, 1),
+    "new tree": ("suffixspec", dict(K16, tree=True), 1),
+    "new k32 c0.01": ("suffixspec", dict(K32, draft_cost=0.01), 1),
+    "arctic k32 f4": ("arctic", dict(K32, max_spec_factor=4.0, min_token_prob=0.05), 1),
+    "new @32": ("suffixspec", K16, 32),
+    "arctic f2 @32": ("arctic", F2, 32),
+}
+# (ours, anchor) pairs the ratio table compares.
+RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("old f2", "arctic f2"),
+          ("new tree", "arctic f2"), ("new k32 c0.01", "arctic k32 f4")]
 
 
 def run(args) -> dict:
@@ -61,31 +70,31 @@ def run(args) -> dict:
     compile_s = warmup()
     results = {"machine": platform.platform(), "python": sys.version.split()[0],
                "compile_s": round(compile_s, 2), "runs": []}
-    names = args.only or list(TRACES)
-    for name in names:
+    for name in args.only or list(TRACES):
         t0 = time.perf_counter()
-        requests = load(args.traces, name, encode)
-        print(f"{name}: {len(requests)} requests tokenized in {time.perf_counter() - t0:.0f}s",
+        requests = load(args.traces, name, encode, args.tokenizer)
+        print(f"{name}: {len(requests)} requests loaded in {time.perf_counter() - t0:.0f}s",
               file=sys.stderr)
-        for config, engine, knobs, conc in RUNS:
+        for config, (engine, knobs, conc) in RUNS.items():
             extra = {"cross_pool_tokens": None} if engine == "suffixspec" else {}
             proposer = make_proposer(engine, requests, **knobs, **extra)
             t0 = time.perf_counter()
-            with tqdm(total=len(requests), desc=f"{name} {config} {engine}", file=sys.stderr,
+            with tqdm(total=len(requests), desc=f"{name} {config}", file=sys.stderr,
                       leave=False, delay=2) as bar:
                 res = replay(requests, proposer, concurrency=conc, progress=bar.update)
             row = {"trace": name, "config": config, "engine": engine, "concurrency": conc,
                    **res.metrics(), **res.engine_step_summary(),
                    "wall_s": round(time.perf_counter() - t0, 1)}
-            row["est"] = round(est(row), 4)
             results["runs"].append(row)
-            print(json.dumps(row), file=sys.stderr)
+            print(f"{name} {config}: MTS {row['mean_tokens_per_step']:.3f} est {row['est']:.3f} "
+                  f"drafted {row['drafted_per_step']:.2f} µs {row['proposer_us_per_step_p50']}"
+                  f"/{row['proposer_us_per_step_p99']} ({row['wall_s']} s)", file=sys.stderr)
     return results
 
 
-def _get(rows, trace, config, engine):
+def _get(rows, trace, config):
     for r in rows:
-        if (r["trace"], r["config"], r["engine"]) == (trace, config, engine):
+        if (r["trace"], r["config"]) == (trace, config):
             return r
     return None
 
@@ -93,55 +102,49 @@ def _get(rows, trace, config, engine):
 def markdown(results: dict) -> str:
     rows = results["runs"]
     traces = list(dict.fromkeys(r["trace"] for r in rows))
-    out = ["### Default knobs (k 16, depth 64, factor 1, min_token_prob 0.1)", "",
-           "| trace | engine | MTS | accept | drafted/step | est | µs/step p50 | µs/step p99 "
-           "| start µs | index B/token |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["### Every run", "",
+           "| trace | config | MTS | est | drafted/step | accept | µs/step p50 | p99 "
+           "| pos-0 accepted | first-token miss | no draft | start µs | B/token | step@32 p50 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in traces:
-        for e in ("suffixspec", "arctic", "ngram"):
-            r = _get(rows, t, "default", e)
-            if r:
-                out.append(
-                    f"| {t} | {e} | {r['mean_tokens_per_step']:.3f} | {r['acceptance_rate']:.3f} "
-                    f"| {r['drafted_per_step']:.2f} | {r['est']:.3f} "
-                    f"| {r['proposer_us_per_step_p50']:.1f} | {r['proposer_us_per_step_p99']:.1f} "
-                    f"| {r['start_us_mean']:.0f} | {r['index_bytes_per_token'] or '-'} |")
-    out += ["", "### suffixspec / arctic ratios", "",
-            "| trace | MTS (default) | est (default) | est (cost-aware) | µs p50 | µs p99 "
-            "| start µs | B/token | step µs @32 p50 | step µs @32 p99 |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+        for config in RUNS:
+            r = _get(rows, t, config)
+            if r is None:
+                continue
+            step = f"{r['engine_step_us_p50']:.0f}" if r["concurrency"] > 1 else ""
+            out.append(
+                f"| {t} | {config} | {r['mean_tokens_per_step']:.3f} | {r['est']:.3f} "
+                f"| {r['drafted_per_step']:.2f} | {r['acceptance_rate']:.3f} "
+                f"| {r['proposer_us_per_step_p50']:.1f} | {r['proposer_us_per_step_p99']:.1f} "
+                f"| {r['first_step_accepted_mean']:.2f} | {r['first_token_miss_rate']:.3f} "
+                f"| {r['no_draft_rate']:.3f} | {r['start_us_mean']:.0f} "
+                f"| {r['index_bytes_per_token'] or '-'} | {step} |")
+    out += ["", "### Ratios (ours / arctic, same run)", "",
+            "| trace | ours / arctic | MTS | est | drafted | µs p50 | µs p99 |",
+            "|---|---|---|---|---|---|---|"]
     for t in traces:
-        s, a = _get(rows, t, "default", "suffixspec"), _get(rows, t, "default", "arctic")
-        sc, ac = _get(rows, t, "cost-aware", "suffixspec"), _get(rows, t, "cost-aware", "arctic")
-        s32, a32 = (_get(rows, t, "concurrency 32", "suffixspec"),
-                    _get(rows, t, "concurrency 32", "arctic"))
-        if not (s and a and sc and ac and s32 and a32):
-            continue
-
-        def ratio(x, y):
-            return f"{x / y:.3f}" if y else "-"
-        out.append(
-            f"| {t} | {ratio(s['mean_tokens_per_step'], a['mean_tokens_per_step'])} "
-            f"| {ratio(s['est'], a['est'])} | {ratio(sc['est'], ac['est'])} "
-            f"| {ratio(s['proposer_us_per_step_p50'], a['proposer_us_per_step_p50'])} "
-            f"| {ratio(s['proposer_us_per_step_p99'], a['proposer_us_per_step_p99'])} "
-            f"| {ratio(s['start_us_mean'], a['start_us_mean'])} "
-            f"| {ratio(s['index_bytes_per_token'] or 0, a['index_bytes_per_token'] or 1)} "
-            f"| {ratio(s32['engine_step_us_p50'], a32['engine_step_us_p50'])} "
-            f"| {ratio(s32['engine_step_us_p99'], a32['engine_step_us_p99'])} |")
-    out += ["", "### Cost-aware knobs (factor 2, min_token_prob 0.2) and 32 requests in flight",
-            "", "| trace | engine | MTS (cost-aware) | drafted/step | est "
-            "| engine step µs @32 p50 | p99 | MTS @32 |", "|---|---|---|---|---|---|---|---|"]
-    for t in traces:
-        for e in ("suffixspec", "arctic"):
-            c, k = _get(rows, t, "cost-aware", e), _get(rows, t, "concurrency 32", e)
-            if c and k:
-                out.append(f"| {t} | {e} | {c['mean_tokens_per_step']:.3f} "
-                           f"| {c['drafted_per_step']:.2f} | {c['est']:.3f} "
-                           f"| {k['engine_step_us_p50']:.0f} | {k['engine_step_us_p99']:.0f} "
-                           f"| {k['mean_tokens_per_step']:.3f} |")
+        for ours, anchor in RATIOS:
+            a, b = _get(rows, t, ours), _get(rows, t, anchor)
+            if a and b:
+                out.append(f"| {t} | {ours} / {anchor} "
+                           + " ".join(f"| {_ratio(a[k], b[k])}" for k in (
+                               "mean_tokens_per_step", "est", "drafted_per_step",
+                               "proposer_us_per_step_p50", "proposer_us_per_step_p99")) + " |")
+        a, b = _get(rows, t, "new @32"), _get(rows, t, "arctic f2 @32")
+        if a and b:
+            out.append(f"| {t} | 32 in flight: new / arctic f2 "
+                       f"| {_ratio(a['mean_tokens_per_step'], b['mean_tokens_per_step'])} "
+                       f"| {_ratio(a['est'], b['est'])} "
+                       f"| {_ratio(a['drafted_per_step'], b['drafted_per_step'])} "
+                       f"| step {a['engine_step_us_p50']:.0f} / {b['engine_step_us_p50']:.0f} µs "
+                       f"| step {a['engine_step_us_p99']:.0f} / {b['engine_step_us_p99']:.0f} µs |")
     out += ["", f"Kernel compilation (warmup, timed apart): {results['compile_s']} s. "
             f"Machine: {results['machine']}, Python {results['python']}."]
     return "\n".join(out)
+
+
+def _ratio(x, y) -> str:
+    return f"{x / y:.3f}" if y else "-"
 
 
 def main():

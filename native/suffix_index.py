@@ -686,6 +686,25 @@ def compact_arena(arena, seqs, meta):
 # --------------------------------------------------------------------------
 
 @njit(cache=True)
+def suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
+                    active, slot, own_len, own_valid=-1):
+    """Where ``ctx[end - length:end]`` ends in the tree, or ``(-1, 0)``.
+
+    When the tree holds the request's own open sequence (ring row ``slot``,
+    ``own_len`` tokens, of which the last ``own_valid`` are the context's last
+    tokens; -1: all), its ring of open suffixes already names the node, with
+    no walk from the root.
+    """
+    depth = active.shape[1]
+    if own_valid < 0:
+        own_valid = own_len
+    if slot >= 0 and length <= own_valid and length < depth:
+        x = active[slot, (own_len - length) % depth]
+        return x, _elen(nodes, seqs, x)
+    return _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
+
+
+@njit(cache=True)
 def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     """Walk ``ctx[start:end]`` down from ``root``.
 
@@ -716,15 +735,15 @@ def _continues(nodes, seqs, x, off):
 
 @njit(cache=True)
 def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
-                  max_len, need_continuation, slot=-1, own_len=0):
+                  max_len, need_continuation, slot=-1, own_len=0, own_valid=-1):
     """Longest suffix of ``ctx[start:end]`` found in the tree.
 
     Only suffixes of at most ``max_len`` tokens are tried.  With
     ``need_continuation`` the suffix must also be followed by some token in
     the index.  Both properties shrink monotonically with the suffix length,
-    so a binary search finds the longest.  ``slot`` and ``own_len`` name the
-    request's own open sequence, if the tree holds it (see
-    ``_suffix_position``).  Returns ``(length, node, offset)``, length -1 when
+    so a binary search finds the longest.  ``slot``, ``own_len`` and
+    ``own_valid`` name the request's own open sequence, if the tree holds it
+    (see ``suffix_position``).  Returns ``(length, node, offset)``, length -1 when
     not even the empty suffix qualifies.
     """
     hi = end - start
@@ -737,8 +756,8 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, en
         return -1, -1, 0
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
-                                  active, slot, own_len)
+        x, off = suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
+                                 active, slot, own_len, own_valid)
         if x != -1 and (not need_continuation or _continues(nodes, seqs, x, off)):
             lo = mid
             best_x = x
@@ -1030,170 +1049,3 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
         if nodes[x, COUNT] != FREED and nodes[x, COUNT] != recount[x]:
             return 8
     return 0
-
-
-# --------------------------------------------------------------------------
-# One engine step: drafts for a batch of requests.
-# --------------------------------------------------------------------------
-
-# Policy flags of propose_batch (bench/policy_bench.py measures each).
-ALL_LENGTHS = 1     # try every match length, keep the best score, not just the longest
-SELF_DISCOUNT = 2   # leave the context's own occurrence out of the first probability
-LONG_BIAS = 4       # a match of length L scores (1 + L / (4 * depth)) times its sum
-DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
-
-
-@njit(cache=True)
-def _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
-                     active, slot, own_len):
-    """Where ``ctx[end - length:end]`` ends in the tree, or ``(-1, 0)``.
-
-    When the tree holds the request's own open sequence (ring row ``slot``,
-    ``own_len`` tokens, which are the context's last tokens), its ring of open
-    suffixes already names the node, with no walk from the root.
-    """
-    depth = active.shape[1]
-    if slot >= 0 and length <= own_len and length < depth:
-        x = active[slot, (own_len - length) % depth]
-        return x, _elen(nodes, seqs, x)
-    return _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
-
-
-@njit(cache=True)
-def _pool_draft(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
-                depth, limit, factor, offset, min_prob, tree_mode, slot, own_len, flags,
-                out_tokens, out_parents, out_probs, cand_tokens, cand_parents,
-                cand_probs, hp, hn, ho, hpar):
-    """Draft from one tree for context ``ctx[start:end]``.
-
-    ``slot`` and ``own_len`` describe the request's own open sequence in this
-    tree (slot -1: none); its tokens are the context's last ``own_len``.
-    Returns ``(n, score, rank, match_len)``: the score is the sum of the
-    probabilities, the rank what candidates were compared by; n is 0 when
-    nothing matched.
-    """
-    match_len, x, off = longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx,
-                                      start, end, depth - 1, True, slot, own_len)
-    if match_len <= 0:
-        return 0, 0.0, 0.0, 0
-    shortest = 1 if flags & ALL_LENGTHS else match_len
-    best_n = 0
-    best_score = 0.0
-    best_rank = -1.0
-    best_len = match_len
-    for length in range(match_len, shortest - 1, -1):
-        cap = int(length * factor + offset + 1e-6)
-        if cap > limit:
-            cap = limit
-        bias = 1.0 + length / (4.0 * depth) if flags & LONG_BIAS else 1.0
-        # A draft scores at most its length: shorter matches cannot win now.
-        if cap * bias <= best_rank:
-            break
-        x, off = _suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
-                                  active, slot, own_len)
-        discount = 0
-        at_end = off == _elen(nodes, seqs, x)
-        if flags & SELF_DISCOUNT and length <= own_len and at_end:
-            discount = 1
-        if at_end:
-            b = nodes[x, BEST]
-            if b == -1:
-                continue
-            # Every later token is at most as probable as the first one.
-            if cap * bias * nodes[b, COUNT] / (nodes[x, COUNT] - discount) <= best_rank:
-                continue
-        if tree_mode:
-            n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
-                                  cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
-        else:
-            n, score = draft_path(nodes, arena, seqs, x, off, cap, min_prob,
-                                  cand_tokens, cand_probs, discount)
-            for i in range(n):
-                cand_parents[i] = i - 1
-        rank = score * bias
-        # Longer matches are tried first and win ties.
-        if n > 0 and rank > best_rank:
-            best_n = n
-            best_score = score
-            best_rank = rank
-            best_len = length
-            out_tokens[:n] = cand_tokens[:n]
-            out_parents[:n] = cand_parents[:n]
-            out_probs[:n] = cand_probs[:n]
-    if best_n == 0:
-        return 0, 0.0, 0.0, match_len
-    return best_n, best_score, best_rank, best_len
-
-
-@njit(cache=True)
-def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
-                  b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, b_roots,
-                  c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_roots,
-                  depth, req_seqs, req_trees, req_cross_seqs, limits, factor,
-                  offset, min_prob, tree_mode, flags, out_tokens, out_parents,
-                  out_probs, out_n, out_score, out_match, out_source,
-                  scratch_tokens, scratch_parents, scratch_probs, cand_tokens,
-                  cand_parents, cand_probs, hp, hn, ho, hpar):
-    """Draft for every request of a step, from its own tree and cross trees.
-
-    Three indexes take part: ``l_*`` holds one tree per request, ``b_*`` and
-    ``c_*`` hold cross-request trees (a persistent pool's read-only snapshot
-    and its appendable part; either may be a dummy with no roots).  Request
-    ``i`` reads its context from local sequence ``req_seqs[i]`` of tree
-    ``req_trees[i]`` and may draw from the trees ``b_roots[i, :]`` and
-    ``c_roots[i, :]`` (-1: none).  ``req_cross_seqs[i]`` is its own open
-    output sequence in ``c_*`` (-1 if none).  A draft holds at most
-    ``limits[i]`` tokens and at most ``match_len * factor + offset``.  Each
-    tree offers its best draft (see the policy flags); the highest-ranked one
-    wins, the request's own tree on ties.  Outputs are rows of the ``out_*``
-    arrays; ``out_source`` is 0 for the request's own tree, 1 for a cross tree,
-    -1 for no draft.
-    """
-    for i in range(req_seqs.shape[0]):
-        s = req_seqs[i]
-        end = l_seqs[s, SEQ_OFF] + l_seqs[s, SEQ_LEN]
-        start = end - depth
-        if start < l_seqs[s, SEQ_OFF]:
-            start = l_seqs[s, SEQ_OFF]
-        n, score, best, m = _pool_draft(
-            l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]],
-            l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-            tree_mode, l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], flags, out_tokens[i],
-            out_parents[i], out_probs[i], cand_tokens, cand_parents, cand_probs,
-            hp, hn, ho, hpar)
-        out_n[i] = n
-        out_score[i] = score
-        out_match[i] = m
-        out_source[i] = 0 if n > 0 else -1
-        for j in range(b_roots.shape[1] + c_roots.shape[1]):
-            base = j < b_roots.shape[1]
-            root = b_roots[i, j] if base else c_roots[i, j - b_roots.shape[1]]
-            if root < 0:
-                continue
-            slot = -1
-            own = 0
-            cs = req_cross_seqs[i]
-            if not base and cs >= 0 and c_seqs[cs, SEQ_ROOT] == root:
-                slot = c_seqs[cs, SEQ_SLOT]
-                own = c_seqs[cs, SEQ_LEN]
-            if base:
-                n2, score2, rank2, m2 = _pool_draft(
-                    b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, root,
-                    l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-                    tree_mode, slot, own, flags, scratch_tokens, scratch_parents,
-                    scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
-            else:
-                n2, score2, rank2, m2 = _pool_draft(
-                    c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, root,
-                    l_arena, start, end, depth, limits[i], factor, offset, min_prob,
-                    tree_mode, slot, own, flags, scratch_tokens, scratch_parents,
-                    scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
-            if n2 > 0 and rank2 > best:
-                best = rank2
-                out_tokens[i, :n2] = scratch_tokens[:n2]
-                out_parents[i, :n2] = scratch_parents[:n2]
-                out_probs[i, :n2] = scratch_probs[:n2]
-                out_n[i] = n2
-                out_score[i] = score2
-                out_match[i] = m2
-                out_source[i] = 1

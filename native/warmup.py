@@ -10,7 +10,9 @@ import time
 
 import numpy as np
 
+from . import calibration as cal
 from . import ngram
+from . import propose as pr
 from . import tokens as token_checks
 from . import suffix_index as si
 
@@ -76,20 +78,30 @@ def warmup() -> float:
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr, 1)
             si.draft_tree(n_, ar, sq, x, off, k, 0.1, out_t, out_p, out_pr, *heap)
             si.continuations(n_, ar, sq, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
-    # One batched step; the snapshot index is read-only in a persistent pool.
+    # One batched step per policy; the snapshot index is read-only in a persistent pool.
     b = 1
     outs = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32), np.zeros((b, k), np.float32),
             np.zeros(b, np.int64), np.zeros(b, np.float64), np.zeros(b, np.int64),
             np.zeros(b, np.int64))
+    pending = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
+               np.zeros((b, k), np.int32), np.zeros(b, np.int64))
     scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)) * 2
+    heap6 = pr.heap_scratch(k)
+    table, state = cal.new_table(), cal.new_state(0.03)
     roots = np.array([root], np.int32)
     req = np.zeros(b, np.int64)
     cross_roots = np.full((b, 1), root, np.int64)
     writeable = (nodes, hkeys, hvals, arena, seqs, active)
     for base in (writeable, _readonly(*writeable)):
-        si.propose_batch(*writeable, roots, *base, cross_roots, *writeable, cross_roots, depth,
-                         req, req, np.full(b, -1, np.int64), np.full(b, k, np.int64), 1.0, 0.0,
-                         0.1, False, si.DEFAULT_POLICY, *outs, *scratch, *heap)
+        for flags, tree in ((pr.DEFAULT_POLICY, False), (pr.DEFAULT_POLICY, True),
+                            (pr.COUNTS_POLICY, False)):
+            pr.propose_batch(*writeable, roots, *base, cross_roots, *writeable, cross_roots,
+                             depth, req, req, np.zeros(b, np.int64), np.full(b, k, np.int64),
+                             1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
+                             np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),
+                             *heap6)
+    cal.learn(table, state, *pending, req, tokens, np.array([0, 2], np.int64),
+              np.empty(k, np.int64), np.empty(k, np.bool_))
     # Maintenance kernels.
     keys2, vals2 = np.full(256, si.EMPTY, np.int64), np.full(256, -1, np.int32)
     si.rehash(hkeys, hvals, keys2, vals2, meta)
@@ -109,5 +121,5 @@ def warmup() -> float:
 
 KERNELS = (si.rehash, si.new_root, si.extend, si.extend_batch, si.remove_seq, si.drop_tree, si.move_seq,
            si.compact_arena, si.longest_match, si.draft_path, si.draft_tree, si.continuations,
-           si.check_integrity, si.propose_batch, ngram.ngram_propose,
+           si.check_integrity, pr.propose_batch, cal.learn, ngram.ngram_propose,
            token_checks.first_bad_token)

@@ -28,8 +28,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors
+from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.store import DiskFullError, PoolStore, TokenizerMismatchError, check_namespace
 from suffixspec.tokens import as_token_ids
+
+INT32_MAX = (1 << 31) - 1
 
 FORMATS = ("auto", "trace", "openai-chat", "text", "export")
 EXPORT_HEADER = "suffixspec_export"
@@ -90,18 +94,20 @@ def _message_text(message) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def parse_trace(rec: dict, include_prompts: bool) -> list[str]:
+def parse_trace(rec: dict, include_prompts: bool) -> list[tuple[str, bool]]:
+    """``(text, is_output)`` pairs of a trace record."""
     if "output" not in rec:
         raise BadRecord("no 'output' field")
-    texts = [_text(rec["output"], "'output'")]
+    texts = [(_text(rec["output"], "'output'"), True)]
     if include_prompts:
         key = "prompt_delta" if "prompt_delta" in rec else "prompt"
         if key in rec:
-            texts.insert(0, _text(rec[key], f"'{key}'"))
+            texts.insert(0, (_text(rec[key], f"'{key}'"), False))
     return texts
 
 
-def parse_openai_chat(rec: dict, roles: tuple[str, ...]) -> list[str]:
+def parse_openai_chat(rec: dict, roles: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """``(text, is_output)`` pairs of a chat record; assistant messages are outputs."""
     messages = rec.get("messages")
     if not isinstance(messages, list):
         raise BadRecord("no 'messages' list")
@@ -121,7 +127,7 @@ def parse_openai_chat(rec: dict, roles: tuple[str, ...]) -> list[str]:
             m = {"role": "assistant", "content": m}
         if isinstance(m, dict) and m.get("role", "assistant") in roles:
             chosen.append(m)
-    return [_message_text(m) for m in chosen]
+    return [(_message_text(m), m.get("role", "assistant") == "assistant") for m in chosen]
 
 
 def sniff(path: Path) -> str:
@@ -151,12 +157,14 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
             ) -> Iterator[tuple[int, list[str] | np.ndarray | BadRecord, dict]]:
     """``(line number, texts or token ids or BadRecord, stored fields)`` per record.
 
-    Stored fields (namespace, source, request id) come with exported records.
+    Texts are ``(text, is_output)`` pairs; token ids of exported records carry
+    their anchors.  Stored fields (namespace, source, request id) come with
+    exported records.
     """
     if fmt == "text":
         try:
             with _open_binary(path) as f:
-                yield 1, [f.read().decode("utf-8")], {}
+                yield 1, [(f.read().decode("utf-8"), False)], {}
         except UnicodeDecodeError as e:
             yield 1, BadRecord(f"not UTF-8 text ({e.reason} at byte {e.start})"), {}
         return
@@ -177,9 +185,9 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                     continue
                 texts = (parse_trace(rec, include_prompts) if fmt == "trace"
                          else parse_openai_chat(rec, roles))
-                if not any(texts):
+                if not any(t for t, _ in texts):
                     raise BadRecord("nothing to ingest (empty output)")
-                yield n, [t for t in texts if t], {}
+                yield n, [(t, out) for t, out in texts if t], {}
             except UnicodeDecodeError as e:
                 yield n, BadRecord(f"not UTF-8 ({e.reason} at byte {e.start})"), {}
             except json.JSONDecodeError as e:
@@ -189,6 +197,7 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
 
 
 def _export_tokens(rec: dict) -> np.ndarray:
+    """An exported record's anchors and tokens, as stored."""
     try:
         tokens = as_token_ids(rec["token_ids"])
     except KeyError:
@@ -197,7 +206,12 @@ def _export_tokens(rec: dict) -> np.ndarray:
         raise BadRecord(str(e)) from None
     if tokens.shape[0] == 0:
         raise BadRecord("empty token_ids")
-    return tokens
+    anchors = rec.get("anchors", [])
+    if (not isinstance(anchors, list) or len(anchors) > MAX_ANCHORS
+            or not all(isinstance(a, int) and SYNTHETIC_BASE <= a <= INT32_MAX for a in anchors)):
+        raise BadRecord(f"'anchors' must be a list of at most {MAX_ANCHORS} anchor ids "
+                        f"in [{SYNTHETIC_BASE}, {INT32_MAX}]")
+    return np.concatenate([np.asarray(anchors, np.int32), tokens])
 
 
 def export_header(path: Path) -> dict:
@@ -227,7 +241,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     report = IngestReport()
     pending: list[tuple] = []  # (tokens, namespace, source, request_id)
-    texts: list[tuple[str, str]] = []  # (text, source) waiting for the tokenizer
+    texts: list[tuple[str, str, bool]] = []  # (text, source, is_output) to tokenize
     pending_tokens = 0
 
     def problem(message: str):
@@ -244,12 +258,16 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         if not texts:
             return
         t0 = time.perf_counter()
-        ids = encode_batch([t for t, _ in texts])
+        ids = encode_batch([t for t, _, _ in texts])
         report.tokenize_s += time.perf_counter() - t0
-        for (_, source), tok in zip(texts, ids):
+        for (_, source, is_output), tok in zip(texts, ids):
             arr = np.asarray(tok, np.int32)
-            pending.append((arr, namespace, source, ""))
             pending_tokens += arr.shape[0]
+            if is_output:
+                # A log's prompt text rarely tokenizes to the exact prompt an
+                # engine sees, so ingested outputs get the global anchor only.
+                arr = np.concatenate([start_anchors(None), arr])
+            pending.append((arr, namespace, source, ""))
         texts.clear()
 
     def commit():
@@ -289,9 +307,9 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                 if isinstance(item, np.ndarray):
                     pending.append((item, fields.get("namespace", namespace),
                                     fields.get("source", source), fields.get("request_id", "")))
-                    pending_tokens += item.shape[0]
+                    pending_tokens += item.shape[0] - anchor_count(item)
                 else:
-                    texts.extend((t, source) for t in item)
+                    texts.extend((t, source, is_output) for t, is_output in item)
                     if len(texts) >= 512:
                         tokenize()
                 if pending_tokens >= batch_tokens:
@@ -320,6 +338,7 @@ def export(store: PoolStore, out, namespace: str | None = None) -> int:
     for seq in store.sequences(namespace=namespace):
         out.write(json.dumps({"namespace": seq.namespace, "source": seq.source,
                               "request_id": seq.request_id, "added": seq.added,
-                              "token_ids": seq.tokens.tolist()}) + "\n")
+                              "anchors": seq.tokens[:seq.anchors].tolist(),
+                              "token_ids": seq.output.tolist()}) + "\n")
         n += 1
     return n

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
 from suffixspec.native import suffix_index as nat
@@ -48,7 +49,7 @@ def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int],
         ix.extend(s, seq.tokens)
         ix.close(s)
         watermark = max(watermark, seq.seq_id)
-        tokens += seq.length
+        tokens += seq.length - seq.anchors
     return ix, trees, watermark, tokens
 
 
@@ -68,6 +69,9 @@ def frozen_index(arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
     for name in ("meta", "nodes", "hkeys", "hvals", "arena", "seqs", "roots"):
         setattr(ix, name, arrays[name])
     ix.active = np.zeros((1, max_depth), np.int32)  # no open sequences
+    # Read-only like the other arrays: one compiled variant of the kernels
+    # (the one ``warmup`` builds) serves every snapshot.
+    ix.active.setflags(write=False)
     return ix
 
 
@@ -100,8 +104,13 @@ class PersistentPool(CrossPool):
         self._since_snapshot = 0
         self._last_refresh = 0.0
         self._stale = False
+        self.compacted = True  # False while a forget's compaction is pending
         self.store.remap_listeners.append(self._drop_snapshot_view)
         self._load()
+        if not self.store.readonly:
+            self.store.remove_leftovers()
+            if self.store.compaction_pending():
+                self._finish_forget(timeout=0.0)  # a forget was cut short: finish it
 
     # ----------------------------------------------------------- cross pool
     @property
@@ -114,8 +123,8 @@ class PersistentPool(CrossPool):
                 if self.base is not None and ns in self.base_trees]
         return base, super().roots(namespaces)[1]
 
-    def begin(self, namespace: str = "default") -> int:
-        seq = super().begin(namespace)
+    def begin(self, namespace: str = "default", anchors: np.ndarray | None = None) -> int:
+        seq = super().begin(namespace, anchors)
         self._open[seq] = namespace
         return seq
 
@@ -124,8 +133,8 @@ class PersistentPool(CrossPool):
         namespace = self._open.pop(seq)
         tokens = self.delta.sequence(seq)
         self.delta.close(seq)
-        if tokens.shape[0] == 0:
-            return
+        if tokens.shape[0] == anchor_count(tokens):
+            return  # no output
         store_id = self.store.add(tokens, namespace, source="engine", request_id=str(request_id))
         self._own.add(store_id)
         if self._stale:
@@ -138,8 +147,9 @@ class PersistentPool(CrossPool):
         self._open.pop(seq, None)
         self.delta.remove(seq)
 
-    def add(self, tokens: np.ndarray, namespace: str = "default") -> int:
-        seq = self.begin(namespace)
+    def add(self, tokens: np.ndarray, namespace: str = "default",
+            anchors: np.ndarray | None = None) -> int:
+        seq = self.begin(namespace, anchors)
         self.delta.extend(seq, tokens)
         self.commit(seq)
         return seq
@@ -148,8 +158,8 @@ class PersistentPool(CrossPool):
     def refresh(self, force: bool = False) -> None:
         """Pick up what other processes committed, or a newer snapshot."""
         now = time.monotonic()
-        if self._stale:
-            self._load()
+        if self.store.yield_to_compaction() or self._stale:
+            self._load()  # waits for the compaction, then maps the new file
             return
         if not force and now - self._last_refresh < self.refresh_interval:
             return
@@ -202,22 +212,32 @@ class PersistentPool(CrossPool):
             self.write_snapshot()
         return deleted
 
-    def forget(self, request_id: str | None = None, namespace: str | None = None) -> int:
+    def forget(self, request_id: str | None = None, namespace: str | None = None,
+               timeout: float = 10.0) -> int:
         """Delete a request's or a namespace's sequences for real.
 
-        The snapshot is rebuilt without them and the file compacted, so their
-        tokens are gone from disk.  Returns how many sequences were deleted.
+        One transaction deletes them and drops the snapshot, so from then on
+        no process drafts them, even if this one is killed.  The snapshot is
+        rebuilt and the file compacted, so their tokens are gone from disk;
+        other processes let go of the file at their next pool operation.  If
+        one holds on past ``timeout`` seconds, ``compacted`` is False and the
+        compaction stays pending: the next forget, ``snapshot`` or open that
+        can, finishes it.  Returns how many sequences were deleted.
         """
         if (request_id is None) == (namespace is None):
             raise ValueError("forget needs exactly one of request_id and namespace")
         doomed = [m.seq_id for m in self.store.sequences(namespace=namespace, with_tokens=False)
                   if request_id is None or m.request_id == str(request_id)]
-        deleted = self.store.delete(doomed)
+        deleted = self.store.delete(doomed, forget=True)
+        self._finish_forget(timeout)
+        return deleted
+
+    def _finish_forget(self, timeout: float) -> None:
+        """Rebuild the snapshot and compact the file; sets ``compacted``."""
         self.write_snapshot()
         self._close_snapshot()
-        self.store.compact()
+        self.compacted = self.store.compact(timeout)
         self._load()
-        return deleted
 
     def close(self) -> None:
         self._close_snapshot()

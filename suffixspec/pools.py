@@ -86,16 +86,20 @@ class CrossPool:
         return [], [int(self.delta.roots[self.trees[ns]]) for ns in namespaces
                     if ns in self.trees]
 
-    def begin(self, namespace: str = DEFAULT_NAMESPACE) -> int:
-        return self.delta.add_sequence(self.tree(check_namespace(namespace)), capacity=256)
+    def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
+        """Open a sequence for an output; it starts with ``anchors`` (see ``suffixspec.anchors``)."""
+        seq = self.delta.add_sequence(self.tree(check_namespace(namespace)), capacity=256)
+        if anchors is not None and anchors.shape[0]:
+            self.delta.extend(seq, anchors)
+        return seq
 
     def extend(self, seq: int, tokens: np.ndarray) -> None:
         self.delta.extend(seq, tokens)
 
-    def add(self, tokens: np.ndarray, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Index a finished sequence in one call and commit it."""
-        seq = self.delta.add_sequence(self.tree(check_namespace(namespace)),
-                                      capacity=max(tokens.shape[0], 1))
+    def add(self, tokens: np.ndarray, namespace: str = DEFAULT_NAMESPACE,
+            anchors: np.ndarray | None = None) -> int:
+        """Index a finished output (after its ``anchors``) in one call and commit it."""
+        seq = self.begin(namespace, anchors)
         self.delta.extend(seq, tokens)
         self.commit(seq)
         return seq

@@ -7,16 +7,19 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from suffixspec.anchors import start_anchors
 from suffixspec.draft import Draft
 from suffixspec.index import heap_scratch
-from suffixspec.native import suffix_index as nat
+from suffixspec.native import calibration as cal
+from suffixspec.native import propose as nat
 from suffixspec.native import warmup
 from suffixspec.pools import DEFAULT_NAMESPACE, CrossPool, RequestPool
 from suffixspec.store import check_namespace
 from suffixspec.tokens import as_token_ids
 
 
-_SOURCES = ("request", "cross")
+_SOURCES = ("request", "cross", "anchor")
+POLICIES = ("calibrated", "counts")
 
 
 class SuffixProposer:
@@ -61,8 +64,11 @@ class SuffixProposer:
         Leave the context's own occurrence (which has no continuation yet) out
         of the first token's probability.
     long_match_bias:
-        Rank a draft from an L-token match by ``score * (1 + L / (4 *
-        max_depth))``, a mild preference for longer matches.
+        Counts policy: rank a draft from an L-token match by ``score * (1 + L
+        / (4 * max_depth))``, a mild preference for longer matches.
+    anchors:
+        Calibrated policy: also match the start of the output against the
+        starts of past outputs (see ``suffixspec.anchors``).
 
     The three policy options are on by default because the replay over the
     shared traces measured each as helping; ``bench/policy_bench.py``
@@ -70,30 +76,46 @@ class SuffixProposer:
     """
 
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
-                 max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                 min_token_prob: float = 0.1, tree: bool = False,
+                 max_spec_factor: float | None = None, max_spec_offset: float = 0.0,
+                 min_token_prob: float | None = None, tree: bool = False,
                  cross_pool_tokens: int | None = 4_000_000,
                  cross_pool_requests: int | None = None, pool=None, tokenizer=None,
                  namespace: str = DEFAULT_NAMESPACE, shared_namespace: str | None = None,
                  all_match_lengths: bool = True, self_discount: bool = True,
-                 long_match_bias: bool = True):
+                 long_match_bias: bool = True, policy: str = "calibrated",
+                 draft_cost: float = 0.03, anchors: bool = True):
         if not 2 <= max_depth <= 1024:
             raise ValueError(f"max_depth must be in [2, 1024], got {max_depth}")
         if max_spec_tokens < 0:
             raise ValueError(f"max_spec_tokens must be >= 0, got {max_spec_tokens}")
-        if max_spec_factor < 0:
-            raise ValueError(f"max_spec_factor must be >= 0, got {max_spec_factor}")
-        if not 0.0 <= min_token_prob <= 1.0:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        counts = policy == "counts"
+        if max_spec_factor is not None and not 0 <= max_spec_factor < float("inf"):
+            raise ValueError(f"max_spec_factor must be finite and >= 0, got {max_spec_factor}")
+        if not -float("inf") < max_spec_offset < float("inf"):
+            raise ValueError(f"max_spec_offset must be finite, got {max_spec_offset}")
+        if min_token_prob is not None and not 0.0 <= min_token_prob <= 1.0:
             raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
+        if not 0.0 <= draft_cost < 1.0:
+            raise ValueError(f"draft_cost must be in [0, 1), got {draft_cost}")
         self.max_depth = int(max_depth)
         self.max_spec_tokens = int(max_spec_tokens)
-        self.max_spec_factor = float(max_spec_factor)
+        self.policy = policy
+        # Unset length knobs: arctic's defaults for counts, no cap when calibrated.
+        self.max_spec_factor = (float(max_spec_factor) if max_spec_factor is not None
+                                else 1.0 if counts else -1.0)
         self.max_spec_offset = float(max_spec_offset)
-        self.min_token_prob = float(min_token_prob)
+        self.min_token_prob = (float(min_token_prob) if min_token_prob is not None
+                               else 0.1 if counts else 0.0)
         self.tree = bool(tree)
         self.flags = ((nat.ALL_LENGTHS if all_match_lengths else 0)
                       | (nat.SELF_DISCOUNT if self_discount else 0)
-                      | (nat.LONG_BIAS if long_match_bias else 0))
+                      | (nat.LONG_BIAS if long_match_bias and counts else 0)
+                      | (0 if counts else nat.CALIBRATED)
+                      | (nat.ANCHORED if anchors and not counts else 0))
+        self.calibration = cal.new_table()
+        self.cost_state = cal.new_state(float(draft_cost))
         self.namespace = check_namespace(namespace)
         self.shared_namespace = (None if shared_namespace is None
                                  else check_namespace(shared_namespace))
@@ -120,7 +142,17 @@ class SuffixProposer:
         k = max(self.max_spec_tokens, 1)
         self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
                          np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
-        self._heap = heap_scratch(k, self.min_token_prob)
+        if counts:
+            heap = heap_scratch(k, self.min_token_prob)
+            self._heap = heap + (np.empty_like(heap[1]), np.empty_like(heap[1]))
+        else:
+            self._heap = nat.heap_scratch(k)
+        self._cand_buckets = np.empty(k, np.int32)
+        # The latest draft of each request (row: its sequence in the request
+        # pool), scored against the emitted tokens by ``extend``.
+        self._pending = self._pending_rows(64)
+        self._learn_scratch = (np.empty(k, np.int64), np.empty(k, np.bool_))
+        self._one = (np.zeros(1, np.int64), np.zeros(2, np.int64))
         self._out = self._outputs(8)
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
@@ -143,9 +175,13 @@ class SuffixProposer:
             draw = tuple(dict.fromkeys(check_namespace(ns) for ns in draw_from))
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
         self.requests.start(req_id, prompt)
+        seq = self.requests.requests[req_id][1]
+        if seq >= self._pending[3].shape[0]:
+            self._pending = self._pending_rows(2 * seq + 2, self._pending)
+        self._pending[3][seq] = 0
         self._draw_from[req_id] = draw
         if self.cross is not None:
-            self._cross_seq[req_id] = self.cross.begin(own)
+            self._cross_seq[req_id] = self.cross.begin(own, start_anchors(prompt))
 
     def extend(self, req_id: Hashable, token_ids) -> None:
         """Append the tokens the engine emitted for ``req_id`` this step."""
@@ -153,6 +189,11 @@ class SuffixProposer:
         tokens = as_token_ids(token_ids)
         if tokens.shape[0] == 0:
             return
+        seqs, offsets = self._one
+        seqs[0] = self.requests.requests[req_id][1]
+        offsets[1] = tokens.shape[0]
+        cal.learn(self.calibration, self.cost_state, *self._pending, seqs, tokens, offsets,
+                  *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
@@ -175,7 +216,10 @@ class SuffixProposer:
         arrays = [as_token_ids(t) for t in token_ids]
         offsets = np.fromiter(accumulate((a.shape[0] for a in arrays), initial=0), np.int64, b + 1)
         tokens = np.concatenate(arrays)
-        self.requests.index.extend_many(rows[:, 1], tokens, offsets)
+        seqs = np.ascontiguousarray(rows[:, 1])
+        cal.learn(self.calibration, self.cost_state, *self._pending, seqs, tokens, offsets,
+                  *self._learn_scratch)
+        self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
 
@@ -194,6 +238,7 @@ class SuffixProposer:
     def _end(self, req_id: Hashable) -> int | None:
         """Drop the request's own tree; returns its open cross-pool sequence, if any."""
         self._check_active(req_id)
+        self._pending[3][self.requests.requests[req_id][1]] = 0
         self.requests.drop(req_id)
         self._draw_from.pop(req_id)
         return self._cross_seq.pop(req_id, None)
@@ -228,7 +273,7 @@ class SuffixProposer:
         limits = self._limits(max_spec_tokens, b)
         if self._out[0].shape[0] < b:
             self._out = self._outputs(max(b, 2 * self._out[0].shape[0]))
-        tokens, parents, probs, n, score, match, source = self._out
+        tokens, parents, probs, n, score, match, source, buckets = self._out
         local = self.requests.index
         base_arrays, base_roots, delta_arrays, delta_roots = self._cross_args(req_ids)
         nat.propose_batch(local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
@@ -236,8 +281,9 @@ class SuffixProposer:
                           delta_roots, self.max_depth, rows[:, 1],
                           rows[:, 0], rows[:, 2], limits, self.max_spec_factor,
                           self.max_spec_offset, self.min_token_prob, self.tree, self.flags,
-                          tokens, parents, probs, n, score, match, source, *self._scratch,
-                          *self._heap)
+                          self.calibration, self.cost_state, tokens, parents, probs, n, score,
+                          match, source, *self._pending, buckets, *self._scratch[:3],
+                          *self._scratch[3:], self._cand_buckets, *self._heap)
         drafts = []
         for i in range(b):
             k = int(n[i])
@@ -315,7 +361,18 @@ class SuffixProposer:
         k = max(self.max_spec_tokens, 1)
         return (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
                 np.zeros((b, k), np.float32), np.zeros(b, np.int64),
-                np.zeros(b, np.float64), np.zeros(b, np.int64), np.zeros(b, np.int64))
+                np.zeros(b, np.float64), np.zeros(b, np.int64), np.zeros(b, np.int64),
+                np.zeros((b, k), np.int32))
+
+    def _pending_rows(self, rows: int, old=None):
+        """Pending-draft arrays (tokens, parents, buckets, count) for ``rows`` requests."""
+        k = max(self.max_spec_tokens, 1)
+        new = (np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
+               np.zeros((rows, k), np.int32), np.zeros(rows, np.int64))
+        if old is not None:
+            for a, b in zip(new, old):
+                a[: b.shape[0]] = b
+        return new
 
 
 def _matrix(rows: list[list[int]]) -> np.ndarray:

@@ -5,8 +5,9 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
 * ``meta``: ``b"format"`` -> msgpack ``{version, tokenizer, fingerprint,
   max_depth, created}``; ``b"next_id"`` -> the next sequence id.
 * ``seqs``: 8-byte big-endian sequence id -> msgpack ``{ns, src, rid, t, n,
-  crc, tok}``: namespace, source, request id, time added, token count, CRC-32
-  of the token bytes, and the int32 tokens.  Ids only grow, so every insert is
+  a, crc, tok}``: namespace, source, request id, time added, token count, how
+  many of the tokens are leading output-start anchors (``suffixspec.anchors``),
+  CRC-32 of the token bytes, and the int32 tokens.  Ids only grow, so every insert is
   a sorted append.
 * ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
   namespaces, arrays}`` and ``b"a:<name>"`` -> raw bytes of one index array.
@@ -33,9 +34,14 @@ import lmdb
 import msgpack
 import numpy as np
 
+from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
+from suffixspec.gate import Gate
 
-FORMAT_VERSION = 1
+# Version 2 added output-start anchors.  A version 1 pool is read as one whose
+# outputs have none, and is marked version 2 on its first write.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _MAX_NAMESPACE = 128
 # How a refused write reads in LMDB's errors: ENOSPC, EFBIG, EDQUOT, and EIO,
 # which LMDB reports for a short write (a disk that filled up mid-write).
@@ -65,8 +71,14 @@ class StoredSequence:
     source: str
     request_id: str
     added: float
-    length: int
+    length: int                # tokens stored, anchors included
     tokens: np.ndarray | None  # None when read without tokens
+    anchors: int = 0           # leading output-start anchors among the tokens
+
+    @property
+    def output(self) -> np.ndarray | None:
+        """The tokens without the anchors."""
+        return None if self.tokens is None else self.tokens[self.anchors:]
 
 
 def _key(seq_id: int) -> bytes:
@@ -96,6 +108,7 @@ class PoolStore:
         self._map_size = map_size
         self._env = None
         self._pid = None
+        self.gate = Gate(self.path)
         self.remap_listeners: list[Callable[[], None]] = []
         exists = self.path.exists()
         if not exists:
@@ -123,6 +136,7 @@ class PoolStore:
     @property
     def env(self) -> lmdb.Environment:
         if self._env is None or self._pid != os.getpid():
+            self.gate.enter()  # waits while another process compacts the file
             try:
                 self._env = lmdb.open(str(self.path), subdir=False, max_dbs=4, mode=0o600,
                                       map_size=self._map_size, readonly=self.readonly,
@@ -134,6 +148,7 @@ class PoolStore:
                 if self._env is not None:
                     self._env.close()
                 self._env = None
+                self.gate.leave()
                 if "already open" in str(e):
                     raise PoolError(f"{self.path} is already open in this process; close "
                                     f"the other handle first") from e
@@ -148,7 +163,21 @@ class PoolStore:
     def close(self) -> None:
         if self._env is not None and self._pid == os.getpid():
             self._env.close()
+            self.gate.leave()
         self._env = None
+
+    def yield_to_compaction(self) -> bool:
+        """If another process asked to compact the file, let go of it; True if so.
+
+        Views of the old mapping are dropped (``remap_listeners``); the next
+        operation reopens the file once the compaction is done.
+        """
+        if self._env is None or self._pid != os.getpid() or not self.gate.requested():
+            return False
+        for drop_views in self.remap_listeners:
+            drop_views()
+        self.close()
+        return True
 
     def __enter__(self) -> PoolStore:
         return self
@@ -160,6 +189,7 @@ class PoolStore:
         """Run ``fn(txn)`` in one write transaction, growing the map as needed."""
         if self.readonly:
             raise PoolError(f"pool {self.path} is open read-only")
+        self.yield_to_compaction()
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -175,6 +205,7 @@ class PoolStore:
 
     def read(self, buffers: bool = False):
         """A read transaction (use as a context manager)."""
+        self.yield_to_compaction()
         while True:
             try:
                 return self.env.begin(buffers=buffers)
@@ -211,6 +242,12 @@ class PoolStore:
             raise CorruptPoolError(f"{self.path}: unreadable format record ({e})") from e
         return _checked_format(info, self.path)
 
+    def _upgrade_format(self, txn) -> None:
+        """Mark an older pool with the current version before writing to it."""
+        if self.info["version"] != FORMAT_VERSION:
+            self.info = {**self.info, "version": FORMAT_VERSION}
+            txn.put(b"format", msgpack.packb(self.info), db=self.db("meta"))
+
     @property
     def max_depth(self) -> int:
         return int(self.info["max_depth"])
@@ -231,14 +268,16 @@ class PoolStore:
         values = []
         for tokens, namespace, source, request_id in items:
             check_namespace(namespace)
-            data = np.ascontiguousarray(tokens, np.int32).tobytes()
+            tokens = np.ascontiguousarray(tokens, np.int32)
+            data = tokens.tobytes()
             values.append(msgpack.packb({"ns": namespace, "src": str(source),
                                          "rid": str(request_id), "t": now,
-                                         "n": len(data) // 4, "crc": zlib.crc32(data),
-                                         "tok": data}))
+                                         "n": len(data) // 4, "a": anchor_count(tokens),
+                                         "crc": zlib.crc32(data), "tok": data}))
 
         def put(txn):
             meta, seqs = self.db("meta"), self.db("seqs")
+            self._upgrade_format(txn)
             first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
             for i, value in enumerate(values):
                 txn.put(_key(first + i), value, db=seqs, append=True)
@@ -259,14 +298,29 @@ class PoolStore:
                 if namespace is None or seq.namespace == namespace:
                     yield seq
 
-    def delete(self, seq_ids: Iterable[int]) -> int:
-        """Delete sequences by id; returns how many existed."""
+    def delete(self, seq_ids: Iterable[int], forget: bool = False) -> int:
+        """Delete sequences by id; returns how many existed.
+
+        With ``forget``, the same transaction drops the index snapshot (which
+        still holds their tokens) and marks the file for compaction, so a
+        process killed right after never leaves the deleted data draftable,
+        and the next ``compact`` erases it from disk.
+        """
         ids = sorted(set(seq_ids))
 
         def drop(txn):
-            return sum(bool(txn.delete(_key(i), db=self.db("seqs"))) for i in ids)
+            n = sum(bool(txn.delete(_key(i), db=self.db("seqs"))) for i in ids)
+            if forget and n:
+                _clear(txn, self.db("snap"))
+                txn.put(_COMPACT_PENDING, b"1", db=self.db("meta"))
+            return n
 
         return self.write(drop) if ids else 0
+
+    def compaction_pending(self) -> bool:
+        """True when deleted data may still sit in the file's free pages."""
+        with self.read() as txn:
+            return txn.get(_COMPACT_PENDING, db=self.db("meta")) is not None
 
     def last_id(self) -> int:
         with self.read() as txn:
@@ -288,10 +342,10 @@ class PoolStore:
             snap = self.db("snap")
             old = txn.get(b"meta", db=snap)
             generation = 1 + (msgpack.unpackb(bytes(old))["generation"] if old else 0)
-            with txn.cursor(db=snap) as cur:
-                if cur.first():
-                    while cur.delete():
-                        pass
+            generation = max(generation, int.from_bytes(
+                txn.get(b"snap_generation", db=self.db("meta")) or b"", "big") + 1)
+            txn.put(b"snap_generation", generation.to_bytes(8, "big"), db=self.db("meta"))
+            _clear(txn, snap)
             for name, a in arrays.items():
                 txn.put(b"a:" + name.encode(), np.ascontiguousarray(a).data, db=snap)
             txn.put(b"meta", msgpack.packb({**info, "generation": generation,
@@ -327,9 +381,9 @@ class PoolStore:
         for seq in self.sequences(with_tokens=False):
             ns = namespaces.setdefault(seq.namespace, {"sequences": 0, "tokens": 0})
             ns["sequences"] += 1
-            ns["tokens"] += seq.length
+            ns["tokens"] += seq.length - seq.anchors
             sequences += 1
-            tokens += seq.length
+            tokens += seq.length - seq.anchors
         snap = self.snapshot_info()
         return {"path": str(self.path), "sequences": sequences, "tokens": tokens,
                 "namespaces": namespaces, "bytes_on_disk": self.path.stat().st_size,
@@ -354,24 +408,66 @@ class PoolStore:
                 self.snapshot_arrays(txn, snap, verify=True)
         return n
 
-    def compact(self) -> None:
+    def compact(self, timeout: float = 10.0) -> bool:
         """Rewrite the file without free pages, so deleted data is gone from disk.
 
-        Other processes must reopen the pool afterwards (the file is replaced).
+        The new file replaces the old one only while no other process has it
+        open (see ``suffixspec.gate``): processes let go at their next pool
+        operation and reopen the new file.  Returns False, leaving the file
+        as it was and the compaction pending, when some process held on for
+        ``timeout`` seconds.
         """
+        self.env  # noqa: B018 - this process is inside the gate
+        if not self.gate.exclusive(timeout):
+            return False
+        try:
+            tmp = self.path.with_name(self.path.name + ".compact")
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                self._env.copyfd(fd, compact=True)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            for drop_views in self.remap_listeners:
+                drop_views()
+            self._env.close()
+            self._env = None
+            os.replace(tmp, self.path)
+            # Nobody has the file open: a fresh lock file matches the new file.
+            lock = self.path.with_name(self.path.name + "-lock")
+            lock.unlink(missing_ok=True)
+        finally:
+            if self._env is not None:
+                self._env.close()
+                self._env = None
+            self.gate.release()
+        self.write(lambda txn: txn.delete(_COMPACT_PENDING, db=self.db("meta")))
+        return True
+
+    def remove_leftovers(self) -> None:
+        """Delete what a compaction killed mid-way left beside the pool."""
         tmp = self.path.with_name(self.path.name + ".compact")
-        if tmp.exists():
-            tmp.unlink()
-        self.env.copy(str(tmp), compact=True)
-        os.chmod(tmp, 0o600)
-        self.close()
-        os.replace(tmp, self.path)
+        if tmp.exists() and self.gate.idle():
+            tmp.unlink(missing_ok=True)
+
+
+_COMPACT_PENDING = b"compact_pending"
+
+
+def _clear(txn, db) -> None:
+    with txn.cursor(db=db) as cur:
+        if cur.first():
+            while cur.delete():
+                pass
 
 
 def _checked_format(info: dict, path: Path) -> dict:
-    if info.get("version") != FORMAT_VERSION:
+    if info.get("version") not in READABLE_VERSIONS:
         raise CorruptPoolError(f"{path}: pool format version {info.get('version')}, this "
-                               f"suffixspec reads version {FORMAT_VERSION}")
+                               f"suffixspec reads versions "
+                               f"{', '.join(map(str, READABLE_VERSIONS))}; use the suffixspec "
+                               f"release that wrote it, or rebuild the pool from its logs")
     return info
 
 
@@ -386,6 +482,6 @@ def _decode(key, value, path, with_tokens=True) -> StoredSequence:
                 raise ValueError("token bytes fail their count or checksum")
             tokens = np.frombuffer(data, np.int32).copy()
         return StoredSequence(seq_id, rec["ns"], rec["src"], rec["rid"], rec["t"], rec["n"],
-                              tokens)
+                              tokens, int(rec.get("a", 0)))
     except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
         raise CorruptPoolError(f"{path}: sequence {seq_id} is corrupt ({e})") from e

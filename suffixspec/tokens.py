@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from suffixspec.native.tokens import INT32_MAX, first_bad_token
+from suffixspec.native.tokens import MAX_TOKEN_ID, first_bad_token
 
 
 def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
     """Return ``values`` as a 1-D, C-contiguous int32 array of token ids.
 
-    Accepts any sequence or array of integers in ``[0, 2**31 - 1]``.  Raises
+    Accepts any sequence or array of integers in ``[0, 2**30 - 1]`` (ids from
+    ``2**30`` up are reserved for output-start anchors).  Raises
     ``ValueError`` naming the problem for anything else (floats, booleans,
     nested lists, negative or too-large ids).
     """
@@ -23,12 +24,12 @@ def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.dtype == np.uint64:
         # The kernel compares in int64; uint64 values above that range first.
-        if arr.max() > INT32_MAX:
-            raise ValueError(f"{name} holds {arr.max()}, outside the token id range [0, {INT32_MAX}]")
+        if arr.max() > MAX_TOKEN_ID:
+            raise ValueError(f"{name} holds {arr.max()}, outside the token id range [0, {MAX_TOKEN_ID}]")
         arr = arr.astype(np.int64)
     bad = first_bad_token(arr)
     if bad >= 0:
-        raise ValueError(f"{name} holds {arr[bad]}, outside the token id range [0, {INT32_MAX}]")
+        raise ValueError(f"{name} holds {arr[bad]}, outside the token id range [0, {MAX_TOKEN_ID}]")
     if arr.dtype != np.int32:
         arr = arr.astype(np.int32)
     return np.ascontiguousarray(arr)

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from suffixspec.cli import main
+from suffixspec.anchors import BOS
 from suffixspec.fingerprint import tokenizer_id
 from suffixspec.store import PoolStore
 
@@ -63,8 +64,10 @@ def test_outputs_of_the_trace_are_what_is_stored(tmp_path, trace_slice, tokenize
     pool = tmp_path / "pool.lmdb"
     assert run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path).exit_code == 0
     want = [r.output.tolist() for r in load_trace(trace_slice, hf_encoder(tokenizer_path))]
-    got = [s.tokens.tolist() for s in PoolStore(pool, readonly=True).sequences()]
-    assert got == want
+    stored = list(PoolStore(pool, readonly=True).sequences())
+    assert [s.output.tolist() for s in stored] == want
+    # Each ingested output starts with the global output-start anchor.
+    assert all(s.tokens[:s.anchors].tolist() == [BOS] for s in stored)
 
 
 def test_openai_chat_and_text_formats(tmp_path, tokenizer_path):

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from suffixspec import SuffixProposer
+from suffixspec.anchors import start_anchors
 from suffixspec.fingerprint import BYTES
 from suffixspec.persistent import PersistentPool
 from suffixspec.store import PoolStore
@@ -29,7 +30,9 @@ def pool_at(path, **kw):
 
 
 def proposer(pool, **kw):
-    return SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, max_spec_factor=4.0, pool=pool, **kw)
+    """A counts-policy proposer, whose drafts follow the raw counts exactly."""
+    return SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, max_spec_factor=4.0, pool=pool,
+                          policy="counts", **kw)
 
 
 def run_request(prop, req_id, prompt, output):
@@ -50,7 +53,7 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
 
     pool = pool_at(path)
     assert pool.base is not None and not pool.base.nodes.flags.writeable  # zero-copy
-    assert pool.tokens == len(PATTERN) + 6
+    assert pool.tokens == len(PATTERN) + 6 + 2 * 3  # and each output's three start anchors
     prop = proposer(pool)
     prop.start_request("c", [5, 5] + PATTERN[:3])
     d = prop.propose(["c"])[0]
@@ -131,23 +134,27 @@ def test_sigkill_mid_write_loses_no_committed_sequence(tmp_path, trial):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data())
-def test_drafts_never_come_from_another_namespace(data):
+@given(st.data(), st.sampled_from(["calibrated", "counts"]))
+def test_drafts_never_come_from_another_namespace(data, policy):
     alphabet = st.integers(0, 5)
     mine = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=25), min_size=1, max_size=4))
     theirs = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=25), min_size=1, max_size=4))
     prompt = data.draw(st.lists(alphabet, min_size=1, max_size=20))
     steps = data.draw(st.lists(st.lists(alphabet, min_size=1, max_size=3), max_size=6))
+    # Both namespaces hold outputs of this very prompt: a leak through the
+    # output-start anchors would show.
+    anchors = start_anchors(np.asarray(prompt, np.int32))
     with tempfile.TemporaryDirectory() as tmp:
         pool = pool_at(Path(tmp) / "pool.lmdb")
         for i, toks in enumerate(mine):
-            pool.add(np.asarray(toks, np.int32), "mine")
+            pool.add(np.asarray(toks, np.int32), "mine", anchors)
             if i == 0:
                 pool.write_snapshot()  # part from the snapshot, part from the delta
         for toks in theirs:
-            pool.add(np.asarray(toks, np.int32), "theirs")
+            pool.add(np.asarray(toks, np.int32), "theirs", anchors)
         prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=6, max_spec_factor=4.0,
-                              min_token_prob=0.0, pool=pool, namespace="mine")
+                              min_token_prob=0.0, draft_cost=0.0, pool=pool, namespace="mine",
+                              policy=policy)
         prop.start_request("r", prompt)
         own = list(prompt)
         allowed = [list(t) for t in mine]

@@ -12,7 +12,9 @@ PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
 
 
 def make(**kw):
+    """A proposer with the counts policy, whose drafts follow the raw counts exactly."""
     kw.setdefault("max_spec_tokens", 8)
+    kw.setdefault("policy", "counts")
     return SuffixProposer(max_depth=16, **kw)
 
 
@@ -127,6 +129,7 @@ BAD_TOKENS = [
     ([1, -2], "-2"),
     (np.array([1, -2], np.int32), "-2"),
     ([1, 2**31], "2147483648"),
+    ([1, 2**30], "1073741824"),
     (np.array([1.0, 2.0]), "integers"),
     (np.array([[1, 2]]), "one-dimensional"),
     (["a", "b"], "integers"),
@@ -189,9 +192,10 @@ def test_warmup_compiles_every_kernel_including_read_only_variants():
     warmup()
     for kernel in KERNELS:
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
+    from suffixspec.native import propose as pr
     from suffixspec.native import suffix_index as si
     for kernel in (si.longest_match, si.draft_path, si.draft_tree, si.continuations,
-                   si.propose_batch):
+                   pr.propose_batch):
         assert any(not getattr(t, "mutable", True) for sig in kernel.signatures for t in sig), \
             kernel.__name__
 
@@ -221,6 +225,7 @@ def test_extend_batch_refuses_bad_input_before_appending_anything():
     p.start_request("a", [1, 2, 3])
     p.start_request("b", [1, 2, 3])
     tokens_before = p.requests.index.live_tokens
+    cross_before = p.cross.tokens  # the requests' output-start anchors
     with pytest.raises(ValueError, match="-1"):
         p.extend_batch(["a", "b"], [[4, 5], [6, -1]])
     with pytest.raises(ValueError, match="unknown request"):
@@ -228,7 +233,7 @@ def test_extend_batch_refuses_bad_input_before_appending_anything():
     with pytest.raises(ValueError, match="token lists"):
         p.extend_batch(["a"], [[4], [5]])
     assert p.requests.index.live_tokens == tokens_before
-    assert p.cross.tokens == 0
+    assert p.cross.tokens == cross_before
 
 
 def test_namespaces_in_memory_and_a_shared_one_appearing_later():

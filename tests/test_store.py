@@ -24,7 +24,7 @@ def new_store(tmp_path, **kw):
 def test_round_trip_and_reopen(tmp_path):
     store = new_store(tmp_path)
     rng = np.random.default_rng(0)
-    seqs = [rng.integers(0, 2**31 - 1, int(rng.integers(1, 300))).astype(np.int32)
+    seqs = [rng.integers(0, 2**30 - 1, int(rng.integers(1, 300))).astype(np.int32)
             for _ in range(20)]
     ids = [store.add(s, "ns-a" if i % 2 else "ns-b", source="test", request_id=f"r{i}")
            for i, s in enumerate(seqs)]
@@ -163,3 +163,45 @@ def test_full_disk_says_what_was_committed(tmp_path):
     committed = int(out.stdout.split("committed before this batch: ")[1].split()[0])
     store = PoolStore(pool, tokenizer=BYTES)
     assert store.check() == committed > 0
+
+
+def _set_format(store, **changes):
+    def put(txn):
+        info = msgpack.unpackb(txn.get(b"format", db=store.db("meta")))
+        txn.put(b"format", msgpack.packb({**info, **changes}), db=store.db("meta"))
+    store.write(put)
+
+
+def _put_v1_sequence(store, seq_id, tokens):
+    """A sequence as format 1 wrote it: no anchor count."""
+    data = np.asarray(tokens, np.int32).tobytes()
+    rec = {"ns": "default", "src": "", "rid": "", "t": 0.0, "n": len(tokens),
+           "crc": zlib.crc32(data), "tok": data}
+    store.write(lambda txn: txn.put(_key(seq_id), msgpack.packb(rec), db=store.db("seqs")))
+    store.write(lambda txn: txn.put(b"next_id", _key(seq_id + 1), db=store.db("meta")))
+
+
+def test_a_format_1_pool_is_read_and_upgraded_on_its_first_write(tmp_path):
+    from suffixspec.anchors import start_anchors
+
+    store = new_store(tmp_path)
+    _set_format(store, version=1)
+    _put_v1_sequence(store, 1, [5, 6, 7])
+    store.close()
+    store = PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES)
+    assert store.stats()["format_version"] == 1
+    (old,) = store.sequences()
+    assert old.anchors == 0 and old.output.tolist() == [5, 6, 7]
+    store.add(np.concatenate([start_anchors(None), [8, 9]]).astype(np.int32), "default")
+    assert store.stats()["format_version"] == 2 and store.stats()["tokens"] == 5
+    new = list(store.sequences())[-1]
+    assert new.anchors == 1 and new.output.tolist() == [8, 9]
+    store.close()
+
+
+def test_an_unknown_format_version_is_refused_with_what_to_do(tmp_path):
+    store = new_store(tmp_path)
+    _set_format(store, version=99)
+    store.close()
+    with pytest.raises(CorruptPoolError, match="version 99.*reads versions 1, 2.*rebuild"):
+        PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES)

@@ -94,7 +94,7 @@ def stored_outputs(pool: str) -> list[list[int]]:
     from suffixspec.store import PoolStore
 
     with PoolStore(pool) as store:
-        return [s.tokens.tolist() for s in store.sequences()]
+        return [s.output.tolist() for s in store.sequences()]
 
 
 def assert_committed_once(stored: list[list[int]], outputs: list[list[int]], k: int = 8) -> None:
@@ -124,12 +124,13 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     stats = result["drafter"]
     assert accepted(result) > 0
     assert stats["failures"] == 0
-    ours = stats["request_accepted_tokens"] + stats["cross_accepted_tokens"]
+    ours = sum(stats[f"{pool}_accepted_tokens"] for pool in ("request", "cross", "anchor"))
     # Ours are read off the tokens seen at the next step, so a request's last
     # verified draft may go uncounted; never more than vLLM's count.
     assert 0.9 * accepted(result) <= ours <= accepted(result)
-    assert stats["cross_accepted_tokens"] > 0  # repeated prompts draft from past outputs
-    assert "suffixspec drafter: up to 8 tokens, depth 32" in log
+    # Repeated prompts draft from past outputs (their starts through the anchors).
+    assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
+    assert "suffixspec drafter: calibrated policy, up to 8 tokens, depth 32" in log
 
 
 def test_config_needs_no_arctic_inference_only_with_the_plugin(model):
@@ -148,7 +149,11 @@ def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
     second, _ = generate(model, prompts, "--modes", "batch", SUFFIXSPEC_POOL=pool)
     assert second["batch"] == first["batch"]
     assert accepted(second) > accepted(first)
-    assert second["drafter"]["cross_accepted_tokens"] > first["drafter"]["cross_accepted_tokens"]
+    def from_past(result):
+        return (result["drafter"]["cross_accepted_tokens"]
+                + result["drafter"]["anchor_accepted_tokens"])
+
+    assert from_past(second) > from_past(first)
 
 
 def test_preempted_requests_resume_and_are_committed_once(model, prompts, baseline, tmp_path):
@@ -224,5 +229,5 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
             raise
     text = log_path.read_text()
     assert code == 0, text[-6000:]
-    assert "suffixspec drafter: up to 8 tokens" in text  # the engine process used the plugin
+    assert "suffixspec drafter: calibrated policy, up to 8 tokens" in text  # the engine process used the plugin
     assert "suffixspec metrics at shutdown" in text

@@ -45,3 +45,20 @@ def test_unknown_key_in_file_is_refused(tmp_path):
 def test_version_gate():
     assert supported("0.32.0") and supported("0.32.1")
     assert not supported("0.31.0") and not supported("0.320.0") and not supported(None)
+
+
+def test_policy_settings_and_which_vllm_length_knobs_are_honoured():
+    from types import SimpleNamespace
+
+    assert s.Settings.from_env({"SUFFIXSPEC_POLICY": "counts",
+                                "SUFFIXSPEC_DRAFT_COST": "0.05"}) == s.Settings(
+        policy="counts", draft_cost=0.05)
+    with pytest.raises(ValueError, match="policy='greedy'"):
+        s.Settings.from_env({"SUFFIXSPEC_POLICY": "greedy"})
+    vllm_defaults = SimpleNamespace(suffix_decoding_max_spec_factor=1.0,
+                                    suffix_decoding_min_token_prob=0.1)
+    user_set = SimpleNamespace(suffix_decoding_max_spec_factor=2.0,
+                               suffix_decoding_min_token_prob=0.2)
+    assert s.length_knobs(vllm_defaults, "calibrated") == (None, None)
+    assert s.length_knobs(user_set, "calibrated") == (2.0, 0.2)
+    assert s.length_knobs(vllm_defaults, "counts") == (1.0, 0.1)

@@ -17,7 +17,7 @@ import numpy as np
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
-from suffixspec.integrations.vllm.settings import Settings
+from suffixspec.integrations.vllm.settings import Settings, length_knobs
 
 logger = logging.getLogger("vllm.suffixspec")
 
@@ -26,11 +26,13 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
     """Serves ``--speculative-config '{"method": "suffix", ...}'`` with suffixspec.
 
     ``num_speculative_tokens`` caps each draft; ``suffix_decoding_max_tree_depth``
-    is the trie depth, ``suffix_decoding_max_spec_factor`` and
-    ``suffix_decoding_min_token_prob`` shape drafts as in arctic-inference,
-    and ``suffix_decoding_max_cached_requests`` bounds the in-memory
-    cross-request pool (0 turns it off).  Settings vLLM has no key for come
-    from ``Settings`` (environment).
+    is the trie depth, and ``suffix_decoding_max_cached_requests`` bounds the
+    in-memory cross-request pool (0 turns it off).
+    ``suffix_decoding_max_spec_factor`` and ``suffix_decoding_min_token_prob``
+    shape drafts as in arctic-inference under the ``counts`` policy; the
+    default calibrated policy applies them only when they differ from vLLM's
+    defaults (1.0 and 0.1), since vLLM passes those whether or not a user set
+    them.  Settings vLLM has no key for come from ``Settings`` (environment).
     """
 
     def __init__(self, vllm_config):  # no super().__init__: it builds arctic-inference's cache
@@ -51,10 +53,10 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
 
         install_runner_hooks(gpu_model_runner.GPUModelRunner)
         pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
-        logger.info("suffixspec drafter: up to %d tokens, depth %d, spec factor %.2f, "
-                    "min token prob %.2f, cross-request pool %s",
-                    self.num_speculative_tokens, self.proposer.max_depth,
-                    self.proposer.max_spec_factor, self.proposer.min_token_prob, pool)
+        prop = self.proposer
+        logger.info("suffixspec drafter: %s policy, up to %d tokens, depth %d, %s, "
+                    "cross-request pool %s", prop.policy, self.num_speculative_tokens,
+                    prop.max_depth, _length_rule(prop, self.settings), pool)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the tries."""
@@ -177,6 +179,17 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 pass  # state for req is gone either way; it restarts next step
 
 
+def _length_rule(prop, settings: Settings) -> str:
+    if prop.policy == "counts":
+        return (f"spec factor {prop.max_spec_factor:.2f}, "
+                f"min token prob {prop.min_token_prob:.2f}")
+    extra = "".join([f", spec factor {prop.max_spec_factor:.2f}"
+                     if prop.max_spec_factor >= 0 else "",
+                     f", min token prob {prop.min_token_prob:.2f}"
+                     if prop.min_token_prob > 0 else ""])
+    return f"draft cost {settings.draft_cost:.3f}{extra}"
+
+
 def build_proposer(spec_config, model_config, settings: Settings):
     from suffixspec.proposer import SuffixProposer
 
@@ -185,9 +198,10 @@ def build_proposer(spec_config, model_config, settings: Settings):
         logger.warning("suffixspec: suffix_decoding_max_tree_depth %d raised to 2", depth)
         depth = 2
     max_cached = spec_config.suffix_decoding_max_cached_requests
+    factor, min_prob = length_knobs(spec_config, settings.policy)
     kwargs = dict(max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
-                  max_spec_factor=spec_config.suffix_decoding_max_spec_factor,
-                  min_token_prob=spec_config.suffix_decoding_min_token_prob,
+                  max_spec_factor=factor, min_token_prob=min_prob, policy=settings.policy,
+                  draft_cost=settings.draft_cost,
                   namespace=settings.namespace, shared_namespace=settings.shared_namespace)
     if max_cached == 0:
         return SuffixProposer(cross_pool_tokens=0, **kwargs)

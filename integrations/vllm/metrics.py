@@ -1,8 +1,9 @@
 """Per-pool draft and acceptance figures, logged next to vLLM's own.
 
 vLLM's ``SpecDecoding metrics`` line counts drafted and accepted tokens for
-the whole proposer.  This splits them by the pool a draft came from (the
-request's own tokens, or past outputs) and adds the proposer's own time.
+the whole proposer.  This splits them by where a draft came from (the
+request's own tokens, past outputs, or past outputs' starts matched through
+the start anchors) and adds the proposer's own time.
 A draft's accepted length is read off the tokens the engine emits next: the
 longest common prefix of draft and emitted tokens.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-POOLS = ("request", "cross")
+POOLS = ("request", "cross", "anchor")  # Draft.source values
 
 
 @dataclass

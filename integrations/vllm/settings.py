@@ -18,6 +18,10 @@ over the file.
 ``SUFFIXSPEC_CROSS_TOKENS``     token budget of the cross-request pool
 ``SUFFIXSPEC_SNAPSHOT_EVERY``   re-snapshot the pool after this many tokens
 ``SUFFIXSPEC_LOG_INTERVAL``     seconds between metric log lines (0: never)
+``SUFFIXSPEC_POLICY``           ``calibrated`` (default) or ``counts``
+                                (arctic-inference's drafting policy)
+``SUFFIXSPEC_DRAFT_COST``       calibrated policy: verification cost of one
+                                drafted token, as a share of a step (0.03)
 ==============================  ==============================================
 """
 
@@ -29,6 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 PREFIX = "SUFFIXSPEC_"
+POLICIES = ("calibrated", "counts")  # as suffixspec.proposer.POLICIES, without loading Numba
 TRUE = {"1", "true", "yes", "on"}
 
 
@@ -45,6 +50,13 @@ class Settings:
     cross_tokens: int = 4_000_000
     snapshot_every: int | None = None
     log_interval: float = 10.0
+    policy: str = "calibrated"
+    draft_cost: float = 0.03
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"suffixspec setting policy={self.policy!r}: choose from "
+                             f"{', '.join(POLICIES)}")
 
     @classmethod
     def from_env(cls, environ=os.environ) -> Settings:
@@ -82,3 +94,22 @@ def _convert(cls, name: str, value):
         return str(value)
     except (TypeError, ValueError):
         raise ValueError(f"suffixspec setting {name}={value!r} is not {kind}") from None
+
+
+# vLLM's defaults for the length knobs: it passes them whether or not a user set them.
+VLLM_DEFAULT_SPEC_FACTOR = 1.0
+VLLM_DEFAULT_MIN_TOKEN_PROB = 0.1
+
+
+def length_knobs(spec_config, policy: str) -> tuple[float | None, float | None]:
+    """``(max_spec_factor, min_token_prob)`` to honour; None: the policy's own rule.
+
+    The counts policy takes both as given.  The calibrated policy takes each
+    only when it differs from vLLM's default, i.e. when a user set it.
+    """
+    factor = spec_config.suffix_decoding_max_spec_factor
+    min_prob = spec_config.suffix_decoding_min_token_prob
+    if policy == "counts":
+        return factor, min_prob
+    return (None if factor == VLLM_DEFAULT_SPEC_FACTOR else factor,
+            None if min_prob == VLLM_DEFAULT_MIN_TOKEN_PROB else min_prob)

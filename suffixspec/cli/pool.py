@@ -141,7 +141,12 @@ def forget_cmd(pool, request_id, namespace, as_json):
         raise click.UsageError("give exactly one of --request-id and --namespace")
     with open_pool(pool) as p:
         deleted = p.forget(request_id=request_id, namespace=namespace)
-        _emit({"deleted": deleted, "tokens": p.tokens}, as_json)
+        _emit({"deleted": deleted, "tokens": p.tokens, "compacted": p.compacted}, as_json)
+        if not p.compacted:
+            click.echo("warning: other processes kept the pool open, so the file is not "
+                       "compacted yet: no process drafts the forgotten tokens, but they stay "
+                       "in free pages on disk until `suffixspec snapshot` (or the next "
+                       "forget) can compact it", err=True)
 
 
 @click.command(name="export")
@@ -173,6 +178,10 @@ def snapshot_cmd(pool, as_json):
     """
     t0 = time.perf_counter()
     with open_pool(pool) as p:
-        generation = p.write_snapshot()
-        _emit({"generation": generation, "tokens": p.tokens,
+        if p.store.compaction_pending():
+            p._finish_forget(timeout=10.0)  # a cut-short forget: snapshot and compact
+            generation = p.store.snapshot_info()["generation"]
+        else:
+            generation = p.write_snapshot()
+        _emit({"generation": generation, "tokens": p.tokens, "compacted": p.compacted,
                "seconds": round(time.perf_counter() - t0, 3)}, as_json)

@@ -11,13 +11,14 @@ from tqdm import tqdm
 from suffixspec.cli.common import open_pool
 from suffixspec.fingerprint import BYTES, tokenizer_id
 from suffixspec.native import warmup
+from suffixspec.proposer import POLICIES
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 from suffixspec.replay.workload import default_workload
 
 _COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("steps", "{}"),
-            ("mean_tokens_per_step", "{:.3f}"), ("acceptance_rate", "{:.3f}"),
+            ("mean_tokens_per_step", "{:.3f}"), ("est", "{:.3f}"), ("acceptance_rate", "{:.3f}"),
             ("drafted_per_step", "{:.2f}"), ("proposer_us_per_step_p50", "{:.1f}"),
             ("proposer_us_per_step_p99", "{:.1f}"), ("start_us_mean", "{:.1f}"),
             ("index_bytes_per_token", "{}"))
@@ -33,10 +34,18 @@ _COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("step
               help="Draft length limit per step.")
 @click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
               help="Longest indexed substring (suffixspec, arctic).")
-@click.option("--max-spec-factor", type=click.FloatRange(0), default=1.0, show_default=True,
-              help="Draft at most match_len * factor tokens (suffixspec, arctic).")
-@click.option("--min-token-prob", type=click.FloatRange(0, 1), default=0.1, show_default=True,
-              help="Stop drafting below this estimated probability (suffixspec, arctic).")
+@click.option("--policy", type=click.Choice(POLICIES), default="calibrated", show_default=True,
+              help="suffixspec drafting policy: calibrated and cost-aware, or raw counts.")
+@click.option("--draft-cost", type=click.FloatRange(0, 1, max_open=True), default=0.03,
+              show_default=True,
+              help="Verification cost of one drafted token, as a share of a step "
+                   "(calibrated policy).")
+@click.option("--max-spec-factor", type=click.FloatRange(0), default=None,
+              help="Draft at most match_len * factor tokens (default: arctic 1.0; suffixspec "
+                   "1.0 with --policy counts, else no cap).")
+@click.option("--min-token-prob", type=click.FloatRange(0, 1), default=None,
+              help="Stop drafting below this estimated probability (default: arctic 0.1; "
+                   "suffixspec 0.1 with --policy counts, else none).")
 @click.option("--tree/--path", default=False, show_default=True,
               help="Draft token trees instead of single paths.")
 @click.option("--concurrency", "-c", type=click.IntRange(1), default=1, show_default=True,
@@ -55,8 +64,8 @@ _COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("step
 @click.option("--namespace", default="default", show_default=True,
               help="Pool namespace the replayed requests use.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
-def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_factor,
-               min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
+def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, draft_cost,
+               max_spec_factor, min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
                pool, namespace, as_json):
     """Replay recorded requests and report what speculation would save.
 
@@ -88,7 +97,8 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, max_spec_f
     options = {}
     pool_obj = None
     if engine == "suffixspec":
-        options = {"cross_pool_tokens": None, "namespace": namespace}
+        options = {"cross_pool_tokens": None, "namespace": namespace, "policy": policy,
+                   "draft_cost": draft_cost}
         if pool is not None:
             tok_id = tokenizer_id(tokenizer) if traces else BYTES
             pool_obj = options["pool"] = open_pool(pool, tok_id, max_depth)

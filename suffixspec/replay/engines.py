@@ -185,17 +185,23 @@ class OracleProposer:
 
 
 def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_tokens: int = 16,
-                  max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                  min_token_prob: float = 0.1, tree: bool = False, ngram_min: int = 2,
+                  max_spec_factor: float | None = None, max_spec_offset: float = 0.0,
+                  min_token_prob: float | None = None, tree: bool = False, ngram_min: int = 2,
                   ngram_max: int = 5, **suffixspec_options):
-    """Build the proposer named ``engine`` with the shared knobs."""
+    """Build the proposer named ``engine`` with the shared knobs.
+
+    Unset ``max_spec_factor`` and ``min_token_prob`` take each engine's own
+    defaults (arctic: 1.0 and 0.1; suffixspec: see ``SuffixProposer``).
+    """
     if engine == "suffixspec":
         return SuffixProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
                               max_spec_factor=max_spec_factor, max_spec_offset=max_spec_offset,
                               min_token_prob=min_token_prob, tree=tree, **suffixspec_options)
     if engine == "arctic":
-        return ArcticProposer(max_depth, max_spec_tokens, max_spec_factor, max_spec_offset,
-                              min_token_prob, tree)
+        return ArcticProposer(max_depth, max_spec_tokens,
+                              1.0 if max_spec_factor is None else max_spec_factor,
+                              max_spec_offset, 0.1 if min_token_prob is None else min_token_prob,
+                              tree)
     if engine == "ngram":
         return NgramProposer(max_spec_tokens, ngram_min, ngram_max)
     if engine == "oracle":

@@ -21,7 +21,10 @@ from suffixspec.replay.traces import Request
 
 METRIC_KEYS = ("requests", "output_tokens", "steps", "mean_tokens_per_step", "acceptance_rate",
                "drafted_per_step", "proposer_us_per_step_p50", "proposer_us_per_step_p99",
-               "start_us_mean", "index_bytes_per_token")
+               "start_us_mean", "index_bytes_per_token", "est",
+               "first_step_accepted_mean", "first_step_drafted_mean",
+               "no_draft_rate", "first_token_miss_rate")
+DRAFT_COST = 0.03  # verification cost of one drafted token, as a share of a step, in ``est``
 
 
 @dataclass
@@ -31,6 +34,11 @@ class ReplayResult:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    first_steps: int = 0      # steps at output position 0
+    first_accepted: int = 0   # tokens accepted there
+    first_drafted: int = 0
+    no_draft: int = 0         # steps without a draft
+    first_token_miss: int = 0  # steps whose draft's first token was wrong
     step_us: list = field(default_factory=list)        # per request-step
     engine_step_us: list = field(default_factory=list)  # per engine step (whole batch)
     start_us: list = field(default_factory=list)
@@ -42,6 +50,8 @@ class ReplayResult:
         """The per-trace figures, under ``METRIC_KEYS``."""
         steps = max(self.steps, 1)
         step_us = np.asarray(self.step_us) if self.step_us else np.zeros(1)
+        mts = self.output_tokens / steps
+        first = max(self.first_steps, 1)
         return {
             "requests": self.requests,
             "output_tokens": self.output_tokens,
@@ -54,6 +64,12 @@ class ReplayResult:
             "start_us_mean": round(float(np.mean(self.start_us)) if self.start_us else 0.0, 2),
             "index_bytes_per_token": (round(self.index_bytes / self.indexed_tokens, 1)
                                       if self.indexed_tokens > 0 else None),
+            # Tokens per step discounted for verifying the drafted tokens.
+            "est": round(mts / (1 + DRAFT_COST * self.drafted / steps), 4),
+            "first_step_accepted_mean": round(self.first_accepted / first, 4),
+            "first_step_drafted_mean": round(self.first_drafted / first, 4),
+            "no_draft_rate": round(self.no_draft / steps, 4),
+            "first_token_miss_rate": round(self.first_token_miss / steps, 4),
         }
 
     def engine_step_summary(self) -> dict:
@@ -148,6 +164,14 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
             acc = accepted_length(draft, target)
             res.drafted += len(draft)
             res.accepted += acc
+            if pos == 0:
+                res.first_steps += 1
+                res.first_accepted += acc
+                res.first_drafted += len(draft)
+            if len(draft) == 0:
+                res.no_draft += 1
+            elif acc == 0:
+                res.first_token_miss += 1
             emits.append(req.output[pos:pos + min(acc + 1, target.shape[0])])
         t2 = clock()
         extend_batch(ids, emits)

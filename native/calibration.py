@@ -1,0 +1,204 @@
+"""Calibrated acceptance probabilities, learned online from verification outcomes.
+
+A drafted token's chance of being accepted, given that every token before it
+in the draft was, depends on where it came from.  Each drafted token falls in
+one *bucket* of features: the source (the request's own tree, a cross tree
+with the ordinary context, or a start-anchored query: global, prompt-start
+key, whole-prompt key), the match length, the depth in the draft, and the
+counts it was chosen by (``n`` occurrences of the string so far, ``c`` of them
+continuing with this token).
+
+``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
+two levels: a coarse bucket (source, count, ratio) and a fine one that adds
+match length and depth.  The estimate shrinks the fine rate towards the coarse
+one, and the coarse rate towards the prior ``c / (n + 1)``::
+
+    coarse = (acc_c + W_COARSE * c / (n + 1)) / (tried_c + W_COARSE)
+    p      = (acc_f + W_FINE * coarse) / (tried_f + W_FINE)
+
+so an empty table drafts like the raw counts, a little more cautiously, and a
+few hundred steps move it to what the engine actually accepts.  Counts are
+halved once a bucket has been tried ``HALF_LIFE`` times, so the table follows
+a workload that changes.
+
+``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
+and tokens drafted per step; with the draft cost they give the gain a drafted
+token must beat (``threshold``).
+"""
+
+import numpy as np
+from numba import njit
+
+# Sources of a drafted token.
+SRC_REQUEST = 0
+SRC_CROSS = 1
+SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
+N_SRC = 5
+
+N_COUNT = 6   # n: 1, 2, 3-4, 5-8, 9-16, 17+
+N_RATIO = 6   # c/n: [0, .2), [.2, .4), [.4, .6), [.6, .8), [.8, 1), 1
+N_MATCH = 9   # match length: 0, 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
+N_DEPTH = 6   # depth in the draft: 0, 1, 2, 3-4, 5-8, 9+
+N_COARSE = N_SRC * N_COUNT * N_RATIO
+N_FINE = N_COARSE * N_MATCH * N_DEPTH
+TABLE_ROWS = N_COARSE + N_FINE
+
+W_COARSE = 4.0
+W_FINE = 16.0
+HALF_LIFE = 4096.0
+
+# State: running means per request-step, the draft cost, and the prior weights.
+ST_EMITTED = 0
+ST_DRAFTED = 1
+ST_COST = 2
+ST_W_COARSE = 3
+ST_W_FINE = 4
+ST_HALF_LIFE = 5
+STATE_SIZE = 6
+EMA = 0.01
+
+
+def new_table() -> np.ndarray:
+    return np.zeros((TABLE_ROWS, 2), np.float64)
+
+
+def new_state(draft_cost: float) -> np.ndarray:
+    state = np.zeros(STATE_SIZE, np.float64)
+    state[ST_EMITTED] = 2.0
+    state[ST_DRAFTED] = 4.0
+    state[ST_COST] = draft_cost
+    state[ST_W_COARSE] = W_COARSE
+    state[ST_W_FINE] = W_FINE
+    state[ST_HALF_LIFE] = HALF_LIFE
+    return state
+
+
+@njit(cache=True, inline="always")
+def _count_bucket(n):
+    if n <= 2:
+        return n - 1
+    if n <= 4:
+        return 2
+    if n <= 8:
+        return 3
+    if n <= 16:
+        return 4
+    return 5
+
+
+@njit(cache=True, inline="always")
+def _match_bucket(m):
+    if m <= 3:
+        return m
+    if m <= 5:
+        return 4
+    if m <= 8:
+        return 5
+    if m <= 15:
+        return 6
+    if m <= 31:
+        return 7
+    return 8
+
+
+@njit(cache=True, inline="always")
+def _depth_bucket(j):
+    if j <= 2:
+        return j
+    if j <= 4:
+        return 3
+    if j <= 8:
+        return 4
+    return 5
+
+
+@njit(cache=True, inline="always")
+def bucket(src, match_len, depth, c, n):
+    """Fine bucket of a token chosen by ``c`` of ``n`` occurrences."""
+    if c >= n:
+        rb = N_RATIO - 1
+    else:
+        rb = (5 * c) // n
+        if rb > N_RATIO - 2:
+            rb = N_RATIO - 2
+    coarse = (src * N_COUNT + _count_bucket(n)) * N_RATIO + rb
+    return N_COARSE + (coarse * N_MATCH + _match_bucket(match_len)) * N_DEPTH + _depth_bucket(depth)
+
+
+@njit(cache=True, inline="always")
+def coarse_of(fine):
+    return (fine - N_COARSE) // (N_MATCH * N_DEPTH)
+
+
+@njit(cache=True, inline="always")
+def probability(table, state, fine, c, n):
+    """Estimated chance that a token of bucket ``fine`` is accepted once reached."""
+    coarse = coarse_of(fine)
+    prior = c / (n + 1.0)
+    wc = state[ST_W_COARSE]
+    wf = state[ST_W_FINE]
+    pc = (table[coarse, 0] + wc * prior) / (table[coarse, 1] + wc)
+    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+
+
+@njit(cache=True, inline="always")
+def threshold(state):
+    """Gain a drafted token must beat: draft cost times the running tokens per unit cost.
+
+    With ``e`` tokens emitted and ``d`` drafted per step, a step is worth
+    ``e / (1 + cost * d)`` per unit of time; drafting one more token of
+    probability ``p`` raises that exactly when ``p > cost * e / (1 + cost * d)``.
+    """
+    cost = state[ST_COST]
+    return cost * state[ST_EMITTED] / (1.0 + cost * state[ST_DRAFTED])
+
+
+@njit(cache=True, inline="always")
+def _count(table, row, hit, half_life):
+    if table[row, 1] >= half_life:
+        table[row, 0] *= 0.5
+        table[row, 1] *= 0.5
+    table[row, 1] += 1.0
+    if hit:
+        table[row, 0] += 1.0
+
+
+@njit(cache=True)
+def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, seq_ids, tokens,
+          offsets, depth_scratch, ok_scratch):
+    """Score each request's pending draft against the tokens the engine emitted.
+
+    Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
+    ``tokens[offsets[i]:offsets[i + 1]]``.  A draft token is *reached* when its
+    parent was accepted (first tokens always are) and its depth is below the
+    number of emitted tokens; it was accepted when it equals the emitted
+    token at its depth.  Every reached token counts one try in its buckets;
+    the pending draft is then cleared.
+    """
+    for i in range(seq_ids.shape[0]):
+        s = seq_ids[i]
+        if s < 0:
+            continue
+        lo = offsets[i]
+        m = offsets[i + 1] - lo
+        if m == 0:
+            continue
+        n = pend_n[s]
+        for t in range(n):
+            p = pend_parents[s, t]
+            ok_scratch[t] = False
+            if p >= 0 and not ok_scratch[p]:
+                continue
+            d = 0 if p < 0 else depth_scratch[p] + 1
+            depth_scratch[t] = d
+            if d >= m:
+                continue
+            hit = pend_tokens[s, t] == tokens[lo + d]
+            ok_scratch[t] = hit
+            fine = pend_buckets[s, t]
+            _count(table, fine, hit, state[ST_HALF_LIFE])
+            _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
+        pend_n[s] = 0
+        emitted = m if m <= n + 1 else n + 1
+        state[ST_EMITTED] += EMA * (emitted - state[ST_EMITTED])
+        state[ST_DRAFTED] += EMA * (n - state[ST_DRAFTED])

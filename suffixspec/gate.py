@@ -1,0 +1,122 @@
+"""``Gate``: lets one process replace a pool file while others have it open.
+
+Compaction rewrites a pool into a new file and swaps it in.  A process that
+still had the old file open would go on using LMDB's shared lock file, whose
+transaction state no longer matches the new file, and could wipe the pool.
+So the swap happens only while no other process has the file open:
+
+* Every process holds a shared lock on the *gate* (a byte of ``POOL-gate``)
+  while its LMDB environment is open.  It takes the gate through a
+  *turnstile* (another byte), so a waiting compaction holds new entrants back.
+* A compaction takes the turnstile exclusively, bumps a request counter
+  stored in the file, and waits for the gate exclusively.  Processes see the
+  counter change at their next pool operation, close their environment and
+  queue at the turnstile; they enter again once the new file is in place.
+
+Locks are POSIX record locks (``fcntl.lockf``): the kernel drops them when a
+process dies, so a killed process never blocks a compaction.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+_TURNSTILE = 0  # byte offsets of the two locks
+_GATE = 1
+_COUNTER = 8    # 8-byte counter of compaction requests
+
+
+class Gate:
+    def __init__(self, pool_path: Path):
+        self.path = pool_path.with_name(pool_path.name + "-gate")
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self.seen = 0  # the request counter when this process entered
+
+    def _file(self) -> int | None:
+        if self._fd is None or self._pid != os.getpid():
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:
+                # A read-only folder: no process can compact here.
+                self._fd = None
+            self._pid = os.getpid()
+        return self._fd
+
+    def enter(self) -> None:
+        """Take the gate (shared) through the turnstile; blocks during a compaction."""
+        fd = self._file()
+        if fd is None:
+            return
+        fcntl.lockf(fd, fcntl.LOCK_SH, 1, _TURNSTILE)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        self.seen = self._counter(fd)
+
+    def leave(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, _GATE)
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)  # drops this process's locks on the file
+        self._fd = None
+
+    def requested(self) -> bool:
+        """Has a compaction asked everyone to let go since this process entered?"""
+        fd = self._fd if self._pid == os.getpid() else None
+        return fd is not None and self._counter(fd) != self.seen
+
+    def exclusive(self, timeout: float) -> bool:
+        """Become the only process past the gate; False if others hold on past ``timeout``.
+
+        On True the caller holds the turnstile and the gate exclusively until
+        ``release``.  The caller's own environment must be closed before it
+        replaces the file.
+        """
+        fd = self._file()
+        if fd is None:
+            return False
+        fcntl.lockf(fd, fcntl.LOCK_EX, 1, _TURNSTILE)
+        self.seen = self._counter(fd) + 1
+        os.pwrite(fd, self.seen.to_bytes(8, "little"), _COUNTER)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _GATE)
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)  # back to an ordinary holder
+                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+                    return False
+                time.sleep(0.01)
+
+    def release(self) -> None:
+        """End an exclusive hold; the caller enters again like anyone else."""
+        fd = self._file()
+        if fd is None:
+            return
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _GATE)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+
+    def idle(self) -> bool:
+        """True when no compaction is running (used to clean up its leftovers)."""
+        fd = self._file()
+        if fd is None:
+            return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _TURNSTILE)
+        except OSError:
+            return False
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        return True
+
+    @staticmethod
+    def _counter(fd: int) -> int:
+        return int.from_bytes(os.pread(fd, 8, _COUNTER).ljust(8, b"\0"), "little")

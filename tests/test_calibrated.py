@@ -1,0 +1,193 @@
+"""The calibrated policy: start anchors, online calibration, cost-aware length."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from suffixspec import SuffixProposer
+from suffixspec.anchors import BOS, anchor_count, start_anchors
+from suffixspec.native import calibration as cal
+from suffixspec.native.tokens import SYNTHETIC_BASE
+from suffixspec.pools import CrossPool
+
+SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_anchors_are_synthetic_and_keyed_by_the_prompt():
+    a = start_anchors(np.arange(100, dtype=np.int32))
+    b = start_anchors(np.concatenate([np.arange(64, dtype=np.int32), [7, 7]]).astype(np.int32))
+    assert a.dtype == np.int32 and (a >= SYNTHETIC_BASE).all() and a[-1] == BOS
+    assert a[1] == b[1] and a[0] != b[0]  # same first 64 tokens, different prompts
+    assert start_anchors(None).tolist() == [BOS]
+    assert anchor_count(np.concatenate([a, [1, 2]]).astype(np.int32)) == 3
+
+
+@SLOW
+@given(st.data())
+def test_anchored_query_finds_exactly_the_outputs_with_that_start(data):
+    """[keys, BOS, out[:i]] is followed by output[i] of exactly the outputs starting with out[:i]."""
+    prompts = data.draw(st.lists(st.lists(st.integers(0, 3), max_size=70), min_size=1,
+                                 max_size=3))
+    items = data.draw(st.lists(st.tuples(st.integers(0, len(prompts) - 1),
+                                         st.lists(st.integers(0, 3), min_size=1, max_size=12)),
+                               min_size=1, max_size=12))
+    pool = CrossPool(max_depth=16, max_tokens=None)
+    keyed = [(start_anchors(np.asarray(prompts[p], np.int32)), np.asarray(o, np.int32))
+             for p, o in items]
+    for anchors, out in keyed:
+        pool.add(out, "ns", anchors)
+        pool.delta.check_integrity()
+    ix = pool.delta
+    tree = pool.trees["ns"]
+    q_anchors, q_out = data.draw(st.sampled_from(keyed))
+    i = data.draw(st.integers(0, q_out.shape[0]))
+    prefix = q_out[:i]
+    for level in (3, 2, 1):  # whole-prompt key, prompt-start key, BOS only
+        query = np.concatenate([q_anchors[3 - level:], prefix]).astype(np.int32)
+        match = ix.match(tree, query)
+        assert match is not None and match.length == query.shape[0]
+        tokens, counts = ix.continuations(match)
+        expect: dict[int, int] = {}
+        for anchors, out in keyed:
+            if (anchors[3 - level:].tolist() == q_anchors[3 - level:].tolist()
+                    and out[:i].tolist() == prefix.tolist() and out.shape[0] > i):
+                expect[int(out[i])] = expect.get(int(out[i]), 0) + 1
+        assert dict(zip(tokens.tolist(), counts.tolist())) == expect
+        assert all(t < SYNTHETIC_BASE for t in tokens.tolist())
+
+
+@SLOW
+@given(st.lists(st.tuples(st.lists(st.integers(0, 4), max_size=20),
+                          st.lists(st.integers(0, 4), min_size=1, max_size=30)),
+                min_size=1, max_size=10),
+       st.booleans(), st.sampled_from([0.0, 0.03]))
+def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=cost)
+    for n, (prompt, output) in enumerate(requests):
+        # Every other request shares a prompt, so anchored queries match.
+        p.start_request(n, prompt if n % 2 else requests[0][0])
+        for t in output:
+            d = p.propose([n])[0]
+            assert all(0 <= x < SYNTHETIC_BASE for x in d.token_ids.tolist()), d
+            p.extend(n, [t])
+        p.finish_request(n)
+    p.requests.index.check_integrity()
+    p.cross.delta.check_integrity()
+
+
+def _reference_update(table, draft, emitted, buckets):
+    """What one verification outcome must add to the table, from first principles."""
+    table = table.copy()
+    ok = []
+    depth = []
+    for t, parent in enumerate(draft.parents.tolist()):
+        reached = parent < 0 or ok[parent]
+        d = 0 if parent < 0 else depth[parent] + 1
+        depth.append(d)
+        if not reached or d >= len(emitted):
+            ok.append(False)
+            continue
+        hit = int(draft.token_ids[t]) == int(emitted[d])
+        ok.append(hit)
+        for row in (buckets[t], cal.coarse_of(buckets[t])):
+            table[row, 1] += 1
+            table[row, 0] += hit
+    return table
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_calibration_counts_exactly_what_the_engine_emitted(tree):
+    rng = np.random.default_rng(1)
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=0.0)
+    text = rng.integers(0, 3, 400).astype(np.int32)
+    p.start_request("r", text[:200])
+    pos = 200
+    checked = 0
+    while pos < text.shape[0] - 8:
+        d = p.propose(["r"])[0]
+        buckets = p._pending[2][p.requests.requests["r"][1], :len(d)].copy()
+        emitted = text[pos:pos + int(rng.integers(1, 5))]
+        expect = _reference_update(p.calibration, d, emitted, buckets)
+        p.extend("r", emitted)
+        np.testing.assert_array_equal(p.calibration, expect)
+        checked += len(d) > 0
+        pos += emitted.shape[0]
+    assert checked > 20
+    assert p.calibration[:, 1].sum() > 0
+
+
+def test_calibration_learns_that_a_pattern_stopped_repeating():
+    """Past outputs say "1 2 is always followed by 3"; the engine keeps saying no."""
+    p = SuffixProposer(max_depth=8, max_spec_tokens=4)
+    for n in range(50):
+        p.start_request(n, [7])
+        p.extend(n, [1, 2, 3, 4])
+        p.finish_request(n)
+    p.start_request("r", [8])
+    p.extend("r", [1, 2])
+    first = p.propose(["r"])[0]
+    assert first.source == "cross" and first.token_ids.tolist()[:2] == [3, 4]
+    for i in range(300):
+        p.extend("r", [1000 + i])  # never what was drafted
+        p.extend("r", [1, 2])
+        p.propose(["r"])
+    later = p.propose(["r"])[0]
+    assert len(later) == 0 or later.probs[0] < first.probs[0] / 2, (first, later)
+
+
+def test_a_lower_draft_cost_drafts_more():
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(0, 5, 60) for _ in range(30)]
+    drafted = {}
+    for cost in (0.0, 0.2):
+        p = SuffixProposer(max_depth=8, max_spec_tokens=8, draft_cost=cost)
+        total = 0
+        for n, text in enumerate(texts):
+            p.start_request(n, text[:20])
+            for t in text[20:]:
+                total += len(p.propose([n])[0])
+                p.extend(n, [t])
+            p.finish_request(n)
+        drafted[cost] = total
+    assert drafted[0.0] > 2 * drafted[0.2] > 0
+
+
+def test_output_start_is_drafted_from_past_outputs_of_the_same_prompt():
+    p = SuffixProposer(max_depth=16, max_spec_tokens=8)
+    prompt = [5, 6, 7, 8]
+    output = [40, 41, 42, 43, 44]
+    for n in range(3):
+        p.start_request(n, prompt)
+        p.extend(n, output)
+        p.finish_request(n)
+    p.start_request("new", prompt)
+    d = p.propose(["new"])[0]
+    # Nothing in the prompt precedes 40 anywhere; only the anchors do.
+    assert d.source == "anchor" and d.token_ids.tolist()[:3] == output[:3]
+    counts = SuffixProposer(max_depth=16, max_spec_tokens=8, policy="counts")
+    for n in range(3):
+        counts.start_request(n, prompt)
+        counts.extend(n, output)
+        counts.finish_request(n)
+    counts.start_request("new", prompt)
+    assert len(counts.propose(["new"])[0]) == 0
+
+
+def test_bad_policy_settings_are_refused():
+    with pytest.raises(ValueError, match="policy"):
+        SuffixProposer(policy="greedy")
+    with pytest.raises(ValueError, match="draft_cost"):
+        SuffixProposer(draft_cost=-0.1)
+    with pytest.raises(ValueError, match="max_spec_factor"):
+        SuffixProposer(max_spec_factor=float("nan"))
+    with pytest.raises(ValueError, match="max_spec_factor"):
+        SuffixProposer(max_spec_factor=float("inf"))
+
+
+def test_table_rows_cover_every_bucket():
+    top = cal.bucket(cal.N_SRC - 1, 10_000, 10_000, 5, 10_000)
+    assert top < cal.TABLE_ROWS and cal.coarse_of(top) < cal.N_COARSE
+    assert cal.bucket(0, 0, 0, 1, 1) >= cal.N_COARSE

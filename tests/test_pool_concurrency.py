@@ -1,0 +1,168 @@
+"""forget and prune next to live writers and readers in other processes, and killed forgets.
+
+Real processes on a real pool file: writers commit continuously, a reader
+drafts continuously, while ``suffixspec forget`` and ``prune`` run beside
+them.  Nothing untargeted may be lost, and forgotten tokens must be gone from
+the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+from suffixspec.store import PoolStore
+
+DEPTH = 16
+# Tokens no other sequence holds, so their bytes can be searched for in the file.
+DOOMED = [901_001, 902_002, 903_003, 904_004]
+
+WRITER = r"""
+import sys, time
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+path, ns, tag, seconds, marker = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
+end = time.monotonic() + seconds
+i = 0
+while time.monotonic() < end:
+    head = [901001, 902002, 903003, 904004] if marker == "doomed" else [tag, i % 997, i // 997]
+    seq = pool.begin(ns)
+    pool.extend(seq, np.array(head + [5, 6, 7, 8], np.int32))
+    pool.commit(seq, request_id=f"{tag}-{i}")
+    print(tag, i, flush=True)
+    i += 1
+    pool.refresh()
+pool.close()
+"""
+
+READER = r"""
+import sys, time
+import numpy as np
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+path, seconds = sys.argv[1], float(sys.argv[2])
+pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
+prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="keep")
+end = time.monotonic() + seconds
+drafts = 0
+n = 0
+while time.monotonic() < end:
+    prop.start_request(n, [1, 2, 3])
+    for t in (5, 6, 7):
+        drafts += len(prop.propose([n])[0])
+        prop.extend(n, [t])
+    prop.abort_request(n)
+    n += 1
+pool.close()
+print(n, drafts, flush=True)
+"""
+
+
+def _spawn(script, *args):
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _cli(*args):
+    code = "import sys; from suffixspec.cli import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args), "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _doomed_bytes_in(path) -> bool:
+    return np.asarray(DOOMED, np.int32).tobytes() in path.read_bytes()
+
+
+def test_forget_and_prune_beside_live_writers_and_a_reader(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    PoolStore(path, tokenizer=BYTES, max_depth=DEPTH).close()
+    keep = [_spawn(WRITER, path, "keep", tag, 8.0, "keep") for tag in (1, 2)]
+    reader = _spawn(READER, path, 8.0)
+    doomed = _spawn(WRITER, path, "doomed", 3, 1.5, "doomed")
+    assert doomed.wait(timeout=60) == 0, doomed.stderr.read()
+    assert _doomed_bytes_in(path)
+    results = [_cli("forget", path, "--namespace", "doomed")]
+    doomed2 = _spawn(WRITER, path, "doomed2", 4, 1.0, "doomed")
+    assert doomed2.wait(timeout=60) == 0, doomed2.stderr.read()
+    results.append(_cli("prune", path, "--namespace", "doomed2", "--max-tokens", "0"))
+    results.append(_cli("forget", path, "--namespace", "doomed2"))
+    for r in results:
+        assert r.returncode == 0, r.stderr
+    outs = [p.communicate(timeout=120) for p in keep + [reader]]
+    for p, (_, err) in zip(keep + [reader], outs):
+        assert p.returncode == 0, err
+    requests, drafts = map(int, outs[-1][0].split())
+    assert requests > 10 and drafts > 0
+
+    forget = json.loads(results[-1].stdout)
+    assert forget["compacted"] is True
+    store = PoolStore(path, tokenizer=BYTES)
+    assert store.check() > 0
+    stored = {s.request_id: s for s in store.sequences()}
+    committed = [line.split() for out, _ in outs[:2] for line in out.splitlines()]
+    assert len(committed) > 20
+    for tag, i in committed:
+        seq = stored[f"{tag}-{i}"]  # every untargeted commit is there, whole
+        head = [int(tag), int(i) % 997, int(i) // 997]
+        assert seq.namespace == "keep" and seq.output.tolist() == head + [5, 6, 7, 8]
+    assert not any(s.namespace.startswith("doomed") for s in stored.values())
+    store.close()
+    assert not _doomed_bytes_in(path)
+    assert not path.with_name(path.name + ".compact").exists()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+FORGET = r"""
+import sys
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+pool = PersistentPool(sys.argv[1], tokenizer=BYTES)
+print("start", flush=True)
+pool.forget(namespace="doomed")
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_a_killed_forget_never_leaves_forgotten_data_draftable(tmp_path, trial):
+    path = tmp_path / "pool.lmdb"
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
+    rng = np.random.default_rng(trial)
+    for i in range(300):
+        pool.add(rng.integers(0, 500, 40).astype(np.int32), "keep")
+    for _ in range(50):
+        pool.add(np.asarray(DOOMED + [8, 9], np.int32), "doomed")
+    pool.write_snapshot()
+    pool.close()
+    proc = _spawn(FORGET, path)
+    assert proc.stdout.readline().strip() == "start"
+    time.sleep(float(rng.random()) * 0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    # A fresh process sees the forget either not begun or whole, never half done.
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=4, pool=pool, namespace="doomed")
+    prop.start_request("r", DOOMED[:2])
+    drafted = prop.propose(["r"])[0].token_ids.tolist()
+    stats = pool.store.stats()
+    assert stats["namespaces"]["keep"]["sequences"] == 300
+    assert not pool.store.compaction_pending() and pool.compacted
+    pool.close()
+    if "doomed" in stats["namespaces"]:  # killed before its delete committed
+        assert stats["namespaces"]["doomed"]["sequences"] == 50 and drafted[:2] == DOOMED[2:]
+    else:  # deleted: never drafted, and opening finished the erasure
+        assert drafted == [] and not _doomed_bytes_in(path)
