@@ -4,13 +4,13 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, or a start-anchored query: global, prompt-start
-key, whole-prompt key), the match length, the depth in the draft, and the
-counts it was chosen by (``n`` occurrences of the string so far, ``c`` of them
-continuing with this token).
+key, whole-prompt key), how the request's previous draft fared, the match
+length, the depth in the draft, and the counts it was chosen by (``n``
+occurrences of the string so far, ``c`` of them continuing with this token).
 
 ``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
 two levels: a coarse bucket (source, count, ratio) and a fine one that adds
-match length and depth.  The estimate shrinks the fine rate towards the coarse
+how the previous draft fared, match length and depth.  The estimate shrinks the fine rate towards the coarse
 one, and the coarse rate towards the prior ``c / (n + 1)``::
 
     coarse = (acc_c + W_COARSE * c / (n + 1)) / (tried_c + W_COARSE)
@@ -34,13 +34,20 @@ SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
 N_SRC = 5
+# How the request's previous draft fared: no draft, first token rejected,
+# partly accepted, wholly accepted.  Requests copying text keep accepting.
+RECENT_NONE = 0
+RECENT_REJECTED = 1
+RECENT_PARTLY = 2
+RECENT_WHOLLY = 3
+N_RECENT = 4
 
 N_COUNT = 6   # n: 1, 2, 3-4, 5-8, 9-16, 17+
 N_RATIO = 6   # c/n: [0, .2), [.2, .4), [.4, .6), [.6, .8), [.8, 1), 1
 N_MATCH = 9   # match length: 0, 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
 N_DEPTH = 6   # depth in the draft: 0, 1, 2, 3-4, 5-8, 9+
 N_COARSE = N_SRC * N_COUNT * N_RATIO
-N_FINE = N_COARSE * N_MATCH * N_DEPTH
+N_FINE = N_COARSE * N_RECENT * N_MATCH * N_DEPTH
 TABLE_ROWS = N_COARSE + N_FINE
 
 W_COARSE = 4.0
@@ -114,20 +121,25 @@ def _depth_bucket(j):
 
 @njit(cache=True, inline="always")
 def bucket(src, match_len, depth, c, n):
-    """Fine bucket of a token chosen by ``c`` of ``n`` occurrences."""
+    """Fine bucket of a token chosen by ``c`` of ``n`` occurrences.
+
+    ``src`` is ``source + N_SRC * recent``.
+    """
     if c >= n:
         rb = N_RATIO - 1
     else:
         rb = (5 * c) // n
         if rb > N_RATIO - 2:
             rb = N_RATIO - 2
-    coarse = (src * N_COUNT + _count_bucket(n)) * N_RATIO + rb
-    return N_COARSE + (coarse * N_MATCH + _match_bucket(match_len)) * N_DEPTH + _depth_bucket(depth)
+    recent = src // N_SRC
+    coarse = ((src - N_SRC * recent) * N_COUNT + _count_bucket(n)) * N_RATIO + rb
+    return N_COARSE + (((coarse * N_RECENT + recent) * N_MATCH + _match_bucket(match_len))
+                       * N_DEPTH + _depth_bucket(depth))
 
 
 @njit(cache=True, inline="always")
 def coarse_of(fine):
-    return (fine - N_COARSE) // (N_MATCH * N_DEPTH)
+    return (fine - N_COARSE) // (N_RECENT * N_MATCH * N_DEPTH)
 
 
 @njit(cache=True, inline="always")
@@ -164,8 +176,8 @@ def _count(table, row, hit, half_life):
 
 
 @njit(cache=True)
-def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, seq_ids, tokens,
-          offsets, depth_scratch, ok_scratch):
+def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent, seq_ids,
+          tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 
     Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
@@ -184,6 +196,8 @@ def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, seq_ids
         if m == 0:
             continue
         n = pend_n[s]
+        accepted = 0
+        longest = 0
         for t in range(n):
             p = pend_parents[s, t]
             ok_scratch[t] = False
@@ -191,14 +205,26 @@ def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, seq_ids
                 continue
             d = 0 if p < 0 else depth_scratch[p] + 1
             depth_scratch[t] = d
+            if d + 1 > longest:
+                longest = d + 1
             if d >= m:
                 continue
             hit = pend_tokens[s, t] == tokens[lo + d]
             ok_scratch[t] = hit
+            if hit and d + 1 > accepted:
+                accepted = d + 1
             fine = pend_buckets[s, t]
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
         pend_n[s] = 0
+        if n == 0:
+            pend_recent[s] = RECENT_NONE
+        elif accepted == 0:
+            pend_recent[s] = RECENT_REJECTED
+        elif accepted < longest:
+            pend_recent[s] = RECENT_PARTLY
+        else:
+            pend_recent[s] = RECENT_WHOLLY
         emitted = m if m <= n + 1 else n + 1
         state[ST_EMITTED] += EMA * (emitted - state[ST_EMITTED])
         state[ST_DRAFTED] += EMA * (n - state[ST_DRAFTED])

@@ -317,7 +317,8 @@ def _calibrated_tree(nodes, arena, seqs, x, off, cap, thr, discount, src, match_
 @njit(cache=True)
 def _pool_draft_calibrated(nodes, hkeys, hvals, arena, seqs, active, root, ctx, end,
                            lo_len, hi_len, anchor_out, limit, factor, offset, thr, tree_mode,
-                           slot, own_len, own_valid, src, flags, table, state, best_gain,
+                           slot, own_len, own_valid, src, recent, flags, table, state,
+                           best_gain,
                            out_tokens, out_parents, out_probs, out_buckets,
                            cand_tokens, cand_parents, cand_probs, cand_buckets,
                            hp, hn, ho, hpar, hb, hd):
@@ -329,19 +330,29 @@ def _pool_draft_calibrated(nodes, hkeys, hvals, arena, seqs, active, root, ctx, 
     source follows from how many anchors a length spans.  Returns ``(n,
     gain, match_len, src)``, n 0 when nothing beat ``best_gain``.
     """
+    depth = active.shape[1]
     best_n = 0
     best_len = 0
     best_src = src
+    longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
         x, off = suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
                                  active, slot, own_len, own_valid)
         if x == -1:
             continue
+        # As many occurrences as one token longer: every occurrence is one of
+        # the longer match, so the continuations are the same, and the longer
+        # match already drafted them unless the depth bound cut its draft.
+        occurrences = nodes[x, COUNT]
+        if anchor_out < 0 and occurrences == longer and length + 1 + limit <= depth:
+            continue
+        longer = occurrences
         m = length
         s = src
         if anchor_out >= 0:
             m = anchor_out
             s = cal.SRC_ANCHOR + length - anchor_out - 1
+        s += cal.N_SRC * recent
         cap = limit
         if factor >= 0.0:
             c2 = int(m * factor + offset + 1e-6)
@@ -374,7 +385,7 @@ def _pool_draft_calibrated(nodes, hkeys, hvals, arena, seqs, active, root, ctx, 
             best_gain = gain
             best_n = n
             best_len = m
-            best_src = s
+            best_src = s % cal.N_SRC
             out_tokens[:n] = cand_tokens[:n]
             out_parents[:n] = cand_parents[:n]
             out_probs[:n] = cand_probs[:n]
@@ -395,7 +406,8 @@ def _anchors(arena, seqs, s):
 
 @njit(cache=True)
 def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, end,
-                c_arena, c_end, anchors, out_len, slot, own, valid, src, depth, limit, factor,
+                c_arena, c_end, anchors, out_len, slot, own, valid, src, recent, depth, limit,
+                factor,
                 offset, thr, tree_mode, flags, table, state, best, out_tokens, out_parents, out_probs,
                 out_buckets, cand_tokens, cand_parents, cand_probs, cand_buckets,
                 hp, hn, ho, hpar, hb, hd):
@@ -416,7 +428,8 @@ def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, 
         lo = 1 if flags & ALL_LENGTHS else hi
         n, gain, m, _ = _pool_draft_calibrated(
             nodes, hkeys, hvals, arena, seqs, active, root, l_arena, end, lo, hi, -1,
-            limit, factor, offset, thr, tree_mode, slot, own, valid, src, flags, table, state,
+            limit, factor, offset, thr, tree_mode, slot, own, valid, src, recent, flags, table,
+            state,
             best, out_tokens, out_parents, out_probs, out_buckets,
             cand_tokens, cand_parents, cand_probs, cand_buckets, hp, hn, ho, hpar, hb, hd)
         if n > 0:
@@ -430,7 +443,7 @@ def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, 
             hi = depth - 1
         n, gain, m, _ = _pool_draft_calibrated(
             nodes, hkeys, hvals, arena, seqs, active, root, c_arena, c_end, out_len + 1,
-            hi, out_len, limit, factor, offset, thr, tree_mode, slot, own, own, src,
+            hi, out_len, limit, factor, offset, thr, tree_mode, slot, own, own, src, recent,
             flags, table, state, best, out_tokens, out_parents, out_probs, out_buckets,
             cand_tokens, cand_parents, cand_probs, cand_buckets, hp, hn, ho, hpar, hb, hd)
         if n > 0:
@@ -442,7 +455,7 @@ def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, 
 
 
 @njit(cache=True)
-def _draft_calibrated(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
+def _draft_calibrated(i, recent, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
                       b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, b_roots,
                       c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_roots,
                       depth, req_seqs, req_trees, req_cross_seqs, limits, factor, offset,
@@ -468,7 +481,7 @@ def _draft_calibrated(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l
     own = l_seqs[s, SEQ_LEN]
     n, best, m, source = _tree_draft(
         l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]], l_arena,
-        start, end, c_arena, c_end, 0, 0, l_seqs[s, SEQ_SLOT], own, own, cal.SRC_REQUEST,
+        start, end, c_arena, c_end, 0, 0, l_seqs[s, SEQ_SLOT], own, own, cal.SRC_REQUEST, recent,
         depth, limit, factor, offset, thr, tree_mode, flags, table, state, 0.0, out_tokens[i],
         out_parents[i], out_probs[i], out_buckets[i], cand_tokens, cand_parents, cand_probs,
         cand_buckets, hp, hn, ho, hpar, hb, hd)
@@ -481,7 +494,7 @@ def _draft_calibrated(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l
             continue
         n, gain, m, source = _tree_draft(
             b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, root, l_arena, start, end,
-            c_arena, c_end, anchors, out_len, -1, 0, 0, cal.SRC_CROSS, depth, limit, factor,
+            c_arena, c_end, anchors, out_len, -1, 0, 0, cal.SRC_CROSS, recent, depth, limit, factor,
             offset, thr, tree_mode, flags, table, state, best, out_tokens[i], out_parents[i],
             out_probs[i], out_buckets[i], cand_tokens, cand_parents, cand_probs, cand_buckets,
             hp, hn, ho, hpar, hb, hd)
@@ -503,7 +516,8 @@ def _draft_calibrated(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l
         n, gain, m, source = _tree_draft(
             c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, root, l_arena, start, end,
             c_arena, c_end, anchors, out_len, slot, own, valid,
-            cal.SRC_CROSS, depth, limit, factor, offset, thr, tree_mode, flags, table, state, best,
+            cal.SRC_CROSS, recent, depth, limit, factor, offset, thr, tree_mode, flags, table,
+            state, best,
             out_tokens[i], out_parents[i], out_probs[i], out_buckets[i], cand_tokens,
             cand_parents, cand_probs, cand_buckets, hp, hn, ho, hpar, hb, hd)
         if n > 0:
@@ -524,7 +538,7 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
                   depth, req_seqs, req_trees, req_cross_seqs, limits, factor,
                   offset, min_prob, tree_mode, flags, table, state,
                   out_tokens, out_parents, out_probs, out_n, out_score, out_match, out_source,
-                  pend_tokens, pend_parents, pend_buckets, pend_n, out_buckets,
+                  pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent, out_buckets,
                   scratch_tokens, scratch_parents, scratch_probs,
                   cand_tokens, cand_parents, cand_probs, cand_buckets, hp, hn, ho, hpar, hb, hd):
     """Draft for every request of a step, from its own tree and cross trees.
@@ -543,7 +557,8 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
     policy: see ``_pool_draft_counts``.  Outputs are rows of ``out_*``;
     ``out_source`` is one of the ``FROM_*`` codes.  Calibrated drafts are also
     kept as the request's pending draft (``pend_*``, row ``req_seqs[i]``), which
-    ``calibration.learn`` scores against the emitted tokens.
+    ``calibration.learn`` scores against the emitted tokens; ``pend_recent``
+    holds how each request's previous draft fared.
     """
     calibrated = flags & CALIBRATED
     thr = cal.threshold(state)
@@ -551,7 +566,7 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
         thr = min_prob
     for i in range(req_seqs.shape[0]):
         if calibrated:
-            _draft_calibrated(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
+            _draft_calibrated(i, pend_recent[req_seqs[i]], l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
                               b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, b_roots,
                               c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, c_roots,
                               depth, req_seqs, req_trees, req_cross_seqs, limits, factor,

@@ -84,7 +84,7 @@ def warmup() -> float:
             np.zeros(b, np.int64), np.zeros(b, np.float64), np.zeros(b, np.int64),
             np.zeros(b, np.int64))
     pending = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
-               np.zeros((b, k), np.int32), np.zeros(b, np.int64))
+               np.zeros((b, k), np.int32), np.zeros(b, np.int64), np.zeros(b, np.int64))
     scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)) * 2
     heap6 = pr.heap_scratch(k)
     table, state = cal.new_table(), cal.new_state(0.03)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 from itertools import accumulate
 from typing import Hashable, Sequence
 
@@ -20,6 +22,20 @@ from suffixspec.tokens import as_token_ids
 
 _SOURCES = ("request", "cross", "anchor")
 POLICIES = ("calibrated", "counts")
+
+
+def _locked(method):
+    """Run ``method`` holding the proposer's lock: one public call at a time."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
+def _distinct(req_ids) -> None:
+    if len(set(req_ids)) != len(req_ids):
+        raise ValueError("the same request appears twice in one call")
 
 
 class SuffixProposer:
@@ -73,6 +89,9 @@ class SuffixProposer:
     The three policy options are on by default because the replay over the
     shared traces measured each as helping; ``bench/policy_bench.py``
     re-measures them.
+
+    A proposer is safe to share between threads: each public call holds its
+    lock, so calls run one at a time.
     """
 
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
@@ -99,6 +118,7 @@ class SuffixProposer:
             raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
         if not 0.0 <= draft_cost < 1.0:
             raise ValueError(f"draft_cost must be in [0, 1), got {draft_cost}")
+        self._lock = threading.RLock()
         self.max_depth = int(max_depth)
         self.max_spec_tokens = int(max_spec_tokens)
         self.policy = policy
@@ -157,6 +177,7 @@ class SuffixProposer:
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
+    @_locked
     def start_request(self, req_id: Hashable, prompt_token_ids, namespace: str | None = None,
                       draw_from: Sequence[str] | None = None) -> None:
         """Index the prompt of a new request.
@@ -171,6 +192,9 @@ class SuffixProposer:
         own = self.namespace if namespace is None else check_namespace(namespace)
         if draw_from is None:
             draw = (own,) if self.shared_namespace in (None, own) else (own, self.shared_namespace)
+        elif isinstance(draw_from, str):
+            raise ValueError(f"draw_from must be a list of namespaces, not the string "
+                             f"{draw_from!r}")
         else:
             draw = tuple(dict.fromkeys(check_namespace(ns) for ns in draw_from))
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
@@ -179,10 +203,12 @@ class SuffixProposer:
         if seq >= self._pending[3].shape[0]:
             self._pending = self._pending_rows(2 * seq + 2, self._pending)
         self._pending[3][seq] = 0
+        self._pending[4][seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(own, start_anchors(prompt))
 
+    @_locked
     def extend(self, req_id: Hashable, token_ids) -> None:
         """Append the tokens the engine emitted for ``req_id`` this step."""
         self._check_active(req_id)
@@ -199,6 +225,7 @@ class SuffixProposer:
         if seq is not None:
             self.cross.extend(seq, tokens)
 
+    @_locked
     def extend_batch(self, req_ids: Sequence[Hashable], token_ids: Sequence) -> None:
         """``extend`` for every request of an engine step, in one native call per pool.
 
@@ -212,10 +239,16 @@ class SuffixProposer:
             if b:
                 self.extend(req_ids[0], token_ids[0])
             return
+        _distinct(req_ids)
         rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
-        arrays = [as_token_ids(t) for t in token_ids]
-        offsets = np.fromiter(accumulate((a.shape[0] for a in arrays), initial=0), np.int64, b + 1)
-        tokens = np.concatenate(arrays)
+        # One check of all the tokens at once: per-array checks cost more than the indexing.
+        arrays = [t if isinstance(t, np.ndarray) else np.asarray(t) for t in token_ids]
+        for a in arrays:
+            if a.ndim != 1:
+                raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
+        arrays = [a for a in arrays if a.shape[0]] or [np.empty(0, np.int32)]
+        offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
+        tokens = as_token_ids(np.concatenate(arrays))
         seqs = np.ascontiguousarray(rows[:, 1])
         cal.learn(self.calibration, self.cost_state, *self._pending, seqs, tokens, offsets,
                   *self._learn_scratch)
@@ -223,12 +256,14 @@ class SuffixProposer:
         if self.cross is not None:
             self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
 
+    @_locked
     def finish_request(self, req_id: Hashable) -> None:
         """The request ended normally: its output stays in the cross pool."""
         seq = self._end(req_id)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
 
+    @_locked
     def abort_request(self, req_id: Hashable) -> None:
         """The request was cancelled: forget it entirely."""
         seq = self._end(req_id)
@@ -243,6 +278,7 @@ class SuffixProposer:
         self._draw_from.pop(req_id)
         return self._cross_seq.pop(req_id, None)
 
+    @_locked
     def index_memory(self) -> tuple[int, int]:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:
@@ -258,6 +294,7 @@ class SuffixProposer:
         return self.requests.requests.keys()
 
     # ------------------------------------------------------------- drafting
+    @_locked
     def propose(self, req_ids: Sequence[Hashable],
                 max_spec_tokens: int | Sequence[int] | None = None) -> list[Draft]:
         """One draft per request, computed in one native call.
@@ -269,6 +306,8 @@ class SuffixProposer:
         b = len(req_ids)
         if b == 0:
             return []
+        if b > 1:
+            _distinct(req_ids)
         rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
         limits = self._limits(max_spec_tokens, b)
         if self._out[0].shape[0] < b:
@@ -365,10 +404,10 @@ class SuffixProposer:
                 np.zeros((b, k), np.int32))
 
     def _pending_rows(self, rows: int, old=None):
-        """Pending-draft arrays (tokens, parents, buckets, count) for ``rows`` requests."""
+        """Pending-draft arrays (tokens, parents, buckets, count, how the previous fared)."""
         k = max(self.max_spec_tokens, 1)
         new = (np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
-               np.zeros((rows, k), np.int32), np.zeros(rows, np.int64))
+               np.zeros((rows, k), np.int32), np.zeros(rows, np.int64), np.zeros(rows, np.int64))
         if old is not None:
             for a, b in zip(new, old):
                 a[: b.shape[0]] = b

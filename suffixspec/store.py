@@ -89,6 +89,10 @@ def check_namespace(namespace) -> str:
     if not isinstance(namespace, str) or not 0 < len(namespace) <= _MAX_NAMESPACE:
         raise ValueError(f"namespace must be a non-empty string of at most {_MAX_NAMESPACE} "
                          f"characters, got {namespace!r}")
+    try:
+        namespace.encode("utf-8")  # it is stored as UTF-8
+    except UnicodeEncodeError:
+        raise ValueError(f"namespace must be valid text, got {namespace!r}") from None
     return namespace
 
 

@@ -250,3 +250,59 @@ def test_namespaces_in_memory_and_a_shared_one_appearing_later():
     with pytest.raises(ValueError, match="namespace"):
         p.start_request("bad", [1], namespace="")
     assert "bad" not in p.active_requests
+
+
+def test_threads_sharing_a_proposer_never_mix_requests_or_namespaces():
+    import threading
+
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, namespace="a")
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        ns = "a" if t % 2 else "b"
+        base = 0 if ns == "a" else 100  # each namespace has its own token ids
+        rng = np.random.default_rng(t)
+        try:
+            for n in range(40):
+                rid = f"{t}-{n}"
+                text = (base + rng.integers(0, 4, 30)).tolist()
+                p.start_request(rid, text[:5], namespace=ns)
+                for tok in text[5:]:
+                    d = p.propose([rid])[0]
+                    assert all(base <= x < base + 100 for x in d.token_ids.tolist()), (ns, d)
+                    p.extend(rid, [tok])
+                p.finish_request(rid)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    import sys
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]
+    p.requests.index.check_integrity()
+    p.cross.delta.check_integrity()
+
+
+def test_small_input_mistakes_are_refused():
+    p = make()
+    p.start_request("a", [1, 2])
+    with pytest.raises(ValueError, match="twice"):
+        p.propose(["a", "a"])
+    p.start_request("b", [1, 2])
+    with pytest.raises(ValueError, match="twice"):
+        p.extend_batch(["a", "a"], [[3], [4]])
+    with pytest.raises(ValueError, match="not the string"):
+        p.start_request("c", [1], draw_from="abc")
+    with pytest.raises(ValueError, match="valid text"):
+        p.start_request("d", [1], namespace="\ud800")
+    assert set(p.active_requests) == {"a", "b"}
