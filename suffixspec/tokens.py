@@ -7,6 +7,9 @@ import numpy as np
 from suffixspec.native.tokens import MAX_TOKEN_ID, first_bad_token
 
 
+_INT32 = np.dtype(np.int32)
+
+
 def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
     """Return ``values`` as a 1-D, C-contiguous int32 array of token ids.
 
@@ -15,6 +18,12 @@ def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
     ``ValueError`` naming the problem for anything else (floats, booleans,
     nested lists, negative or too-large ids).
     """
+    if (type(values) is np.ndarray and values.dtype is _INT32 and values.ndim == 1
+            and values.flags.c_contiguous):
+        # The engine's own arrays: one range check, no copy.
+        bad = first_bad_token(values)
+        if bad < 0:
+            return values
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
