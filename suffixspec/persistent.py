@@ -29,7 +29,7 @@ from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
 from suffixspec.native import suffix_index as nat
 from suffixspec.pools import CrossPool
-from suffixspec.store import PoolStore, StoredSequence
+from suffixspec.store import CorruptPoolError, PoolStore, StoredSequence
 
 
 def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int], int, int]:
@@ -257,12 +257,19 @@ class PersistentPool(CrossPool):
         """
         self._close_snapshot()
         txn = self.store.read(buffers=True)
-        info = self.store.snapshot_info(txn)
+        try:
+            info = self.store.snapshot_info(txn)
+            arrays = None if info is None else self.store.snapshot_arrays(txn, info)
+            if info is not None and not {"namespaces", "watermark"} <= set(info):
+                raise CorruptPoolError(f"{self.store.path}: the snapshot does not say what "
+                                       f"it holds")
+        except BaseException:
+            txn.abort()
+            raise
         if info is None:
             txn.abort()
             self.base, self.base_trees, watermark, self._snapshot_generation = None, {}, 0, 0
         else:
-            arrays = self.store.snapshot_arrays(txn, info)
             self.base = frozen_index(arrays, self.max_depth)
             self.base_trees = dict(info["namespaces"])
             watermark = info["watermark"]

@@ -23,6 +23,7 @@ own handle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import zlib
@@ -146,6 +147,7 @@ class PoolStore:
                                       map_size=self._map_size, readonly=self.readonly,
                                       sync=self.durable, metasync=self.durable, lock=True,
                                       max_readers=256)
+                self._check_size()
                 self._dbs = {name: self._env.open_db(name.encode(), create=not self.readonly)
                              for name in ("meta", "seqs", "snap")}
             except lmdb.Error as e:
@@ -159,6 +161,14 @@ class PoolStore:
                 raise CorruptPoolError(f"{self.path} is not a readable pool file ({e})") from e
             self._pid = os.getpid()
         return self._env
+
+    def _check_size(self) -> None:
+        """Refuse a file shorter than its pages: touching them would kill the process."""
+        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        size = os.stat(self.path).st_size
+        if size < used:
+            raise lmdb.CorruptedError(f"the file is truncated: {size} bytes, its pages "
+                                      f"need {used}")
 
     def db(self, name: str):
         self.env  # noqa: B018 - opens the environment (and its databases) if needed
@@ -215,6 +225,17 @@ class PoolStore:
                 return self.env.begin(buffers=buffers)
             except lmdb.MapResizedError:
                 self._remap(0)
+            except lmdb.Error as e:
+                raise CorruptPoolError(f"{self.path}: cannot read the pool ({e})") from e
+
+    @contextlib.contextmanager
+    def _damage_is_corruption(self):
+        """LMDB's errors about damaged pages, as ``CorruptPoolError`` naming the file."""
+        try:
+            yield
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+                lmdb.BadValsizeError) as e:
+            raise CorruptPoolError(f"{self.path} is damaged ({e})") from e
 
     def _remap(self, size: int) -> None:
         """Resize the map; views into the old mapping are dropped first."""
@@ -274,10 +295,12 @@ class PoolStore:
             check_namespace(namespace)
             tokens = np.ascontiguousarray(tokens, np.int32)
             data = tokens.tobytes()
+            anchors = anchor_count(tokens)
             values.append(msgpack.packb({"ns": namespace, "src": str(source),
                                          "rid": str(request_id), "t": now,
-                                         "n": len(data) // 4, "a": anchor_count(tokens),
-                                         "crc": zlib.crc32(data), "tok": data}))
+                                         "n": len(data) // 4, "a": anchors,
+                                         "crc": _record_crc(data, namespace, anchors),
+                                         "tok": data}))
 
         def put(txn):
             meta, seqs = self.db("meta"), self.db("seqs")
@@ -293,7 +316,7 @@ class PoolStore:
     def sequences(self, after: int = 0, namespace: str | None = None,
                   with_tokens: bool = True) -> Iterator[StoredSequence]:
         """Stored sequences with id > ``after``, in id order."""
-        with self.read() as txn:
+        with self.read() as txn, self._damage_is_corruption():
             cur = txn.cursor(db=self.db("seqs"))
             if not cur.set_range(_key(after + 1)):
                 return
@@ -335,8 +358,22 @@ class PoolStore:
         if txn is None:
             with self.read() as t:
                 return self.snapshot_info(t)
-        raw = txn.get(b"meta", db=self.db("snap"))
-        return None if raw is None else msgpack.unpackb(bytes(raw))
+        with self._damage_is_corruption():
+            raw = txn.get(b"meta", db=self.db("snap"))
+            if raw is None:
+                return None
+            raw = bytes(raw)
+            crc = txn.get(b"meta_crc", db=self.db("snap"))
+            if crc is not None and int.from_bytes(bytes(crc), "big") != zlib.crc32(raw):
+                raise CorruptPoolError(f"{self.path}: the snapshot's description fails its "
+                                       f"checksum")
+            try:
+                info = msgpack.unpackb(raw)
+                info["generation"], info["arrays"].items()
+            except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
+                raise CorruptPoolError(f"{self.path}: unreadable snapshot description ({e})"
+                                       ) from e
+            return info
 
     def write_snapshot(self, arrays: dict[str, np.ndarray], info: dict) -> int:
         """Replace the snapshot; returns its generation."""
@@ -352,28 +389,32 @@ class PoolStore:
             _clear(txn, snap)
             for name, a in arrays.items():
                 txn.put(b"a:" + name.encode(), np.ascontiguousarray(a).data, db=snap)
-            txn.put(b"meta", msgpack.packb({**info, "generation": generation,
-                                            "created": time.time(), "arrays": described}),
-                    db=snap)
+            meta = msgpack.packb({**info, "generation": generation, "created": time.time(),
+                                  "arrays": described})
+            txn.put(b"meta", meta, db=snap)
+            txn.put(b"meta_crc", zlib.crc32(meta).to_bytes(4, "big"), db=snap)
             return generation
 
         return self.write(put)
 
-    def snapshot_arrays(self, txn, info: dict, verify: bool = False) -> dict[str, np.ndarray]:
+    def snapshot_arrays(self, txn, info: dict) -> dict[str, np.ndarray]:
         """Read-only arrays over the snapshot's bytes, valid while ``txn`` is open.
 
-        ``txn`` must come from ``read(buffers=True)`` for zero copy.
+        ``txn`` must come from ``read(buffers=True)`` for zero copy.  Every
+        array is checked against its CRC-32: the kernels index them without
+        bounds checks, so damaged bytes must never reach them.
         """
         out = {}
         for name, (dtype, shape, crc) in info["arrays"].items():
-            buf = txn.get(b"a:" + name.encode(), db=self.db("snap"))
+            with self._damage_is_corruption():
+                buf = txn.get(b"a:" + name.encode(), db=self.db("snap"))
             if buf is None:
                 raise CorruptPoolError(f"{self.path}: snapshot array {name} is missing")
             a = np.frombuffer(buf, dtype=np.dtype(dtype))
             if a.size != int(np.prod(shape)):
                 raise CorruptPoolError(f"{self.path}: snapshot array {name} has {a.size} "
                                        f"items, expected {int(np.prod(shape))}")
-            if verify and zlib.crc32(a) != crc:
+            if zlib.crc32(a) != crc:
                 raise CorruptPoolError(f"{self.path}: snapshot array {name} fails its checksum")
             out[name] = a.reshape(shape)
         return out
@@ -409,7 +450,7 @@ class PoolStore:
         snap = self.snapshot_info()
         if snap is not None:
             with self.read(buffers=True) as txn:
-                self.snapshot_arrays(txn, snap, verify=True)
+                self.snapshot_arrays(txn, snap)
         return n
 
     def compact(self, timeout: float = 10.0) -> bool:
@@ -467,6 +508,8 @@ def _clear(txn, db) -> None:
 
 
 def _checked_format(info: dict, path: Path) -> dict:
+    if not isinstance(info, dict) or not {"tokenizer", "fingerprint", "max_depth"} <= set(info):
+        raise CorruptPoolError(f"{path}: the format record is damaged")
     if info.get("version") not in READABLE_VERSIONS:
         raise CorruptPoolError(f"{path}: pool format version {info.get('version')}, this "
                                f"suffixspec reads versions "
@@ -475,17 +518,24 @@ def _checked_format(info: dict, path: Path) -> dict:
     return info
 
 
+def _record_crc(data: bytes, namespace: str, anchors: int) -> int:
+    """CRC-32 of a record's tokens, namespace and anchor count (format 2)."""
+    return zlib.crc32(data, zlib.crc32(f"{namespace}\0{anchors}".encode()))
+
+
 def _decode(key, value, path, with_tokens=True) -> StoredSequence:
     seq_id = int.from_bytes(bytes(key), "big")
     try:
         rec = msgpack.unpackb(bytes(value))
         data = rec["tok"]
-        tokens = None
-        if with_tokens:
-            if len(data) != 4 * rec["n"] or zlib.crc32(data) != rec["crc"]:
-                raise ValueError("token bytes fail their count or checksum")
-            tokens = np.frombuffer(data, np.int32).copy()
+        if "a" in rec:
+            crc = _record_crc(data, rec["ns"], rec["a"])
+        else:  # format 1: the checksum covers the tokens only
+            crc = zlib.crc32(data)
+        if len(data) != 4 * rec["n"] or crc != rec["crc"]:
+            raise ValueError("record fails its count or checksum")
+        tokens = np.frombuffer(data, np.int32).copy() if with_tokens else None
         return StoredSequence(seq_id, rec["ns"], rec["src"], rec["rid"], rec["t"], rec["n"],
                               tokens, int(rec.get("a", 0)))
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
         raise CorruptPoolError(f"{path}: sequence {seq_id} is corrupt ({e})") from e

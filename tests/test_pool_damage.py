@@ -1,0 +1,89 @@
+"""Damaged pool files: every byte flip or truncation gives a clear error or the right drafts.
+
+Each damaged copy is opened in a child process, so a crash (SIGSEGV, SIGBUS)
+shows as the child's death instead of taking the test runner down.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+
+PROBE = r"""
+import json, shutil, sys
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+from suffixspec.store import CorruptPoolError
+for path in sys.argv[1:]:
+    try:
+        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+        prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a",
+                              policy="counts", max_spec_factor=8.0)
+        drafts = []
+        for n, prompt in enumerate(([1, 2, 3], [40, 41], [7, 8, 9, 10])):
+            prop.start_request(n, prompt)
+            drafts.append(prop.propose([n])[0].token_ids.tolist())
+        pool.close()
+        print(json.dumps({"path": path, "drafts": drafts}), flush=True)
+    except CorruptPoolError as e:
+        assert str(e).startswith(path) or path in str(e), e
+        print(json.dumps({"path": path, "error": str(e)}), flush=True)
+"""
+
+
+def _probe(paths):
+    """Open each path in a child; returns one result per path (None: the child died)."""
+    results = {}
+    rest = list(paths)
+    while rest:
+        proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, rest)],
+                              capture_output=True, text=True, timeout=600)
+        for line in proc.stdout.splitlines():
+            rec = json.loads(line)
+            results[rec["path"]] = rec
+        done = [p for p in rest if str(p) in results]
+        if proc.returncode != 0:
+            dead = rest[len(done)]
+            results[str(dead)] = {"path": str(dead), "died": proc.returncode,
+                                  "stderr": proc.stderr[-2000:]}
+            done.append(dead)
+        rest = [p for p in rest if p not in done]
+    return [results[str(p)] for p in paths]
+
+
+def test_byte_flips_and_truncations_never_crash_or_change_drafts(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32), "a")
+        pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
+        if i == 40:
+            pool.write_snapshot()  # part snapshot, part sequences after it
+    pool.close()
+    data = path.read_bytes()
+    copies = []
+    for n in range(40):
+        damaged = bytearray(data)
+        if n % 4 == 3:
+            damaged = damaged[:int(rng.integers(0, len(data)))]
+        else:
+            at = int(rng.integers(0, len(data)))
+            damaged[at] ^= 1 << int(rng.integers(0, 8))
+        copy = tmp_path / f"damaged{n}.lmdb"
+        copy.write_bytes(bytes(damaged))
+        copies.append(copy)
+    reference, *results = _probe([path] + copies)
+    assert "drafts" in reference and any(reference["drafts"])
+    for result in results:
+        assert "died" not in result, result
+        if "drafts" in result:
+            assert result["drafts"] == reference["drafts"], result
+    assert any("error" in r for r in results)  # the damage was noticed somewhere
