@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -68,12 +69,24 @@ class IngestReport:
 
 # ------------------------------------------------------------------- parsing
 def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """The file's bytes, unzipped when it is gzip (by its first bytes, not its name)."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+# A file that cannot be read on: gzip cut short or damaged, or a read error.
+_READ_ERRORS = (EOFError, OSError, zlib.error)
 
 
 def _text(value, what: str) -> str:
     if not isinstance(value, str):
         raise BadRecord(f"{what} is {type(value).__name__}, not a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRecord(f"{what} is not valid text ({e.reason} at character {e.start})"
+                        ) from None
     return value
 
 
@@ -83,15 +96,27 @@ def _message_text(message) -> str:
     parts = []
     content = message.get("content")
     if isinstance(content, str):
-        parts.append(content)
+        parts.append(_text(content, "message content"))
     elif isinstance(content, list):
-        parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.extend(_text(p.get("text", ""), "message content")
+                     for p in content if isinstance(p, dict))
     elif content is not None:
         raise BadRecord(f"message content is {type(content).__name__}")
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function", {}) if isinstance(call, dict) else {}
-        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise BadRecord(f"tool_calls is {type(calls).__name__}, not a list")
+    for call in calls:
+        fn = call.get("function", {}) if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise BadRecord("a tool call has no 'function' object")
+        parts.append(f"{_text(fn.get('name', ''), 'tool name')}"
+                     f"({_text(_arguments(fn.get('arguments', '')), 'tool arguments')})")
     return "\n".join(p for p in parts if p)
+
+
+def _arguments(value) -> str:
+    """Tool-call arguments as text (some logs store them as an object)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def parse_trace(rec: dict, include_prompts: bool) -> list[tuple[str, bool]]:
@@ -168,8 +193,18 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
         except UnicodeDecodeError as e:
             yield 1, BadRecord(f"not UTF-8 text ({e.reason} at byte {e.start})"), {}
         return
+    n = 0
     with _open_binary(path) as f:
-        for n, raw in enumerate(f, 1):
+        lines = enumerate(f, 1)
+        while True:
+            try:
+                n, raw = next(lines)
+            except StopIteration:
+                return
+            except _READ_ERRORS as e:
+                yield n + 1, BadRecord(f"the file cannot be read on: it is cut short or "
+                                       f"damaged ({e})"), {}
+                return
             if not raw.strip():
                 continue
             try:
@@ -179,8 +214,13 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                 if fmt == "export":
                     if EXPORT_HEADER in rec:
                         continue
-                    fields = {k: str(rec[k]) for k in ("namespace", "source", "request_id")
-                              if rec.get(k)}
+                    fields = {k: _text(str(rec[k]), f"'{k}'")
+                              for k in ("source", "request_id") if rec.get(k)}
+                    if rec.get("namespace"):
+                        try:
+                            fields["namespace"] = check_namespace(rec["namespace"])
+                        except ValueError as e:
+                            raise BadRecord(str(e)) from None
                     yield n, _export_tokens(rec), fields
                     continue
                 texts = (parse_trace(rec, include_prompts) if fmt == "trace"
@@ -194,6 +234,10 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                 yield n, BadRecord(f"invalid JSON ({e.msg} at column {e.colno})"), {}
             except BadRecord as e:
                 yield n, e, {}
+            except RecursionError:
+                yield n, BadRecord("JSON nested too deeply"), {}
+            except ValueError as e:  # e.g. an integer too long to convert
+                yield n, BadRecord(f"unreadable JSON ({e})"), {}
 
 
 def _export_tokens(rec: dict) -> np.ndarray:
@@ -227,16 +271,19 @@ def export_header(path: Path) -> dict:
 
 # ----------------------------------------------------------------- ingestion
 def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | None,
-           namespace: str = "default", fmt: str = "auto", roles: tuple[str, ...] = ("assistant",),
+           namespace: str | None = None, fmt: str = "auto", roles: tuple[str, ...] = ("assistant",),
            include_prompts: bool = False, strict: bool = False, progress: Callable | None = None,
            batch_tokens: int = 1 << 20, warn: Callable[[str], None] | None = None) -> IngestReport:
     """Ingest ``files`` into ``store``; returns the counts.
 
     ``encode_batch`` turns a list of texts into token id lists (None only for
-    the ``export`` format).  ``progress(tokens)`` is called after each commit,
+    the ``export`` format).  Sequences go to ``namespace``; without one, exported
+    records keep the namespace the file names and the rest go to "default".
+    ``progress(tokens)`` is called after each commit,
     ``warn(message)`` for each bad record.
     """
-    check_namespace(namespace)
+    if namespace is not None:
+        check_namespace(namespace)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     report = IngestReport()
@@ -267,7 +314,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                 # A log's prompt text rarely tokenizes to the exact prompt an
                 # engine sees, so ingested outputs get the global anchor only.
                 arr = np.concatenate([start_anchors(None), arr])
-            pending.append((arr, namespace, source, ""))
+            pending.append((arr, namespace or "default", source, ""))
         texts.clear()
 
     def commit():
@@ -305,7 +352,14 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                     continue
                 source = f"{file.name}:{line}"
                 if isinstance(item, np.ndarray):
-                    pending.append((item, fields.get("namespace", namespace),
+                    vocab = store.vocab_size
+                    if vocab is not None and item[anchor_count(item):].max() >= vocab:
+                        commit()
+                        problem(f"{file}:{line}: token id "
+                                f"{int(item[anchor_count(item):].max())} is outside the "
+                                f"pool's vocabulary of {vocab}")
+                        continue
+                    pending.append((item, namespace or fields.get("namespace", "default"),
                                     fields.get("source", source), fields.get("request_id", "")))
                     pending_tokens += item.shape[0] - anchor_count(item)
                 else:

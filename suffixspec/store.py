@@ -116,7 +116,9 @@ class PoolStore:
         self.gate = Gate(self.path)
         self.remap_listeners: list[Callable[[], None]] = []
         exists = self.path.exists()
-        if not exists:
+        if exists:
+            _refuse_foreign(self.path)
+        else:
             if readonly:
                 raise PoolError(f"no pool at {self.path}")
             if tokenizer is None or max_depth is None:
@@ -158,6 +160,10 @@ class PoolStore:
                 if "already open" in str(e):
                     raise PoolError(f"{self.path} is already open in this process; close "
                                     f"the other handle first") from e
+                if isinstance(e, lmdb.ReadonlyError) or "Read-only file system" in str(e) \
+                        or "Permission denied" in str(e):
+                    raise PoolError(f"{self.path} cannot be opened for writing ({e}); "
+                                    f"commands that only read open it read-only") from e
                 raise CorruptPoolError(f"{self.path} is not a readable pool file ({e})") from e
             self._pid = os.getpid()
         return self._env
@@ -252,7 +258,7 @@ class PoolStore:
                 raise CorruptPoolError(f"{self.path} is not a suffixspec pool (no format record)")
             info = {"version": FORMAT_VERSION, "tokenizer": tokenizer.name,
                     "fingerprint": tokenizer.fingerprint, "max_depth": int(max_depth),
-                    "created": time.time()}
+                    "vocab_size": tokenizer.vocab_size, "created": time.time()}
 
             def create(txn):
                 if txn.get(b"format", db=self.db("meta")) is None:
@@ -279,7 +285,12 @@ class PoolStore:
 
     @property
     def tokenizer(self) -> TokenizerId:
-        return TokenizerId(self.info["tokenizer"], self.info["fingerprint"])
+        return TokenizerId(self.info["tokenizer"], self.info["fingerprint"], self.vocab_size)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids of this pool lie below this (None: not recorded)."""
+        return self.info.get("vocab_size")
 
     # -------------------------------------------------------------- sequences
     def add(self, tokens: np.ndarray, namespace: str, source: str = "",
@@ -498,6 +509,38 @@ class PoolStore:
 
 
 _COMPACT_PENDING = b"compact_pending"
+_OUR_DBS = {b"meta", b"seqs", b"snap"}
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Refuse a file that is not a suffixspec pool, before anything writes to it.
+
+    The look is read-only and takes no lock, so nothing is left beside the
+    file.  Without a lock it may catch a pool mid-write; only a file that is
+    no LMDB file, or that twice shows names no pool has, is refused.
+    """
+    for attempt in range(2):
+        try:
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=4)
+        except lmdb.InvalidError as e:
+            raise CorruptPoolError(f"{path} is not a suffixspec pool ({e})") from None
+        except lmdb.Error:
+            return  # the locked open that follows tells what is wrong
+        try:
+            if os.stat(path).st_size < (env.info()["last_pgno"] + 1) * env.stat()["psize"]:
+                return  # truncated: the locked open refuses it without touching pages
+            with env.begin() as txn:
+                names = {bytes(k) for k in txn.cursor().iternext(values=False)}
+        except lmdb.Error:
+            return
+        finally:
+            env.close()
+        if names <= _OUR_DBS:
+            return
+        time.sleep(0.05)
+    shown = ", ".join(sorted(repr(n)[2:-1] for n in names - _OUR_DBS)[:3])
+    raise CorruptPoolError(f"{path} is an LMDB file of something else (it holds {shown}), "
+                           f"not a suffixspec pool; it was left untouched")
 
 
 def _clear(txn, db) -> None:

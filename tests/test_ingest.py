@@ -162,3 +162,67 @@ def test_replay_against_a_pool_warms_up(tmp_path):
     first = json.loads(run("replay", "--pool", pool, "--json", "-k", "8").stdout)
     second = json.loads(run("replay", "--pool", pool, "--json", "-k", "8").stdout)
     assert second["mean_tokens_per_step"] > first["mean_tokens_per_step"]
+
+
+def _export_file(path, records, fingerprint):
+    from suffixspec.ingest import EXPORT_HEADER
+
+    with open(path, "w") as f:
+        f.write(json.dumps({EXPORT_HEADER: 1, "fingerprint": fingerprint}) + "\n")
+        for rec in records:
+            f.write((rec if isinstance(rec, str) else json.dumps(rec)) + "\n")
+
+
+def test_bad_lines_of_every_kind_are_reported_and_skipped(tmp_path, tokenizer_path):
+    good = json.dumps({"output": "SELECT 1"})
+    lines = [good,
+             '{"output": ' + "[" * 100_000 + "]" * 100_000 + "}",
+             '{"output": "x", "n": ' + "9" * 5000 + "}",
+             '{"output": "lone \\ud800 surrogate"}',
+             good]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(lines) + "\n")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join([
+        json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}),
+        json.dumps({"messages": [{"role": "assistant", "content": "x", "tool_calls": "oops"}]}),
+        json.dumps({"messages": [{"role": "assistant", "tool_calls": [{"function": "str"}]}]}),
+        json.dumps({"messages": [{"role": "assistant", "content": "bye"}]})]) + "\n")
+    whole = gzip.compress(("\n".join(json.dumps({"output": f"row {i} " * 30})
+                                     for i in range(3000)) + "\n").encode())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    plain_named_gz = tmp_path / "plain.jsonl.gz"
+    plain_named_gz.write_text(good + "\n")
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, mixed, chat, cut, plain_named_gz, "--tokenizer", tokenizer_path,
+            "--json")
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    for where in ("mixed.jsonl:2: JSON nested too deeply", "mixed.jsonl:3: unreadable JSON",
+                  "mixed.jsonl:4: 'output' is not valid text", "chat.jsonl:2: tool_calls is str",
+                  "chat.jsonl:3: a tool call has no 'function'", "cut.jsonl.gz:"):
+        assert where in r.stderr, (where, r.stderr)
+    assert summary["skipped"] == 6
+    stored = PoolStore(pool, readonly=True).stats()["sequences"]
+    assert stored == summary["sequences"] == summary["lines"] - summary["skipped"]
+    assert summary["sequences"] > 100  # the readable half of the cut file
+
+
+def test_export_records_honour_the_namespace_and_the_vocabulary(tmp_path, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    fingerprint = tokenizer_id(tokenizer_path).fingerprint
+    export = tmp_path / "export.jsonl"
+    _export_file(export, [{"namespace": "n" * 500, "token_ids": [1, 2, 3]},
+                          {"namespace": "theirs", "token_ids": [999_999_999]},
+                          {"namespace": "theirs", "token_ids": [4, 5, 6]}], fingerprint)
+    r = run("ingest", pool, export, "--tokenizer", tokenizer_path)
+    assert "export.jsonl:2: namespace must be" in r.stderr
+    assert "export.jsonl:3: token id 999999999 is outside the pool's vocabulary" in r.stderr
+    store = PoolStore(pool, readonly=True)
+    assert store.stats()["namespaces"] == {"theirs": {"sequences": 1, "tokens": 3}}
+    store.close()
+    r = run("ingest", pool, export, "--tokenizer", tokenizer_path, "--namespace", "mine")
+    store = PoolStore(pool, readonly=True)
+    assert store.stats()["namespaces"]["mine"] == {"sequences": 1, "tokens": 3}
+    store.close()

@@ -156,7 +156,7 @@ def test_full_disk_says_what_was_committed(tmp_path):
     with open(export, "w") as f:
         f.write(json.dumps({EXPORT_HEADER: 1, "fingerprint": BYTES.fingerprint}) + "\n")
         for i in range(400):
-            f.write(json.dumps({"token_ids": list(range(i, i + 5000))}) + "\n")
+            f.write(json.dumps({"token_ids": [(i + j) % 256 for j in range(5000)]}) + "\n")
     out = subprocess.run([sys.executable, "-c", _FILL, str(pool), str(export)],
                          capture_output=True, text=True, timeout=120)
     assert "could not write" in out.stdout, out.stdout + out.stderr
@@ -205,3 +205,23 @@ def test_an_unknown_format_version_is_refused_with_what_to_do(tmp_path):
     store.close()
     with pytest.raises(CorruptPoolError, match="version 99.*reads versions 1, 2.*rebuild"):
         PoolStore(tmp_path / "pool.lmdb", tokenizer=BYTES)
+
+
+def test_another_applications_file_is_refused_and_left_untouched(tmp_path):
+    import lmdb
+
+    foreign = tmp_path / "app.db"
+    env = lmdb.open(str(foreign), subdir=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"user:1", b"alice")
+    env.close()
+    (tmp_path / "app.db-lock").unlink()
+    before = foreign.read_bytes()
+    with pytest.raises(CorruptPoolError, match="LMDB file of something else.*user:1"):
+        PoolStore(foreign, tokenizer=BYTES, max_depth=16)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(CorruptPoolError, match="not a suffixspec pool"):
+        PoolStore(text, tokenizer=BYTES, max_depth=16)
+    assert foreign.read_bytes() == before and text.read_text() == "hello"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "notes.txt"]

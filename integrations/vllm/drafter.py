@@ -41,6 +41,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         self.num_speculative_tokens = int(config.num_speculative_tokens)
         self.max_model_len = vllm_config.model_config.max_model_len
         self.max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        # Drafts never hold an id the model cannot take (a pool may be shared).
+        self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.settings = Settings.from_env()
         self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
         self.indexed: dict[str, int] = {}  # req_id -> tokens indexed (prompt + output)
@@ -118,6 +120,9 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         budget = self.max_num_batched_tokens - n  # one token per row is already scheduled
         for i, req, draft in zip(rows, ids, prop.propose(ids, np.asarray(limits, np.int64))):
             tokens = draft.token_ids[:max(budget, 0)]
+            outside = np.flatnonzero(tokens >= self.vocab_size)
+            if outside.size:
+                tokens = tokens[:outside[0]]
             if tokens.shape[0]:
                 budget -= tokens.shape[0]
                 out[i] = tokens.tolist()

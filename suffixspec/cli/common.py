@@ -20,6 +20,17 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
+def load_tokenizer(path: str):
+    """``(TokenizerId, batch encoder)`` of a tokenizer.json, or a one-line CLI error."""
+    from suffixspec.fingerprint import tokenizer_id
+    from suffixspec.replay.traces import hf_encoder
+
+    try:
+        return tokenizer_id(path), hf_encoder(path)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--tokenizer") from None
+
+
 def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | None = None,
               **options):
     """A ``PersistentPool``, with pool errors turned into clean CLI errors."""

@@ -9,7 +9,7 @@ import time
 import click
 from tqdm import tqdm
 
-from suffixspec.cli.common import open_pool, parse_duration
+from suffixspec.cli.common import load_tokenizer, open_pool, parse_duration
 from suffixspec.ingest import FORMATS, ingest
 from suffixspec.store import PoolError, PoolStore
 
@@ -37,8 +37,9 @@ def _emit(obj: dict, as_json: bool) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--tokenizer", type=click.Path(exists=True),
               help="tokenizer.json or a model folder holding one (not needed for export files).")
-@click.option("--namespace", default="default", show_default=True,
-              help="Namespace the sequences join.")
+@click.option("--namespace",
+              help="Namespace the sequences join (default: \"default\"; exported records "
+                   "keep the namespace the file names unless this is given).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Input format; auto decides per file from its first record.")
 @click.option("--role", "roles", multiple=True, default=("assistant",), show_default=True,
@@ -58,12 +59,9 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
       suffixspec ingest pool.lmdb ../shared/data/traces/sql_spider_bird.jsonl.gz \\
           --tokenizer ../shared/tokenizers/qwen --namespace sql
     """
-    from suffixspec.fingerprint import tokenizer_id
     from suffixspec.persistent import PersistentPool
-    from suffixspec.replay.traces import hf_encoder
 
-    tok = tokenizer_id(tokenizer) if tokenizer else None
-    encode = hf_encoder(tokenizer) if tokenizer else None
+    tok, encode = load_tokenizer(tokenizer) if tokenizer else (None, None)
     t0 = time.perf_counter()
     with _store(pool, tokenizer=tok, max_depth=max_depth if tok else None) as store:
         try:

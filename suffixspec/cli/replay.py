@@ -8,13 +8,13 @@ import sys
 import click
 from tqdm import tqdm
 
-from suffixspec.cli.common import open_pool
-from suffixspec.fingerprint import BYTES, tokenizer_id
+from suffixspec.cli.common import load_tokenizer, open_pool
+from suffixspec.fingerprint import BYTES
 from suffixspec.native import warmup
 from suffixspec.proposer import POLICIES
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import load_trace
 from suffixspec.replay.workload import default_workload
 
 _COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("steps", "{}"),
@@ -85,7 +85,7 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
     if not traces:
         workloads.append(("built-in", default_workload()))
     else:
-        encode = hf_encoder(tokenizer)
+        tok_id, encode = load_tokenizer(tokenizer)
         for path in traces:
             try:
                 requests = load_trace(path, encode, max_sessions=sessions, max_records=records)
@@ -100,7 +100,7 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
         options = {"cross_pool_tokens": None, "namespace": namespace, "policy": policy,
                    "draft_cost": draft_cost}
         if pool is not None:
-            tok_id = tokenizer_id(tokenizer) if traces else BYTES
+            tok_id = tok_id if traces else BYTES
             pool_obj = options["pool"] = open_pool(pool, tok_id, max_depth)
     try:
         for name, requests in workloads:

@@ -101,14 +101,9 @@ def load_trace(path: str | Path, encode_batch: Callable[[list[str]], list[list[i
 
 def hf_encoder(path: str | Path) -> Callable[[list[str]], list[list[int]]]:
     """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder)."""
-    from tokenizers import Tokenizer
+    from suffixspec.fingerprint import load_hf_tokenizer
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no tokenizer.json at {path}")
-    tok = Tokenizer.from_file(str(path))
+    tok = load_hf_tokenizer(path)
 
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
