@@ -85,7 +85,8 @@ class PersistentPool(CrossPool):
     def __init__(self, path: str | Path | PoolStore, tokenizer: TokenizerId | None = None,
                  max_depth: int | None = None, max_tokens: int | None = None,
                  ttl: float | None = None, refresh_interval: float = 1.0,
-                 snapshot_every: int | None = None, durable: bool = True):
+                 snapshot_every: int | None = None, durable: bool = True,
+                 catch_up_tokens: int = 1 << 17):
         self.store = path if isinstance(path, PoolStore) else PoolStore(
             path, tokenizer, max_depth, durable=durable)
         super().__init__(self.store.max_depth, max_tokens=None)
@@ -104,6 +105,9 @@ class PersistentPool(CrossPool):
         self._since_snapshot = 0
         self._last_refresh = 0.0
         self._stale = False
+        self.wanted: set[str] | None = None  # namespaces to index (None: all)
+        self.catch_up_tokens = catch_up_tokens
+        self.behind = False  # other processes' commits are still being indexed
         self.compacted = True  # False while a forget's compaction is pending
         self.store.remap_listeners.append(self._drop_snapshot_view)
         self._load()
@@ -123,6 +127,17 @@ class PersistentPool(CrossPool):
                 if self.base is not None and ns in self.base_trees]
         return base, super().roots(namespaces)[1]
 
+    def want(self, namespaces) -> None:
+        """Index only these namespaces (and any asked for later) of what others commit.
+
+        Until the first call every namespace is indexed.  A namespace asked
+        for later is picked up at the next ``refresh``.
+        """
+        new = set(namespaces) if self.wanted is None else set(namespaces) - self.wanted
+        if new:
+            self.wanted = new | (self.wanted or set())
+            self._stale = True
+
     def begin(self, namespace: str = "default", anchors: np.ndarray | None = None) -> int:
         seq = super().begin(namespace, anchors)
         self._open[seq] = namespace
@@ -137,6 +152,8 @@ class PersistentPool(CrossPool):
             return  # no output
         store_id = self.store.add(tokens, namespace, source="engine", request_id=str(request_id))
         self._own.add(store_id)
+        self._committed[seq] = None
+        self._evict()
         if self._stale:
             self._load()  # the map grew: map the snapshot again
         self._since_snapshot += tokens.shape[0]
@@ -161,7 +178,7 @@ class PersistentPool(CrossPool):
         if self.store.yield_to_compaction() or self._stale:
             self._load()  # waits for the compaction, then maps the new file
             return
-        if not force and now - self._last_refresh < self.refresh_interval:
+        if not force and not self.behind and now - self._last_refresh < self.refresh_interval:
             return
         self._last_refresh = now
         if self._file_replaced():
@@ -172,11 +189,37 @@ class PersistentPool(CrossPool):
         if (info["generation"] if info else 0) != self._snapshot_generation:
             self._load()
             return
+        self._catch_up(self.catch_up_tokens)
+        self._own = {i for i in self._own if i > self._seen}
+
+    def _catch_up(self, budget: int | None) -> None:
+        """Index what others committed in the namespaces wanted.
+
+        Stops after about ``budget`` tokens (None: all); ``behind`` says the
+        next refresh goes on at once, so no single call does unbounded work.
+        """
+        self.behind = False
+        spent = 0
         for seq in self.store.sequences(after=self._seen):
-            if seq.seq_id not in self._own:
+            if seq.seq_id not in self._own and (self.wanted is None
+                                                or seq.namespace in self.wanted):
                 self._index_stored(seq)
             self._seen = max(self._seen, seq.seq_id)
-        self._own = {i for i in self._own if i > self._seen}
+            spent += seq.length + 64  # reading a record costs too, indexed or not
+            if budget is not None and spent >= budget:
+                self.behind = True
+                break
+        self._evict()
+
+    def _evict(self) -> None:
+        """Keep the indexed tokens within the budget by dropping the oldest from memory.
+
+        The store keeps them until the next snapshot applies the budget there.
+        """
+        while self._committed and self.budget is not None and self.tokens > self.budget:
+            seq, _ = self._committed.popitem(last=False)
+            self.delta.remove(seq)
+        self._maybe_rebuild()
 
     # ------------------------------------------------------------ snapshots
     def write_snapshot(self) -> int:
@@ -281,10 +324,9 @@ class PersistentPool(CrossPool):
         for seq, namespace in sorted(self._open.items()):
             self.delta._open_seq(seq, self.tree(namespace), max(old.seq_len(seq), 1))
             self.delta.extend(seq, old.sequence(seq))
+        self._committed.clear()
         self._seen = watermark
-        for seq in self.store.sequences(after=watermark):
-            self._index_stored(seq)
-            self._seen = seq.seq_id
+        self._catch_up(None)
         self._own = set()
         self._since_snapshot = 0
         self._last_refresh = time.monotonic()
@@ -295,6 +337,7 @@ class PersistentPool(CrossPool):
         s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))
         self.delta.extend(s, seq.tokens)
         self.delta.close(s)
+        self._committed[s] = None
 
     def _drop_snapshot_view(self) -> None:
         """The store is about to re-map the file: let go of the snapshot view."""

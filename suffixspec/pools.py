@@ -86,6 +86,9 @@ class CrossPool:
         return [], [int(self.delta.roots[self.trees[ns]]) for ns in namespaces
                     if ns in self.trees]
 
+    def want(self, namespaces) -> None:
+        """Namespaces requests draw from; an in-memory pool indexes everything anyway."""
+
     def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
         """Open a sequence for an output; it starts with ``anchors`` (see ``suffixspec.anchors``)."""
         seq = self.delta.add_sequence(self.tree(check_namespace(namespace)), capacity=256)

@@ -153,6 +153,9 @@ class SuffixProposer:
         if pool is None and cross_pool_tokens != 0:
             pool = CrossPool(self.max_depth, cross_pool_tokens, cross_pool_requests)
         self.cross = pool
+        if pool is not None:
+            pool.want((self.namespace,) if self.shared_namespace is None
+                      else (self.namespace, self.shared_namespace))
         self._cross_seq: dict[Hashable, int] = {}
         self._draw_from: dict[Hashable, tuple[str, ...]] = {}  # req_id -> namespaces
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -198,6 +201,8 @@ class SuffixProposer:
         else:
             draw = tuple(dict.fromkeys(check_namespace(ns) for ns in draw_from))
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
+        if self.cross is not None:
+            self.cross.want(draw)
         self.requests.start(req_id, prompt)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending[3].shape[0]:

@@ -241,3 +241,61 @@ def test_a_pool_path_needs_the_tokenizer(tmp_path):
     run_request(prop, "a", [1], PATTERN)
     assert prop.cross.store.stats()["sequences"] == 1
     prop.cross.close()
+
+
+COMMIT_MANY = r"""
+import sys
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.store import PoolStore
+store = PoolStore(sys.argv[1], tokenizer=BYTES)
+n, length, namespace = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rng = np.random.default_rng(0)
+store.add_many([(rng.integers(0, 200, length).astype(np.int32), namespace, "", str(i))
+                for i in range(n)])
+store.close()
+"""
+
+
+def _commit_elsewhere(path, n, length, namespace):
+    subprocess.run([sys.executable, "-c", COMMIT_MANY, str(path), str(n), str(length), namespace],
+                   check=True, timeout=120)
+
+
+def test_a_reader_indexes_only_its_namespaces_in_bounded_steps(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    pool.catch_up_tokens = 2_000
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=4, pool=pool, namespace="mine")
+    prop.start_request("r", [1, 2])
+    prop.propose(["r"])
+    _commit_elsewhere(path, 300, 100, "other")  # another tenant's 30k tokens
+    _commit_elsewhere(path, 5, 100, "mine")
+    pool.refresh(force=True)
+    steps = 1
+    while pool.behind:  # each call reads about catch_up_tokens, then returns
+        assert pool.delta.live_tokens <= 5 * 100 + 3
+        pool.refresh()
+        steps += 1
+    assert steps >= 30 // 2  # 30k tokens read in about 2k-token steps
+    assert "other" not in pool.trees  # never indexed
+    assert pool.store.stats()["namespaces"]["other"]["sequences"] == 300
+    assert pool.delta.live_tokens == 5 * 100 + 3  # mine's 5 outputs and r's 3 anchors
+    pool.close()
+
+
+def test_memory_stays_within_the_budget_without_snapshots(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    pool_at(path).close()
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH, max_tokens=1_000)
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=4, pool=pool)
+    for i in range(40):  # this process's own outputs
+        run_request(prop, f"r{i}", [1], list(range(i, i + 50)))
+    _commit_elsewhere(path, 100, 100, "default")  # and 10k tokens from elsewhere
+    pool.refresh(force=True)
+    while pool.behind:
+        pool.refresh()
+    assert pool.tokens <= 1_000 and pool.delta.live_tokens <= 1_000
+    assert pool.store.stats()["tokens"] == 40 * 50 + 100 * 100  # the store keeps them all
+    pool.delta.check_integrity()
+    pool.close()
