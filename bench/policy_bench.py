@@ -1,4 +1,4 @@
-"""Ablation of the drafting policy: each option switched off in turn, arctic beside.
+"""Ablation of the drafting policies: each option switched off in turn, arctic beside.
 
 Usage (from the repository root):
 
@@ -6,8 +6,9 @@ Usage (from the repository root):
         --tokenizer ../shared/tokenizers/qwen --out bench/results
 
 Slices keep it short: sql 5,000 records, code whole, gorilla 4,000, bfcl 3,000,
-agent 10 sessions.  Knobs: k 16, depth 64, factor 1, min_token_prob 0.1.
-Prints MTS / drafted per step per trace and writes ``policy.md``.
+agent 10 sessions.  k 16, depth 64; the counts policy and arctic at factor 1,
+min_token_prob 0.1.  Prints MTS / est / drafted per step per trace and writes
+``policy.md``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ SLICES = {"sql": ("sql_spider_bird.jsonl.gz", {"max_records": 5000}),
           "gorilla": ("tool_gorilla_apibench.jsonl.gz", {"max_records": 4000}),
           "bfcl": ("tool_bfcl.jsonl.gz", {"max_records": 3000}),
           "agent": ("agent_miniswe_swebench.jsonl.gz", {"max_sessions": 10})}
+COUNTS = {"policy": "counts"}
 VARIANTS = [
-    ("default (all three on)", "suffixspec", {}),
-    ("longest match only", "suffixspec", {"all_match_lengths": False}),
-    ("no self-discount", "suffixspec", {"self_discount": False}),
-    ("no long-match bias", "suffixspec", {"long_match_bias": False}),
+    ("calibrated (default)", "suffixspec", {}),
+    ("calibrated, no anchors", "suffixspec", {"anchors": False}),
+    ("calibrated, longest match only", "suffixspec", {"all_match_lengths": False}),
+    ("calibrated, no self-discount", "suffixspec", {"self_discount": False}),
+    ("counts (all three on)", "suffixspec", COUNTS),
+    ("counts, longest match only", "suffixspec", {**COUNTS, "all_match_lengths": False}),
+    ("counts, no self-discount", "suffixspec", {**COUNTS, "self_discount": False}),
+    ("counts, no long-match bias", "suffixspec", {**COUNTS, "long_match_bias": False}),
     ("arctic-inference", "arctic", {}),
 ]
 
@@ -51,10 +57,11 @@ def main():
         for name, requests in traces.items():
             extra = {"cross_pool_tokens": None, **options} if engine == "suffixspec" else {}
             m = replay(requests, make_proposer(engine, requests, **extra)).metrics()
-            cells.append(f"{m['mean_tokens_per_step']:.3f} / {m['drafted_per_step']:.2f}")
+            cells.append(f"{m['mean_tokens_per_step']:.3f} / {m['est']:.3f} "
+                         f"/ {m['drafted_per_step']:.2f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         print(lines[-1], file=sys.stderr, flush=True)
-    md = "\n".join(lines) + "\n\nCells: MTS / drafted tokens per step.\n"
+    md = "\n".join(lines) + "\n\nCells: MTS / est / drafted tokens per step.\n"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "policy.md").write_text(md)
     print(md)

@@ -18,13 +18,12 @@ Synthetic tokens (``SYNTHETIC_BASE`` and above) mark output starts; no draft
 ever holds one.
 """
 
-import numpy as np
 from numba import njit
 
 from . import calibration as cal
 from .suffix_index import (BEST, COUNT, FIRST, NEXT, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT,
-                           TOKEN, _elen, _label, draft_path, draft_tree, longest_match,
-                           suffix_position)
+                           TOKEN, _elen, _label, draft_path, draft_tree, heap_pop, heap_push,
+                           longest_match, suffix_position)
 from .tokens import SYNTHETIC_BASE
 
 # Policy flags (bench/policy_bench.py measures each).
@@ -42,16 +41,6 @@ FROM_REQUEST = 0
 FROM_CROSS = 1
 FROM_ANCHOR = 2
 
-HEAP_FAN = 64  # frontier entries per drafted token in a calibrated tree
-
-
-def heap_scratch(max_tokens: int):
-    """Frontier arrays of a calibrated tree draft: prob, node, offset, parent, bucket, depth."""
-    size = max(max_tokens, 1) * HEAP_FAN + 1
-    return (np.empty(size, np.float64), np.empty(size, np.int32), np.empty(size, np.int32),
-            np.empty(size, np.int32), np.empty(size, np.int32), np.empty(size, np.int32))
-
-
 # --------------------------------------------------------------------------
 # Counts policy.
 # --------------------------------------------------------------------------
@@ -60,7 +49,7 @@ def heap_scratch(max_tokens: int):
 def _pool_draft_counts(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
                        depth, limit, factor, offset, min_prob, tree_mode, slot, own_len,
                        own_valid, flags, out_tokens, out_parents, out_probs, cand_tokens,
-                       cand_parents, cand_probs, hp, hn, ho, hpar):
+                       cand_parents, cand_probs, hp, hn, ho, hpar, hb, hd):
     """Draft from one tree for context ``ctx[start:end]`` by count ratios.
 
     ``slot``, ``own_len`` and ``own_valid`` describe the request's own open
@@ -101,7 +90,7 @@ def _pool_draft_counts(nodes, hkeys, hvals, arena, seqs, active, root, ctx, star
                 continue
         if tree_mode:
             n, score = draft_tree(nodes, arena, seqs, x, off, cap, min_prob,
-                                  cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+                                  cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar, hb, hd)
         else:
             n, score = draft_path(nodes, arena, seqs, x, off, cap, min_prob,
                                   cand_tokens, cand_probs, discount)
@@ -186,64 +175,6 @@ def _calibrated_path(nodes, arena, seqs, x, off, cap, thr, discount, src, match_
 
 
 @njit(cache=True)
-def _push(hp, hn, ho, hpar, hb, hd, size, prob, x, off, parent, fine, d):
-    # Max-heap on probability.
-    i = size
-    while i > 0:
-        up = (i - 1) // 2
-        if hp[up] >= prob:
-            break
-        hp[i] = hp[up]
-        hn[i] = hn[up]
-        ho[i] = ho[up]
-        hpar[i] = hpar[up]
-        hb[i] = hb[up]
-        hd[i] = hd[up]
-        i = up
-    hp[i] = prob
-    hn[i] = x
-    ho[i] = off
-    hpar[i] = parent
-    hb[i] = fine
-    hd[i] = d
-
-
-@njit(cache=True)
-def _pop(hp, hn, ho, hpar, hb, hd, size):
-    # Move the last entry (index ``size``) into the hole at the top.
-    if size == 0:
-        return
-    prob = hp[size]
-    x = hn[size]
-    off = ho[size]
-    parent = hpar[size]
-    fine = hb[size]
-    d = hd[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and hp[c + 1] > hp[c]:
-            c += 1
-        if hp[c] <= prob:
-            break
-        hp[i] = hp[c]
-        hn[i] = hn[c]
-        ho[i] = ho[c]
-        hpar[i] = hpar[c]
-        hb[i] = hb[c]
-        hd[i] = hd[c]
-        i = c
-    hp[i] = prob
-    hn[i] = x
-    ho[i] = off
-    hpar[i] = parent
-    hb[i] = fine
-    hd[i] = d
-
-
-@njit(cache=True)
 def _push_next(nodes, arena, seqs, x, off, prob, parent, d, discount, thr, src, match_len,
                table, state, hp, hn, ho, hpar, hb, hd, size):
     """Push the tokens that may follow position ``(x, off)``; returns the new heap size.
@@ -259,7 +190,7 @@ def _push_next(nodes, arena, seqs, x, off, prob, parent, d, discount, thr, src, 
             fine = cal.bucket(src, match_len, d, n, n)
             p = prob * cal.probability(table, state, fine, n, n)
             if p > thr:
-                _push(hp, hn, ho, hpar, hb, hd, size, p, x, off, parent, fine, d)
+                heap_push(hp, hn, ho, hpar, hb, hd, size, p, x, off, parent, fine, d)
                 size += 1
         return size
     n = nodes[x, COUNT] - discount
@@ -274,7 +205,7 @@ def _push_next(nodes, arena, seqs, x, off, prob, parent, d, discount, thr, src, 
             fine = cal.bucket(src, match_len, d, k, n)
             p = prob * cal.probability(table, state, fine, k, n)
             if p > thr:
-                _push(hp, hn, ho, hpar, hb, hd, size, p, c, 0, parent, fine, d)
+                heap_push(hp, hn, ho, hpar, hb, hd, size, p, c, 0, parent, fine, d)
                 size += 1
         c = nodes[c, NEXT]
     return size
@@ -300,7 +231,7 @@ def _calibrated_tree(nodes, arena, seqs, x, off, cap, thr, discount, src, match_
         fine = hb[0]
         d = hd[0]
         size -= 1
-        _pop(hp, hn, ho, hpar, hb, hd, size)
+        heap_pop(hp, hn, ho, hpar, hb, hd, size)
         out_tokens[n] = _label(arena, seqs, nodes, y, k)
         out_parents[n] = parent
         out_probs[n] = prob
@@ -588,7 +519,7 @@ def propose_batch(l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots,
                           min_prob, tree_mode, flags, out_tokens, out_parents, out_probs,
                           out_n, out_score, out_match, out_source, scratch_tokens,
                           scratch_parents, scratch_probs, cand_tokens, cand_parents,
-                          cand_probs, hp, hn, ho, hpar)
+                          cand_probs, hp, hn, ho, hpar, hb, hd)
 
 
 @njit(cache=True)
@@ -599,7 +530,7 @@ def _draft_counts(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roo
                   min_prob, tree_mode, flags, out_tokens, out_parents, out_probs,
                   out_n, out_score, out_match, out_source, scratch_tokens,
                   scratch_parents, scratch_probs, cand_tokens, cand_parents,
-                  cand_probs, hp, hn, ho, hpar):
+                  cand_probs, hp, hn, ho, hpar, hb, hd):
     """The counts policy for request ``i``: each tree's best draft, the highest rank wins."""
     s = req_seqs[i]
     end = l_seqs[s, SEQ_OFF] + l_seqs[s, SEQ_LEN]
@@ -611,7 +542,7 @@ def _draft_counts(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roo
         l_arena, start, end, depth, limits[i], factor, offset, min_prob,
         tree_mode, l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], l_seqs[s, SEQ_LEN], flags,
         out_tokens[i], out_parents[i], out_probs[i], cand_tokens, cand_parents, cand_probs,
-        hp, hn, ho, hpar)
+        hp, hn, ho, hpar, hb, hd)
     out_n[i] = n
     out_score[i] = score
     out_match[i] = m
@@ -634,13 +565,13 @@ def _draft_counts(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roo
                 b_nodes, b_hkeys, b_hvals, b_arena, b_seqs, b_active, root,
                 l_arena, start, end, depth, limits[i], factor, offset, min_prob,
                 tree_mode, slot, own, valid, flags, scratch_tokens, scratch_parents,
-                scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+                scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar, hb, hd)
         else:
             n2, score2, rank2, m2 = _pool_draft_counts(
                 c_nodes, c_hkeys, c_hvals, c_arena, c_seqs, c_active, root,
                 l_arena, start, end, depth, limits[i], factor, offset, min_prob,
                 tree_mode, slot, own, valid, flags, scratch_tokens, scratch_parents,
-                scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar)
+                scratch_probs, cand_tokens, cand_parents, cand_probs, hp, hn, ho, hpar, hb, hd)
         if n2 > 0 and rank2 > best:
             best = rank2
             out_tokens[i, :n2] = scratch_tokens[:n2]

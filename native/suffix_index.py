@@ -809,40 +809,39 @@ def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
 
 @njit(cache=True)
 def draft_tree(nodes, arena, seqs, x, off, max_tokens, min_prob,
-               out_tokens, out_parents, out_probs, heap_prob, heap_node,
-               heap_off, heap_parent):
+               out_tokens, out_parents, out_probs, hp, hn, ho, hpar, hb, hd):
     """Best-first expansion from position ``(x, off)``.
 
     Repeatedly takes the frontier position with the highest probability, so
     the draft holds the ``max_tokens`` most probable continuations (each at
     least ``min_prob``) and is closed under prefixes.  ``out_parents[i]`` is
     the index of token i's parent in the draft, -1 for a first token.  The
-    ``heap_*`` arrays are scratch space; when they are full, further frontier
-    entries are dropped.  Returns the number of tokens and the score.
+    ``h*`` arrays are the frontier's scratch space (``heap_scratch``); when
+    they are full, further frontier entries are dropped.  Returns the number
+    of tokens and the score.
     """
-    cap = heap_prob.shape[0]
+    cap = hp.shape[0]
     size = 1
-    heap_prob[0] = 1.0
-    heap_node[0] = x
-    heap_off[0] = off
-    heap_parent[0] = -1
+    hp[0] = 1.0
+    hn[0] = x
+    ho[0] = off
+    hpar[0] = -1
     n = 0
     score = 0.0
     while n < max_tokens and size > 0:
-        prob = heap_prob[0]
-        x = heap_node[0]
-        off = heap_off[0]
-        parent = heap_parent[0]
+        prob = hp[0]
+        x = hn[0]
+        off = ho[0]
+        parent = hpar[0]
         size -= 1
-        _heap_pop(heap_prob, heap_node, heap_off, heap_parent, size)
+        heap_pop(hp, hn, ho, hpar, hb, hd, size)
         if off < _elen(nodes, seqs, x):
             out_tokens[n] = _label(arena, seqs, nodes, x, off)
             out_parents[n] = parent
             out_probs[n] = prob
             score += prob
             if size < cap:
-                _heap_push(heap_prob, heap_node, heap_off, heap_parent, size,
-                           prob, x, off + 1, n)
+                heap_push(hp, hn, ho, hpar, hb, hd, size, prob, x, off + 1, n, 0, 0)
                 size += 1
             n += 1
         else:
@@ -850,16 +849,26 @@ def draft_tree(nodes, arena, seqs, x, off, max_tokens, min_prob,
             while c != -1:
                 p = prob * nodes[c, COUNT] / nodes[x, COUNT]
                 if p >= min_prob and size < cap:
-                    _heap_push(heap_prob, heap_node, heap_off, heap_parent,
-                               size, p, c, 0, parent)
+                    heap_push(hp, hn, ho, hpar, hb, hd, size, p, c, 0, parent, 0, 0)
                     size += 1
                 c = nodes[c, NEXT]
     return n, score
 
 
+def heap_scratch(max_tokens: int, min_prob: float = 0.0):
+    """Frontier arrays of a tree draft: probability, node, offset, parent, bucket, depth.
+
+    Children pushed per expansion number at most ``1/min_prob``, so this size
+    never drops an entry when ``min_prob >= 1/256``.
+    """
+    fan = 256 if min_prob <= 0 else min(256, int(np.ceil(1.0 / min_prob)))
+    size = max(max_tokens, 1) * fan + 1
+    return (np.empty(size, np.float64),) + tuple(np.empty(size, np.int32) for _ in range(5))
+
+
 @njit(cache=True)
-def _heap_push(hp, hn, ho, hpar, size, prob, x, off, parent):
-    # Max-heap on probability.
+def heap_push(hp, hn, ho, hpar, hb, hd, size, prob, x, off, parent, fine, d):
+    """Add an entry to the max-heap on probability held in the ``h*`` arrays."""
     i = size
     while i > 0:
         up = (i - 1) // 2
@@ -869,22 +878,28 @@ def _heap_push(hp, hn, ho, hpar, size, prob, x, off, parent):
         hn[i] = hn[up]
         ho[i] = ho[up]
         hpar[i] = hpar[up]
+        hb[i] = hb[up]
+        hd[i] = hd[up]
         i = up
     hp[i] = prob
     hn[i] = x
     ho[i] = off
     hpar[i] = parent
+    hb[i] = fine
+    hd[i] = d
 
 
 @njit(cache=True)
-def _heap_pop(hp, hn, ho, hpar, size):
-    # Move the last entry (index ``size``) into the hole at the top.
+def heap_pop(hp, hn, ho, hpar, hb, hd, size):
+    """Fill the hole at the top with the last entry (index ``size``) and sift it down."""
     if size == 0:
         return
     prob = hp[size]
     x = hn[size]
     off = ho[size]
     parent = hpar[size]
+    fine = hb[size]
+    d = hd[size]
     i = 0
     while True:
         c = 2 * i + 1
@@ -898,11 +913,15 @@ def _heap_pop(hp, hn, ho, hpar, size):
         hn[i] = hn[c]
         ho[i] = ho[c]
         hpar[i] = hpar[c]
+        hb[i] = hb[c]
+        hd[i] = hd[c]
         i = c
     hp[i] = prob
     hn[i] = x
     ho[i] = off
     hpar[i] = parent
+    hb[i] = fine
+    hd[i] = d
 
 
 @njit(cache=True)

@@ -65,8 +65,7 @@ def warmup() -> float:
     meta[si.META_ARENA_TOP] = 32
     assert si.check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active) == 0
     k = 4
-    heap = (np.empty(64, np.float64), np.empty(64, np.int32), np.empty(64, np.int32),
-            np.empty(64, np.int32))
+    heap = si.heap_scratch(k)
     out_t, out_p, out_pr = np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)
     ctx = np.array([1, 2], np.int32)
     for arrs in ((nodes, hkeys, hvals, arena, seqs, active),
@@ -86,7 +85,6 @@ def warmup() -> float:
     pending = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
                np.zeros((b, k), np.int32), np.zeros(b, np.int64), np.zeros(b, np.int64))
     scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)) * 2
-    heap6 = pr.heap_scratch(k)
     table, state = cal.new_table(), cal.new_state(0.03)
     roots = np.array([root], np.int32)
     req = np.zeros(b, np.int64)
@@ -99,7 +97,7 @@ def warmup() -> float:
                              depth, req, req, np.zeros(b, np.int64), np.full(b, k, np.int64),
                              1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
                              np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),
-                             *heap6)
+                             *heap)
     cal.learn(table, state, *pending, req, tokens, np.array([0, 2], np.int64),
               np.empty(k, np.int64), np.empty(k, np.bool_))
     # Maintenance kernels.

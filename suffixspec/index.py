@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from suffixspec.native import suffix_index as nat
+from suffixspec.native.suffix_index import heap_scratch
 
 
 class IndexCorruptError(RuntimeError):
@@ -331,18 +332,6 @@ class SuffixIndex:
             row[nat.SEQ_OFF] = top
             row[nat.SEQ_CAP] = cap
             self.meta[nat.META_ARENA_TOP] = top + cap
-
-
-def heap_scratch(max_tokens: int, min_prob: float):
-    """Scratch arrays for ``draft_tree``'s frontier.
-
-    Children pushed per expansion number at most ``1/min_prob``, so this size
-    never drops an entry when ``min_prob >= 1/256``.
-    """
-    fan = 256 if min_prob <= 0 else min(256, int(np.ceil(1.0 / min_prob)))
-    size = max_tokens * fan + 1
-    return (np.empty(size, np.float64), np.empty(size, np.int32),
-            np.empty(size, np.int32), np.empty(size, np.int32))
 
 
 def _grown(arr: np.ndarray, rows: int, fill) -> np.ndarray:

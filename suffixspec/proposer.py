@@ -165,11 +165,7 @@ class SuffixProposer:
         k = max(self.max_spec_tokens, 1)
         self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
                          np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
-        if counts:
-            heap = heap_scratch(k, self.min_token_prob)
-            self._heap = heap + (np.empty_like(heap[1]), np.empty_like(heap[1]))
-        else:
-            self._heap = nat.heap_scratch(k)
+        self._heap = heap_scratch(k, self.min_token_prob)
         self._cand_buckets = np.empty(k, np.int32)
         # The latest draft of each request (row: its sequence in the request
         # pool), scored against the emitted tokens by ``extend``.
