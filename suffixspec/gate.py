@@ -54,9 +54,11 @@ class Gate:
         fcntl.lockf(fd, fcntl.LOCK_SH, 1, _TURNSTILE)
         try:
             fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)
+            # Read while the turnstile keeps a compaction from asking: a request
+            # made after this must look new to ``requested``.
+            self.seen = self._counter(fd)
         finally:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
-        self.seen = self._counter(fd)
 
     def leave(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
