@@ -107,8 +107,13 @@ def test_forget_and_prune_beside_live_writers_and_a_reader(tmp_path):
     requests, drafts = map(int, outs[-1][0].split())
     assert requests > 10 and drafts > 0
 
-    forget = json.loads(results[-1].stdout)
-    assert forget["compacted"] is True
+    compacted = [json.loads(r.stdout)["compacted"] for r in (results[0], results[2])]
+    assert any(compacted)  # the file was swapped beside the live processes
+    if not compacted[-1]:
+        # A process held on past the timeout: the compaction stays pending
+        # and the next snapshot finishes it.
+        r = _cli("snapshot", path)
+        assert r.returncode == 0 and json.loads(r.stdout)["compacted"], r.stderr
     store = PoolStore(path, tokenizer=BYTES)
     assert store.check() > 0
     stored = {s.request_id: s for s in store.sequences()}
