@@ -22,8 +22,9 @@ halved once a bucket has been tried ``HALF_LIFE`` times, so the table follows
 a workload that changes.
 
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
-and tokens drafted per step; with the draft cost they give the gain a drafted
-token must beat (``threshold``).
+and tokens drafted per step, which with the draft cost give the gain a
+drafted token must beat (``threshold``), and the prior weights and half-life
+(settings, so trying other values needs no recompilation).
 """
 
 import numpy as np

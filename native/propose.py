@@ -259,12 +259,11 @@ def _pool_draft_calibrated(nodes, hkeys, hvals, arena, seqs, active, root, ctx, 
     ``anchor_out >= 0`` the context is start-anchored: its last
     ``anchor_out`` tokens are output, the ones before are anchors, and the
     source follows from how many anchors a length spans.  Returns ``(n,
-    gain, match_len, src)``, n 0 when nothing beat ``best_gain``.
+    gain, match_len)``, n 0 when nothing beat ``best_gain``.
     """
     depth = active.shape[1]
     best_n = 0
     best_len = 0
-    best_src = src
     longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
         x, off = suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
@@ -316,12 +315,11 @@ def _pool_draft_calibrated(nodes, hkeys, hvals, arena, seqs, active, root, ctx, 
             best_gain = gain
             best_n = n
             best_len = m
-            best_src = s % cal.N_SRC
             out_tokens[:n] = cand_tokens[:n]
             out_parents[:n] = cand_parents[:n]
             out_probs[:n] = cand_probs[:n]
             out_buckets[:n] = cand_buckets[:n]
-    return best_n, best_gain, best_len, best_src
+    return best_n, best_gain, best_len
 
 
 @njit(cache=True)
@@ -357,7 +355,7 @@ def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, 
                                start, end, depth - 1, True, slot, own, valid)
     if hi > 0:
         lo = 1 if flags & ALL_LENGTHS else hi
-        n, gain, m, _ = _pool_draft_calibrated(
+        n, gain, m = _pool_draft_calibrated(
             nodes, hkeys, hvals, arena, seqs, active, root, l_arena, end, lo, hi, -1,
             limit, factor, offset, thr, tree_mode, slot, own, valid, src, recent, flags, table,
             state,
@@ -372,7 +370,7 @@ def _tree_draft(nodes, hkeys, hvals, arena, seqs, active, root, l_arena, start, 
         hi = out_len + anchors
         if hi > depth - 1:
             hi = depth - 1
-        n, gain, m, _ = _pool_draft_calibrated(
+        n, gain, m = _pool_draft_calibrated(
             nodes, hkeys, hvals, arena, seqs, active, root, c_arena, c_end, out_len + 1,
             hi, out_len, limit, factor, offset, thr, tree_mode, slot, own, own, src, recent,
             flags, table, state, best, out_tokens, out_parents, out_probs, out_buckets,
