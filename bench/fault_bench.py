@@ -41,57 +41,10 @@ from suffixspec.store import PoolStore
 
 from bench_common import save_results
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from pool_children import FORGET, PROBE, WRITER  # noqa: E402  the scripts the tests run
+
 DOOMED = [901_001, 902_002, 903_003, 904_004]
-
-PROBE = r"""
-import json, sys
-from suffixspec import SuffixProposer
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import CorruptPoolError
-for path in sys.argv[1:]:
-    try:
-        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-        prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a",
-                              policy="counts", max_spec_factor=8.0)
-        drafts = []
-        for n, prompt in enumerate(([1, 2, 3], [40, 41], [7, 8, 9, 10])):
-            prop.start_request(n, prompt)
-            drafts.append(prop.propose([n])[0].token_ids.tolist())
-        pool.close()
-        print(json.dumps({"path": path, "drafts": drafts}), flush=True)
-    except CorruptPoolError as e:
-        print(json.dumps({"path": path, "error": str(e)}), flush=True)
-"""
-
-FORGET = r"""
-import sys
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-pool = PersistentPool(sys.argv[1], tokenizer=BYTES)
-print("start", flush=True)
-pool.forget(namespace="doomed")
-"""
-
-WRITER = r"""
-import sys, time
-import numpy as np
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-path, ns, tag, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
-end = time.monotonic() + seconds
-i = 0
-while time.monotonic() < end:
-    head = [901001, 902002, 903003, 904004] if ns == "doomed" else [tag, i % 997, i // 997]
-    seq = pool.begin(ns)
-    pool.extend(seq, np.array(head + [5, 6, 7, 8], np.int32))
-    pool.commit(seq, request_id=f"{tag}-{i}")
-    print(tag, i, flush=True)
-    i += 1
-    pool.refresh()
-pool.close()
-"""
 
 READER = r"""
 import json, resource, sys, time
@@ -233,14 +186,14 @@ def killed_forget(tmp: Path, runs: int) -> dict:
 def live_forget(tmp: Path, seconds: float) -> dict:
     path = tmp / "live.lmdb"
     PoolStore(path, tokenizer=BYTES, max_depth=16).close()
-    writers = [_run(WRITER, path, "keep", tag, seconds, ) for tag in (1, 2)]
+    writers = [_run(WRITER, path, "keep", tag, seconds, "keep") for tag in (1, 2)]
     readers = [_run(READER, path, "keep", seconds) for _ in range(3)]
     cli = "import sys; from suffixspec.cli import main; sys.exit(main())"
     end = time.monotonic() + seconds - 3
     forgets = prunes = failures = 0
     compacted = 0
     while time.monotonic() < end:
-        doomed = _run(WRITER, path, "doomed", 9, 1.0)
+        doomed = _run(WRITER, path, "doomed", 9, 1.0, "doomed")
         doomed.communicate()
         r = subprocess.run([sys.executable, "-c", cli, "prune", str(path), "--namespace",
                             "doomed", "--max-tokens", "100", "--json"], capture_output=True,

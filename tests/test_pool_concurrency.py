@@ -23,29 +23,11 @@ from suffixspec.fingerprint import BYTES
 from suffixspec.persistent import PersistentPool
 from suffixspec.store import PoolStore
 
+from pool_children import FORGET, WRITER
+
 DEPTH = 16
 # Tokens no other sequence holds, so their bytes can be searched for in the file.
 DOOMED = [901_001, 902_002, 903_003, 904_004]
-
-WRITER = r"""
-import sys, time
-import numpy as np
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-path, ns, tag, seconds, marker = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
-end = time.monotonic() + seconds
-i = 0
-while time.monotonic() < end:
-    head = [901001, 902002, 903003, 904004] if marker == "doomed" else [tag, i % 997, i // 997]
-    seq = pool.begin(ns)
-    pool.extend(seq, np.array(head + [5, 6, 7, 8], np.int32))
-    pool.commit(seq, request_id=f"{tag}-{i}")
-    print(tag, i, flush=True)
-    i += 1
-    pool.refresh()
-pool.close()
-"""
 
 READER = r"""
 import sys, time
@@ -129,16 +111,6 @@ def test_forget_and_prune_beside_live_writers_and_a_reader(tmp_path):
     assert not path.with_name(path.name + ".compact").exists()
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
-
-FORGET = r"""
-import sys
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-pool = PersistentPool(sys.argv[1], tokenizer=BYTES)
-print("start", flush=True)
-pool.forget(namespace="doomed")
-print("done", flush=True)
-"""
 
 
 @pytest.mark.parametrize("trial", range(6))

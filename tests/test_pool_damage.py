@@ -15,28 +15,7 @@ import numpy as np
 from suffixspec.fingerprint import BYTES
 from suffixspec.persistent import PersistentPool
 
-PROBE = r"""
-import json, shutil, sys
-from suffixspec import SuffixProposer
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import CorruptPoolError
-for path in sys.argv[1:]:
-    try:
-        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-        prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a",
-                              policy="counts", max_spec_factor=8.0)
-        drafts = []
-        for n, prompt in enumerate(([1, 2, 3], [40, 41], [7, 8, 9, 10])):
-            prop.start_request(n, prompt)
-            drafts.append(prop.propose([n])[0].token_ids.tolist())
-        pool.close()
-        print(json.dumps({"path": path, "drafts": drafts}), flush=True)
-    except CorruptPoolError as e:
-        assert str(e).startswith(path) or path in str(e), e
-        print(json.dumps({"path": path, "error": str(e)}), flush=True)
-"""
-
+from pool_children import PROBE
 
 def _probe(paths):
     """Open each path in a child; returns one result per path (None: the child died)."""

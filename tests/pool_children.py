@@ -1,0 +1,64 @@
+"""Scripts the pool fault tests and ``bench/fault_bench.py`` run as child processes.
+
+Each runs in its own interpreter (``python -c SCRIPT ARGS``), so a crash or a
+SIGKILL hits the child, not the runner.
+"""
+
+# Opens each pool path given and drafts three prompts from it (counts policy);
+# prints one JSON line per path: its drafts, or the CorruptPoolError it raised.
+PROBE = r"""
+import json, shutil, sys
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+from suffixspec.store import CorruptPoolError
+for path in sys.argv[1:]:
+    try:
+        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+        prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a",
+                              policy="counts", max_spec_factor=8.0)
+        drafts = []
+        for n, prompt in enumerate(([1, 2, 3], [40, 41], [7, 8, 9, 10])):
+            prop.start_request(n, prompt)
+            drafts.append(prop.propose([n])[0].token_ids.tolist())
+        pool.close()
+        print(json.dumps({"path": path, "drafts": drafts}), flush=True)
+    except CorruptPoolError as e:
+        assert str(e).startswith(path) or path in str(e), e
+        print(json.dumps({"path": path, "error": str(e)}), flush=True)
+"""
+
+
+# Commits sequences to namespace ``ns`` for ``seconds``, printing "tag i" after
+# each commit returned; with marker "doomed" every sequence holds DOOMED's tokens.
+WRITER = r"""
+import sys, time
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+path, ns, tag, seconds, marker = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
+end = time.monotonic() + seconds
+i = 0
+while time.monotonic() < end:
+    head = [901001, 902002, 903003, 904004] if marker == "doomed" else [tag, i % 997, i // 997]
+    seq = pool.begin(ns)
+    pool.extend(seq, np.array(head + [5, 6, 7, 8], np.int32))
+    pool.commit(seq, request_id=f"{tag}-{i}")
+    print(tag, i, flush=True)
+    i += 1
+    pool.refresh()
+pool.close()
+"""
+
+
+# Opens the pool, prints "start", then forgets namespace "doomed".
+FORGET = r"""
+import sys
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+pool = PersistentPool(sys.argv[1], tokenizer=BYTES)
+print("start", flush=True)
+pool.forget(namespace="doomed")
+print("done", flush=True)
+"""
