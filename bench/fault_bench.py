@@ -7,14 +7,18 @@ Usage (from the repository root):
 * damage: byte flips and truncations of a pool file, each opened in a child
   process: crashes (a child killed by a signal), clear errors, drafts equal to
   the undamaged pool's, other drafts;
-* killed forget: ``forget`` killed at a random moment, then a fresh process:
-  pools that open and pass ``check()``, forgotten data drafted or on disk,
-  untargeted sequences lost;
+* killed commands: ``ingest``, ``snapshot``, ``prune`` and ``forget`` (the CLI)
+  killed with SIGKILL at a random moment, then a fresh open: pools that open
+  and pass ``check()``, untargeted sequences lost, partially stored
+  sequences, half-done deletes, forgotten bytes left, drafts changed,
+  leftover files;
 * live forget: writers and readers in other processes for a while, with
   ``forget`` and ``prune`` every few seconds: errors, lost commits, forgotten
   bytes left in the file;
 * other tenant: one process commits tokens into another namespace while a
-  reader drafts: the reader's ``propose()`` p50 / p99 / max latency and RSS.
+  reader drafts: the reader's ``propose()`` p50 / p99 / max latency and RSS;
+* budget: a pool with a 1M-token budget that has 20M tokens committed to it,
+  with and without ``snapshot_every``: peak RSS, file size, tokens indexed.
 
 Writes ``faults.json`` and ``faults.md`` into ``--out`` and prints the Markdown.
 """
@@ -35,22 +39,34 @@ from pathlib import Path
 
 import numpy as np
 
+from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
+from suffixspec.ingest import export
 from suffixspec.persistent import PersistentPool
 from suffixspec.store import PoolStore
 
 from bench_common import save_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pool_children import FORGET, PROBE, WRITER  # noqa: E402  the scripts the tests run
+from pool_children import PROBE, WRITER  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
 
-READER = r"""
-import json, resource, sys, time
+# Peak RSS of this process (ru_maxrss would carry the parent's over exec).
+PEAK_RSS = r"""
+def peak_rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+"""
+
+READER = PEAK_RSS + r"""
+import json, sys, time
 import numpy as np
 from suffixspec import SuffixProposer
+from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
+from suffixspec.ingest import export
 from suffixspec.persistent import PersistentPool
 path, namespace, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
@@ -75,13 +91,15 @@ lat = np.asarray(lat) * 1e3
 print(json.dumps({"proposes": len(lat), "errors": errors,
                   "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
                   "max_ms": float(lat.max()),
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_mb": peak_rss_mb()}))
 """
 
 COMMIT_MANY = r"""
 import sys
 import numpy as np
+from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
+from suffixspec.ingest import export
 from suffixspec.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES)
 total, namespace = int(sys.argv[2]), sys.argv[3]
@@ -95,9 +113,9 @@ store.close()
 """
 
 
-def _run(script, *args, **kw):
+def _run(script, *args, stdout=subprocess.PIPE, **kw):
     return subprocess.Popen([sys.executable, "-c", script, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def damage(tmp: Path, cases: int) -> dict:
@@ -147,46 +165,122 @@ def damage(tmp: Path, cases: int) -> dict:
     return out
 
 
-def killed_forget(tmp: Path, runs: int) -> dict:
-    out = {"runs": runs, "opened_and_checked": 0, "forget_not_begun": 0, "forget_complete": 0,
-           "half_done": 0, "untargeted_lost": 0, "forgotten_bytes_left": 0}
+KILLED_OPS = ("ingest", "snapshot", "prune", "forget")
+KEEP, DOOMED_N, NEW_N = 3000, 50, 300  # sequences of the base pool and of the ingest file
+
+
+def _killed_base(tmp: Path) -> tuple[Path, Path, dict]:
+    """The pool every killed run starts from, the export file ``ingest`` reads,
+    and what a fresh process drafts from the pool."""
+    path = tmp / "base.lmdb"
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+    rng = np.random.default_rng(0)
+    for i in range(KEEP):
+        pool.add(rng.integers(0, 250, 40).astype(np.int32), "keep")
+    for _ in range(DOOMED_N):
+        pool.add(np.asarray(DOOMED + [8, 9], np.int32), "doomed")
+        pool.add(rng.integers(0, 250, 40).astype(np.int32), "old")
+    pool.write_snapshot()
+    pool.close()
+    source = tmp / "source.lmdb"
+    store = PoolStore(source, tokenizer=BYTES, max_depth=16)
+    store.add_many([(rng.integers(0, 250, 4000).astype(np.int32), "new", "", f"new-{i}")
+                    for i in range(NEW_N)])
+    export_file = tmp / "new.jsonl"
+    with open(export_file, "w") as f:
+        export(store, f)
+    store.close()
+    return path, export_file, _drafts(path)
+
+
+def _drafts(path: Path) -> list:
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+    prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="keep",
+                          policy="counts", max_spec_factor=8.0)
+    rng = np.random.default_rng(1)
+    drafts = []
+    for n in range(20):
+        prop.start_request(n, rng.integers(0, 250, 3).tolist())
+        drafts.append(prop.propose([n])[0].token_ids.tolist())
+    pool.close()
+    return drafts
+
+
+def _op_command(op: str, path: Path, export_file: Path) -> list[str]:
+    args = {"ingest": ["ingest", path, export_file], "snapshot": ["snapshot", path],
+            "prune": ["prune", path, "--namespace", "old", "--max-tokens", "0"],
+            "forget": ["forget", path, "--namespace", "doomed"]}[op]
+    code = "import sys; from suffixspec.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", code, *map(str, args)]
+
+
+def killed(tmp: Path, op: str, runs: int) -> dict:
+    """``op`` killed (SIGKILL) at a random moment, then checked from a fresh open."""
+    tmp = tmp / op
+    tmp.mkdir()
+    base, export_file, reference = _killed_base(tmp)
+    keep = sorted(s.tokens.tolist() for s in PoolStore(base, readonly=True).sequences()
+                  if s.namespace == "keep")
+    new = {s["request_id"]: s["anchors"] + s["token_ids"]
+           for s in map(json.loads, export_file.read_text().splitlines()[1:])}
+    for _ in range(2):  # the first run may compile kernels: time the second
+        shutil.copy(base, tmp / "timing.lmdb")
+        t0 = time.monotonic()
+        subprocess.run(_op_command(op, tmp / "timing.lmdb", export_file), check=True,
+                       capture_output=True)
+        whole = time.monotonic() - t0  # how long the command takes unharmed
+        for f in tmp.glob("timing.lmdb*"):
+            f.unlink()
+    out = {"op": op, "runs": runs, "command_s": round(whole, 2), "killed_before_done": 0,
+           "opened_and_checked": 0, "other_errors": 0, "untargeted_lost": 0,
+           "partial_sequences": 0, "half_done": 0, "forgotten_left": 0,
+           "drafts_changed": 0, "leftover_files": 0}
     for trial in range(runs):
-        path = tmp / f"forget{trial}.lmdb"
-        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-        rng = np.random.default_rng(trial)
-        for _ in range(3000):  # enough that forget takes a while to kill it midway
-            pool.add(rng.integers(0, 500, 40).astype(np.int32), "keep")
-        for _ in range(50):
-            pool.add(np.asarray(DOOMED + [8, 9], np.int32), "doomed")
-        pool.write_snapshot()
-        pool.close()
-        proc = _run(FORGET, path)
-        proc.stdout.readline()
-        time.sleep(random.Random(trial).random() * 0.6)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-        pool.store.check()
+        path = tmp / f"{op}{trial}.lmdb"
+        shutil.copy(base, path)
+        proc = subprocess.Popen(_op_command(op, path, export_file), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(random.Random(trial).random() * whole)
+        proc.kill()
+        out["killed_before_done"] += proc.wait() == -signal.SIGKILL
+        try:
+            pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+            pool.store.check()
+            stored = list(pool.store.sequences())
+            pool.close()
+        except Exception as e:  # noqa: BLE001 - counted, the run goes on
+            out["other_errors"] += 1
+            print(f"{op} run {trial}: {e!r}", file=sys.stderr)
+            continue
         out["opened_and_checked"] += 1
-        stats = pool.store.stats()
-        pool.close()
-        out["untargeted_lost"] += 3000 - stats["namespaces"]["keep"]["sequences"]
-        doomed = stats["namespaces"].get("doomed", {}).get("sequences", 0)
+        by_ns: dict[str, list] = {}
+        for s in stored:
+            by_ns.setdefault(s.namespace, []).append(s)
+        out["untargeted_lost"] += sorted(s.tokens.tolist()
+                                         for s in by_ns.get("keep", [])) != keep
+        out["partial_sequences"] += sum(new.get(s.request_id) != s.tokens.tolist()
+                                        for s in by_ns.get("new", []))
+        target = {"prune": ("old", DOOMED_N), "forget": ("doomed", DOOMED_N)}.get(op)
+        if target is not None:
+            left = len(by_ns.get(target[0], []))
+            out["half_done"] += left not in (0, target[1])
         on_disk = np.asarray(DOOMED, np.int32).tobytes() in path.read_bytes()
-        if doomed == 50:
-            out["forget_not_begun"] += 1
-        elif doomed == 0 and not on_disk:
-            out["forget_complete"] += 1
-        else:
-            out["half_done"] += 1
-            out["forgotten_bytes_left"] += int(on_disk)
+        out["forgotten_left"] += op == "forget" and "doomed" not in by_ns and on_disk
+        out["drafts_changed"] += _drafts(path) != reference  # "keep" is never targeted
+        out["leftover_files"] += path.with_name(path.name + ".compact").exists()
+        for f in tmp.glob(f"{op}{trial}.lmdb*"):
+            f.unlink()
     return out
 
 
 def live_forget(tmp: Path, seconds: float) -> dict:
     path = tmp / "live.lmdb"
     PoolStore(path, tokenizer=BYTES, max_depth=16).close()
-    writers = [_run(WRITER, path, "keep", tag, seconds, "keep") for tag in (1, 2)]
+    # Writers log to files: a pipe left unread fills up and blocks its writer
+    # with the pool open.
+    logs = [open(tmp / f"writer{tag}.log", "w+") for tag in (1, 2)]
+    writers = [_run(WRITER, path, "keep", tag, seconds, "keep", stdout=log)
+               for tag, log in zip((1, 2), logs)]
     readers = [_run(READER, path, "keep", seconds) for _ in range(3)]
     cli = "import sys; from suffixspec.cli import main; sys.exit(main())"
     end = time.monotonic() + seconds - 3
@@ -206,7 +300,9 @@ def live_forget(tmp: Path, seconds: float) -> dict:
         failures += r.returncode != 0
         compacted += r.returncode == 0 and json.loads(r.stdout)["compacted"]
     outs = [p.communicate() for p in writers + readers]
-    committed = [line.split() for out, _ in outs[:2] for line in out.splitlines()]
+    for log in logs:
+        log.seek(0)
+    committed = [line.split() for log in logs for line in log.read().splitlines()]
     reader_stats = [json.loads(out) for out, _ in outs[2:]]
     store = PoolStore(path, tokenizer=BYTES)
     stored = {s.request_id for s in store.sequences() if s.namespace == "keep"}
@@ -238,16 +334,51 @@ def other_tenant(tmp: Path, tokens: int, seconds: float) -> dict:
     return {"other_tokens": tokens, "write_s": round(write_s, 1), **json.loads(out)}
 
 
+BUDGET = PEAK_RSS + r"""
+import json, os, sys, time
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.persistent import PersistentPool
+path, total, every = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, max_tokens=1_000_000,
+                      snapshot_every=None if every == "none" else int(every), durable=False)
+rng = np.random.default_rng(0)
+t0, done = time.monotonic(), 0
+while done < total:
+    pool.add(rng.integers(0, 250, 2000).astype(np.int32), "mine")
+    done += 2000
+rss_now = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+print(json.dumps({"seconds": round(time.monotonic() - t0, 1), "indexed_tokens": pool.tokens,
+                  "rss_mb": rss_now / 2**20,
+                  "peak_rss_mb": peak_rss_mb(),
+                  "file_mb": os.path.getsize(path) / 2**20}))
+pool.close()
+"""
+
+
+def budget(tmp: Path, total: int) -> list[dict]:
+    out = []
+    for every in ("none", "1000000"):
+        path = tmp / f"budget{every}.lmdb"
+        proc = subprocess.run([sys.executable, "-c", BUDGET, str(path), str(total), every],
+                              capture_output=True, text=True, check=True)
+        out.append({"snapshot_every": every, "committed": total, **json.loads(proc.stdout)})
+    return out
+
+
 def markdown(r: dict) -> str:
-    d, k, live, t = r["damage"], r["killed_forget"], r["live_forget"], r["other_tenant"]
+    d, live, t = r["damage"], r["live_forget"], r["other_tenant"]
     return "\n".join([
         "| run | result |", "|---|---|",
         f"| {d['cases']} byte flips and truncations | crashes {d['crashes']}, clear errors "
         f"{d['errors']}, same drafts {d['same_drafts']}, other drafts {d['other_drafts']} |",
-        f"| forget killed at random, {k['runs']} runs | opened and checked "
-        f"{k['opened_and_checked']}, not begun {k['forget_not_begun']}, complete "
-        f"{k['forget_complete']}, half done {k['half_done']}, untargeted sequences lost "
-        f"{k['untargeted_lost']}, forgotten bytes left {k['forgotten_bytes_left']} |",
+        *(f"| `{k['op']}` killed at random, {k['runs']} runs ({k['command_s']} s unharmed) | "
+          f"killed before done {k['killed_before_done']}, opened and checked "
+          f"{k['opened_and_checked']}, other errors {k['other_errors']}, runs losing "
+          f"untargeted sequences {k['untargeted_lost']}, partial sequences "
+          f"{k['partial_sequences']}, half done {k['half_done']}, forgotten bytes left "
+          f"{k['forgotten_left']}, drafts changed {k['drafts_changed']}, leftover files "
+          f"{k['leftover_files']} |" for k in r["killed"]),
         f"| {live['seconds']:.0f} s: 2 writers, 3 readers, forget + prune every few seconds | "
         f"{live['forgets']} forgets ({live['forgets_compacted']} compacted), {live['prunes']} "
         f"prunes, command failures {live['command_failures']}, process failures "
@@ -256,8 +387,12 @@ def markdown(r: dict) -> str:
         f"{live['forgotten_bytes_left']} |",
         f"| reader while another process commits {t['other_tokens']:,} tokens to another "
         f"namespace ({t['write_s']} s) | propose p50 {t['p50_ms']:.3f} ms, p99 "
-        f"{t['p99_ms']:.3f} ms, max {t['max_ms']:.1f} ms, RSS {t['rss_mb']:.0f} MB, "
-        f"errors {t['errors']} |"])
+        f"{t['p99_ms']:.3f} ms, max {t['max_ms']:.1f} ms, peak RSS {t['rss_mb']:.0f} MB, "
+        f"errors {t['errors']} |",
+        *(f"| 1M-token budget, {b['committed']:,} tokens committed, snapshot_every "
+          f"{b['snapshot_every']} ({b['seconds']} s) | RSS {b['rss_mb']:.0f} MB (peak "
+          f"{b['peak_rss_mb']:.0f} MB), tokens indexed {b['indexed_tokens']:,}, file "
+          f"{b['file_mb']:.0f} MB |" for b in r["budget"])])
 
 
 def main():
@@ -269,10 +404,11 @@ def main():
     try:
         q = args.quick
         results = {"damage": damage(tmp, 40 if q else 100),
-                   "killed_forget": killed_forget(tmp, 8 if q else 30),
+                   "killed": [killed(tmp, op, 8 if q else 30) for op in KILLED_OPS],
                    "live_forget": live_forget(tmp, 15.0 if q else 60.0),
                    "other_tenant": other_tenant(tmp, 1_000_000 if q else 5_000_000,
-                                                20.0 if q else 60.0)}
+                                                20.0 if q else 60.0),
+                   "budget": budget(tmp, 4_000_000 if q else 20_000_000)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     save_results(args.out, "faults", results, markdown(results))

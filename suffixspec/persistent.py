@@ -19,7 +19,9 @@ others' commits within ``refresh_interval`` seconds, or at once on
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +29,25 @@ import numpy as np
 from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
+from suffixspec.locking import locked
 from suffixspec.native import suffix_index as nat
 from suffixspec.pools import CrossPool
 from suffixspec.store import CorruptPoolError, PoolStore, StoredSequence
+
+
+WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
+
+
+def _let_go_when_asked(ref, stop: threading.Event) -> None:
+    """Close the pool's file whenever a compaction asks, until ``stop``."""
+    while not stop.wait(WATCH_INTERVAL):
+        pool = ref()
+        if pool is None or pool._watch_pid != os.getpid():
+            return
+        with pool._lock:  # never during a proposer call or a pool operation
+            if not stop.is_set():
+                pool.store.yield_to_compaction()  # the next operation reopens
+        del pool
 
 
 def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int], int, int]:
@@ -110,11 +128,14 @@ class PersistentPool(CrossPool):
         self.behind = False  # other processes' commits are still being indexed
         self.compacted = True  # False while a forget's compaction is pending
         self.store.remap_listeners.append(self._drop_snapshot_view)
+        self._watch_stop = threading.Event()
+        self._watch_pid = None
         self._load()
         if not self.store.readonly:
             self.store.remove_leftovers()
             if self.store.compaction_pending():
                 self._finish_forget(timeout=0.0)  # a forget was cut short: finish it
+        self._watch()
 
     # ----------------------------------------------------------- cross pool
     @property
@@ -127,6 +148,7 @@ class PersistentPool(CrossPool):
                 if self.base is not None and ns in self.base_trees]
         return base, super().roots(namespaces)[1]
 
+    @locked
     def want(self, namespaces) -> None:
         """Index only these namespaces (and any asked for later) of what others commit.
 
@@ -138,11 +160,13 @@ class PersistentPool(CrossPool):
             self.wanted = new | (self.wanted or set())
             self._stale = True
 
+    @locked
     def begin(self, namespace: str = "default", anchors: np.ndarray | None = None) -> int:
         seq = super().begin(namespace, anchors)
         self._open[seq] = namespace
         return seq
 
+    @locked
     def commit(self, seq: int, request_id: str = "") -> None:
         """Store the finished sequence (one transaction) and keep it indexed."""
         namespace = self._open.pop(seq)
@@ -160,10 +184,12 @@ class PersistentPool(CrossPool):
         if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
             self.write_snapshot()
 
+    @locked
     def discard(self, seq: int) -> None:
         self._open.pop(seq, None)
         self.delta.remove(seq)
 
+    @locked
     def add(self, tokens: np.ndarray, namespace: str = "default",
             anchors: np.ndarray | None = None) -> int:
         seq = self.begin(namespace, anchors)
@@ -172,8 +198,10 @@ class PersistentPool(CrossPool):
         return seq
 
     # -------------------------------------------------------------- refresh
+    @locked
     def refresh(self, force: bool = False) -> None:
         """Pick up what other processes committed, or a newer snapshot."""
+        self._watch()
         now = time.monotonic()
         if self.store.yield_to_compaction() or self._stale:
             self._load()  # waits for the compaction, then maps the new file
@@ -222,6 +250,7 @@ class PersistentPool(CrossPool):
         self._maybe_rebuild()
 
     # ------------------------------------------------------------ snapshots
+    @locked
     def write_snapshot(self) -> int:
         """Enforce ``max_tokens`` and ``ttl``, re-index the store, save, reload.
 
@@ -235,6 +264,7 @@ class PersistentPool(CrossPool):
         self._load()
         return generation
 
+    @locked
     def prune(self, max_tokens: int | None = None, older_than: float | None = None,
               namespace: str | None = None, snapshot: bool = True) -> int:
         """Delete sequences older than ``older_than`` seconds and the oldest
@@ -255,6 +285,7 @@ class PersistentPool(CrossPool):
             self.write_snapshot()
         return deleted
 
+    @locked
     def forget(self, request_id: str | None = None, namespace: str | None = None,
                timeout: float = 10.0) -> int:
         """Delete a request's or a namespace's sequences for real.
@@ -283,8 +314,10 @@ class PersistentPool(CrossPool):
         self._load()
 
     def close(self) -> None:
-        self._close_snapshot()
-        self.store.close()
+        self._watch_stop.set()
+        with self._lock:
+            self._close_snapshot()
+            self.store.close()
 
     def __enter__(self) -> PersistentPool:
         return self
@@ -293,6 +326,19 @@ class PersistentPool(CrossPool):
         self.close()
 
     # ------------------------------------------------------------- internal
+    def _watch(self) -> None:
+        """Run the watcher thread in this process (once; again after a fork).
+
+        A process that holds the pool open but is idle (a server without
+        requests) makes no pool operation, so it would never let go of the
+        file for another process's compaction.  The watcher lets go for it.
+        """
+        if self._watch_pid == os.getpid() or self._watch_stop.is_set():
+            return
+        self._watch_pid = os.getpid()
+        threading.Thread(target=_let_go_when_asked, args=(weakref.ref(self), self._watch_stop),
+                         name="suffixspec-pool-watcher", daemon=True).start()
+
     def _load(self) -> None:
         """Map the current snapshot and index everything after it into a new delta.
 

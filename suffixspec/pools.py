@@ -11,6 +11,7 @@ snapshot (None for in-memory pools), and ``delta``, the appendable part.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Hashable
 
@@ -68,6 +69,7 @@ class CrossPool:
         self.trees: dict[str, int] = {}
         self._committed: OrderedDict[int, None] = OrderedDict()
         self.generation = 0  # bumps whenever tree ids may have changed
+        self._lock = threading.RLock()  # shared with the proposer drafting from it
 
     @property
     def tokens(self) -> int:

@@ -17,20 +17,12 @@ from suffixspec.native import propose as nat
 from suffixspec.native import warmup
 from suffixspec.pools import DEFAULT_NAMESPACE, CrossPool, RequestPool
 from suffixspec.store import check_namespace
+from suffixspec.locking import locked
 from suffixspec.tokens import as_token_ids
 
 
 _SOURCES = ("request", "cross", "anchor")
 POLICIES = ("calibrated", "counts")
-
-
-def _locked(method):
-    """Run ``method`` holding the proposer's lock: one public call at a time."""
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-    return call
 
 
 def _distinct(req_ids) -> None:
@@ -118,7 +110,6 @@ class SuffixProposer:
             raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
         if not 0.0 <= draft_cost < 1.0:
             raise ValueError(f"draft_cost must be in [0, 1), got {draft_cost}")
-        self._lock = threading.RLock()
         self.max_depth = int(max_depth)
         self.max_spec_tokens = int(max_spec_tokens)
         self.policy = policy
@@ -153,6 +144,9 @@ class SuffixProposer:
         if pool is None and cross_pool_tokens != 0:
             pool = CrossPool(self.max_depth, cross_pool_tokens, cross_pool_requests)
         self.cross = pool
+        # One public call at a time; shared with the pool, whose own thread
+        # may let go of the pool file between calls.
+        self._lock = pool._lock if pool is not None else threading.RLock()
         if pool is not None:
             pool.want((self.namespace,) if self.shared_namespace is None
                       else (self.namespace, self.shared_namespace))
@@ -176,7 +170,7 @@ class SuffixProposer:
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
-    @_locked
+    @locked
     def start_request(self, req_id: Hashable, prompt_token_ids, namespace: str | None = None,
                       draw_from: Sequence[str] | None = None) -> None:
         """Index the prompt of a new request.
@@ -209,7 +203,7 @@ class SuffixProposer:
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(own, start_anchors(prompt))
 
-    @_locked
+    @locked
     def extend(self, req_id: Hashable, token_ids) -> None:
         """Append the tokens the engine emitted for ``req_id`` this step."""
         self._check_active(req_id)
@@ -226,7 +220,7 @@ class SuffixProposer:
         if seq is not None:
             self.cross.extend(seq, tokens)
 
-    @_locked
+    @locked
     def extend_batch(self, req_ids: Sequence[Hashable], token_ids: Sequence) -> None:
         """``extend`` for every request of an engine step, in one native call per pool.
 
@@ -257,14 +251,14 @@ class SuffixProposer:
         if self.cross is not None:
             self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
 
-    @_locked
+    @locked
     def finish_request(self, req_id: Hashable) -> None:
         """The request ended normally: its output stays in the cross pool."""
         seq = self._end(req_id)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
 
-    @_locked
+    @locked
     def abort_request(self, req_id: Hashable) -> None:
         """The request was cancelled: forget it entirely."""
         seq = self._end(req_id)
@@ -279,7 +273,7 @@ class SuffixProposer:
         self._draw_from.pop(req_id)
         return self._cross_seq.pop(req_id, None)
 
-    @_locked
+    @locked
     def index_memory(self) -> tuple[int, int]:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:
@@ -295,7 +289,7 @@ class SuffixProposer:
         return self.requests.requests.keys()
 
     # ------------------------------------------------------------- drafting
-    @_locked
+    @locked
     def propose(self, req_ids: Sequence[Hashable],
                 max_spec_tokens: int | Sequence[int] | None = None) -> list[Draft]:
         """One draft per request, computed in one native call.
