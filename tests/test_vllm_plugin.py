@@ -11,6 +11,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,12 +32,16 @@ ENV = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPR
        "SUFFIXSPEC_LOG_INTERVAL": "0"}
 
 
-def run(args: list[str], enable: bool = True, timeout: int = 600, **env) -> tuple[dict, str]:
-    """Run a scenario; returns its JSON result and everything it logged."""
+def run(args: list[str], enable: bool | None = True, timeout: int = 600,
+        **env) -> tuple[dict, str]:
+    """Run a scenario; returns its JSON result and everything it logged.
+
+    ``enable``: SUFFIXSPEC_ENABLE=1 (True), =0 (False) or unset (None).
+    """
     full = {k: v for k, v in os.environ.items() if not k.startswith("SUFFIXSPEC_")}
     full.update(ENV, **env)
-    if enable:
-        full["SUFFIXSPEC_ENABLE"] = "1"
+    if enable is not None:
+        full["SUFFIXSPEC_ENABLE"] = "1" if enable else "0"
     proc = subprocess.run([sys.executable, str(SCENARIOS), *args], env=full, text=True,
                           capture_output=True, timeout=timeout)
     log = proc.stdout + proc.stderr
@@ -82,8 +87,8 @@ def baseline(model, prompts) -> dict:
 
 @pytest.fixture(scope="module")
 def suffixspec_run(model, prompts) -> tuple[dict, str]:
-    # arctic-inference is blocked: the plugin must not need it.
-    return generate(model, prompts, "--no-arctic")
+    # arctic-inference is blocked and the switch unset: suffixspec serves by default.
+    return generate(model, prompts, "--no-arctic", enable=None)
 
 
 def accepted(result: dict) -> int:
@@ -131,15 +136,32 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     # Repeated prompts draft from past outputs (their starts through the anchors).
     assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
     assert "suffixspec drafter: calibrated policy, up to 8 tokens, depth 32" in log
+    assert 'suffixspec serves method "suffix": arctic-inference is not installed' in log
+    assert result["drafter_class"] == "SuffixSpecDrafter"
 
 
-def test_config_needs_no_arctic_inference_only_with_the_plugin(model):
-    on, _ = run(["validate", "--model", str(model), "--no-arctic"])
-    assert on["ok"], on["error"]
-    assert on["proposer"].endswith("drafter.SuffixSpecDrafter")
-    off, _ = run(["validate", "--model", str(model), "--no-arctic"], enable=False)
+def test_config_needs_no_arctic_inference_unless_the_plugin_is_switched_off(model):
+    for enable in (True, None):
+        on, _ = run(["validate", "--model", str(model), "--no-arctic"], enable=enable)
+        assert on["ok"], on["error"]
+        assert on["proposer"].endswith("drafter.SuffixSpecDrafter")
+    off, log = run(["validate", "--model", str(model), "--no-arctic"], enable=False)
     assert not off["ok"] and "Arctic Inference is required" in off["error"]
     assert off["proposer"] == "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer"
+    # Why, in vLLM's own log format, next to vLLM's error.
+    line = next(x for x in log.splitlines() if "suffixspec is off" in x)
+    assert re.search(r"WARNING \d\d-\d\d [\d:]+ \[patch.py:\d+\] suffixspec is off", line), line
+    assert "SUFFIXSPEC_ENABLE=0" in line and "needs arctic-inference" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("arctic_inference") is None,
+                    reason="arctic-inference is not installed")
+def test_with_arctic_installed_and_the_switch_unset_arctic_serves(model, prompts, baseline):
+    result, log = generate(model, prompts, "--modes", "batch", enable=None)
+    assert result["drafter_class"] == "SuffixDecodingProposer"
+    assert result["batch"] == baseline["batch"]
+    assert accepted(result) > 0
+    assert "suffixspec is off: arctic-inference is installed" in log
 
 
 def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):

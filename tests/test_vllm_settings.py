@@ -7,14 +7,18 @@ import json
 import pytest
 
 from suffixspec.integrations.vllm import settings as s
-from suffixspec.integrations.vllm.patch import supported
+from suffixspec.integrations.vllm import contract
 
 
-def test_enabled_only_by_the_switch():
-    assert not s.enabled({})
-    assert not s.enabled({"SUFFIXSPEC_ENABLE": "0"})
-    assert s.enabled({"SUFFIXSPEC_ENABLE": "1"})
-    assert s.enabled({"SUFFIXSPEC_ENABLE": " True "})
+def test_on_by_default_only_where_arctic_inference_is_missing():
+    assert s.switch({}, arctic_installed=False)[0]
+    on, why = s.switch({}, arctic_installed=True)
+    assert not on and "SUFFIXSPEC_ENABLE=1" in why
+    for value in ("0", "off", " False "):
+        on, why = s.switch({"SUFFIXSPEC_ENABLE": value}, arctic_installed=False)
+        assert not on and "needs arctic-inference" in why
+    for value in ("1", " True ", "yes"):
+        assert s.switch({"SUFFIXSPEC_ENABLE": value}, arctic_installed=True)[0]
 
 
 def test_settings_from_file_and_environment(tmp_path):
@@ -42,9 +46,11 @@ def test_unknown_key_in_file_is_refused(tmp_path):
         s.Settings.from_env({"SUFFIXSPEC_CONFIG": str(config)})
 
 
-def test_version_gate():
-    assert supported("0.32.0") and supported("0.32.1")
-    assert not supported("0.31.0") and not supported("0.320.0") and not supported(None)
+def test_tested_release_range():
+    ok = contract.tested
+    assert ok("0.32.0") and ok("0.32.1") and ok("0.33.0")
+    assert not ok("0.31.0") and not ok("0.34.0") and not ok("0.320.0")
+    assert not ok(None) and not ok("not a version")
 
 
 def test_policy_settings_and_which_vllm_length_knobs_are_honoured():

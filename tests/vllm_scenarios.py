@@ -51,6 +51,14 @@ def drafter_stats(llm):
     return llm.collective_rpc(stats)[0]
 
 
+def drafter_class(llm) -> str | None:
+    def name(worker):
+        drafter = getattr(worker.model_runner, "drafter", None)
+        return None if drafter is None else type(drafter).__qualname__
+
+    return llm.collective_rpc(name)[0]
+
+
 def inject_faults(llm, every: int) -> None:
     """Make every ``every``-th batched propose of the suffixspec proposer raise."""
     def install(worker):
@@ -108,6 +116,7 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
         result[mode] = [list(o.outputs[0].token_ids) for o in outs]
     result["counters"] = counters(llm)
     result["drafter"] = drafter_stats(llm)
+    result["drafter_class"] = drafter_class(llm)
     print(json.dumps(result))
 
 

@@ -1,26 +1,37 @@
 """vLLM plugin: serve ``--speculative-config '{"method": "suffix"}'`` with suffixspec.
 
 Registered under the ``vllm.general_plugins`` entry point, so vLLM calls
-``register`` in its API process, engine core and every worker.  It does
-nothing unless ``SUFFIXSPEC_ENABLE=1`` (see ``settings`` for the rest of the
-switches), and nothing twice.  vLLM itself is never a dependency: this
+``register`` in its API process, engine core and every worker.  It serves
+``method: "suffix"`` when ``SUFFIXSPEC_ENABLE=1``, or when the switch is unset
+and arctic-inference is not installed (see ``settings``), and says in vLLM's
+log (logger ``vllm.suffixspec``) whenever it stays off, and why.  vLLM itself is never a dependency: this
 package imports it only once the plugin is switched on.
 """
 
 from __future__ import annotations
 
-from suffixspec.integrations.vllm.settings import Settings, enabled
+import logging
 
-__all__ = ["Settings", "enabled", "register"]
+from suffixspec.integrations.vllm.settings import Settings, enabled, switch
 
+__all__ = ["Settings", "enabled", "register", "switch"]
+
+logger = logging.getLogger("vllm.suffixspec")  # under vLLM's logger: its format
 _installed: bool | None = None
 
 
 def register() -> None:
     """Entry point for ``vllm.general_plugins``; idempotent."""
     global _installed
-    if _installed is not None or not enabled():
+    if _installed is not None:
         return
-    from suffixspec.integrations.vllm.patch import install
+    from suffixspec.integrations.vllm.patch import explain_when_suffix_is_asked, install
 
-    _installed = install()
+    on, why = switch()
+    if not on:
+        arctic = "arctic-inference is installed" in why
+        explain_when_suffix_is_asked(logging.INFO if arctic else logging.WARNING,
+                                     f"suffixspec is off: {why}")
+        _installed = False
+        return
+    _installed = install(why)

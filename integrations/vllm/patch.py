@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 import sys
 
-logger = logging.getLogger("suffixspec.vllm")
+from suffixspec.integrations.vllm import contract
 
-#: vLLM releases this adapter was tested against (``major.minor``).
-TESTED_VLLM = ("0.32",)
+logger = logging.getLogger("vllm.suffixspec")
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 
@@ -32,30 +31,62 @@ def vllm_version() -> str | None:
     return None
 
 
-def supported(version: str | None) -> bool:
-    return version is not None and any(
-        version == v or version.startswith(v + ".") for v in TESTED_VLLM)
-
-
-def install() -> bool:
-    """Patch vLLM in this process; False (with a warning) on an untested vLLM."""
+def install(why: str = "", root=None) -> bool:
+    """Patch vLLM in this process; False, saying why, when vLLM's code is not
+    what the plugin hooks (``contract``).  ``root``: the vLLM sources checked
+    (default: the installed package)."""
     version = vllm_version()
-    if not supported(version):
-        logger.warning("suffixspec: vLLM %s is not a tested release (%s); the plugin stays off",
-                       version, ", ".join(TESTED_VLLM))
+    root = root or contract.vllm_root()
+    found = contract.problems(root) if root is not None else ["vLLM is not installed"]
+    if found:
+        explain_when_suffix_is_asked(logging.WARNING, f"suffixspec is off: vLLM {version} is "
+                                                      f"not what it hooks: {'; '.join(found)}")
         return False
+    message = f"suffixspec serves method \"suffix\": {why or 'enabled'}"
+    if not contract.tested(version):
+        message += (f"; vLLM {version} is outside the tested releases ({contract.TESTED}), "
+                    f"but its code has everything the plugin hooks")
     _guard_llvmlite_scan()
-    import vllm.config.speculative as speculative
     import vllm.v1.spec_decode.suffix_decoding as suffix_decoding
 
     from suffixspec.integrations.vllm.drafter import SuffixSpecDrafter
 
-    speculative.has_arctic_inference = _available  # validation needs no arctic-inference
+    # Config validation then needs no arctic-inference.
+    explain_when_suffix_is_asked(logging.INFO, message, answer=True)
     suffix_decoding.SuffixDecodingProposer = SuffixSpecDrafter
     runner = sys.modules.get(_RUNNER)  # a runner imported later binds the patched name
     if runner is not None:
         runner.SuffixDecodingProposer = SuffixSpecDrafter
     return True
+
+
+def explain_when_suffix_is_asked(level: int, message: str, answer: bool | None = None) -> None:
+    """Log ``message`` once, when a config asks for method "suffix".
+
+    Plugins load before vLLM sets up its logging, so a line logged now would
+    not show in vLLM's format.  vLLM asks ``has_arctic_inference`` only while
+    validating a suffix config, right before it fails without
+    arctic-inference: the line shows next to that error.  ``answer``: what
+    the question then answers (None: vLLM's own answer).
+    """
+    try:
+        import vllm.config.speculative as speculative
+
+        original = getattr(speculative.has_arctic_inference, "_original",
+                           speculative.has_arctic_inference)
+    except (ImportError, AttributeError):
+        logger.log(level, message)
+        return
+    said = []
+
+    def has_arctic_inference() -> bool:
+        if not said:
+            said.append(True)
+            logger.log(level, message)
+        return original() if answer is None else answer
+
+    has_arctic_inference._original = original
+    speculative.has_arctic_inference = has_arctic_inference
 
 
 def install_runner_hooks(runner_cls) -> None:
@@ -90,10 +121,6 @@ def _wrap(cls, name: str, notify, before: bool = False) -> None:
     wrapper.__name__ = name
     wrapper.__doc__ = original.__doc__
     setattr(cls, name, wrapper)
-
-
-def _available() -> bool:
-    return True
 
 
 def _guard_llvmlite_scan() -> None:

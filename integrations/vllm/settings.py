@@ -8,7 +8,10 @@ without the prefix (``{"pool": "/var/lib/pools/sql.lmdb"}``); a variable wins
 over the file.
 
 ==============================  ==============================================
-``SUFFIXSPEC_ENABLE=1``         serve ``method: "suffix"`` with suffixspec
+``SUFFIXSPEC_ENABLE``           1: serve ``method: "suffix"`` with suffixspec;
+                                0: never; unset: when arctic-inference (the
+                                library vLLM's own suffix method needs) is
+                                not installed
 ``SUFFIXSPEC_CONFIG``           JSON file with any of the settings below
 ``SUFFIXSPEC_POOL``             persistent cross-request pool (LMDB file)
 ``SUFFIXSPEC_TOKENIZER``        tokenizer.json (or its folder) that the pool
@@ -27,6 +30,7 @@ over the file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, fields
@@ -37,8 +41,34 @@ POLICIES = ("calibrated", "counts")  # as suffixspec.proposer.POLICIES, without 
 TRUE = {"1", "true", "yes", "on"}
 
 
+FALSE = {"0", "false", "no", "off"}
+
+
+def switch(environ=os.environ, arctic_installed: bool | None = None) -> tuple[bool, str]:
+    """Whether the plugin serves ``method: "suffix"``, and why, in words."""
+    value = environ.get(PREFIX + "ENABLE", "").strip().lower()
+    if value in TRUE:
+        return True, f"{PREFIX}ENABLE={value}"
+    if value in FALSE:
+        return False, (f"{PREFIX}ENABLE={value}; method \"suffix\" then needs "
+                       f"arctic-inference")
+    if arctic_installed is None:
+        arctic_installed = _importable("arctic_inference")
+    if arctic_installed:
+        return False, (f"arctic-inference is installed and serves method \"suffix\"; "
+                       f"{PREFIX}ENABLE=1 serves it with suffixspec instead")
+    return True, f"arctic-inference is not installed; {PREFIX}ENABLE=0 turns suffixspec off"
+
+
 def enabled(environ=os.environ) -> bool:
-    return environ.get(PREFIX + "ENABLE", "").strip().lower() in TRUE
+    return switch(environ)[0]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""What the plugin relies on in vLLM, checked on vLLM's source files.
+
+The plugin replaces vLLM's ``SuffixDecodingProposer`` and wraps two runner
+methods, so it works with any vLLM whose code still has the shape below,
+whatever its version.  ``problems(root)`` reads the files under ``root`` (the
+``vllm`` package folder) with ``ast``: nothing is imported, so the check is
+cheap in every vLLM process, and it runs as well on a downloaded release's
+sources as on the installed one.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+#: vLLM releases the plugin was tested against (0.33 through its sources only:
+#: no CPU build of it exists).
+TESTED = SpecifierSet(">=0.32,<0.34")
+
+_PROPOSER = "v1/spec_decode/suffix_decoding.py"
+_RUNNER = "v1/worker/gpu_model_runner.py"
+_BATCH = "v1/worker/gpu_input_batch.py"
+_CONFIG = "config/speculative.py"
+
+# (file, class, method) -> the parameters it must have, in order
+_SIGNATURES = {
+    (_PROPOSER, "SuffixDecodingProposer", "propose"):
+        ("self", "num_speculative_tokens", "input_batch", "sampled_token_ids", "slot_mappings"),
+    (_RUNNER, "GPUModelRunner", "_on_request_state_removed"): ("self", "req_id", "req_state"),
+    (_RUNNER, "GPUModelRunner", "shutdown"): ("self",),
+}
+# What the drafter reads off the runner's input batch.
+_BATCH_FIELDS = ("req_ids", "num_tokens_no_spec", "token_ids_cpu", "num_prompt_tokens")
+
+
+def vllm_root() -> Path | None:
+    """The installed ``vllm`` package folder, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def tested(version: str | None) -> bool:
+    try:
+        return version is not None and Version(version) in TESTED
+    except InvalidVersion:
+        return False
+
+
+def problems(root: Path) -> list[str]:
+    """Each way the vLLM sources under ``root`` differ from what the plugin needs."""
+    trees: dict[str, ast.Module] = {}
+    out: list[str] = []
+    for rel in (_PROPOSER, _RUNNER, _BATCH, _CONFIG):
+        try:
+            trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError) as e:
+            out.append(f"cannot read vllm/{rel} ({type(e).__name__})")
+    if out:
+        return out
+    for (rel, cls, method), want in _SIGNATURES.items():
+        fn = _method(trees[rel], cls, method)
+        if fn is None:
+            out.append(f"vllm/{rel}: {cls}.{method} is gone")
+        elif _params(fn)[:len(want)] != list(want):
+            out.append(f"vllm/{rel}: {cls}.{method} takes ({', '.join(_params(fn))}), "
+                       f"the plugin needs ({', '.join(want)})")
+    if "has_arctic_inference" not in _module_names(trees[_CONFIG]):
+        out.append(f"vllm/{_CONFIG} no longer checks has_arctic_inference")
+    runner = trees[_RUNNER]
+    if "SuffixDecodingProposer" not in _module_names(runner):
+        out.append(f"vllm/{_RUNNER} no longer imports SuffixDecodingProposer")
+    if not _suffix_call_matches(runner):
+        out.append(f"vllm/{_RUNNER} no longer calls drafter.propose(num_spec_tokens, "
+                   f"input_batch, sampled_token_ids, slot_mappings=...) for method 'suffix'")
+    batch = _class(trees[_BATCH], "InputBatch")
+    have = _class_fields(batch) if batch is not None else set()
+    missing = [f for f in _BATCH_FIELDS if f not in have]
+    if missing:
+        out.append(f"vllm/{_BATCH}: InputBatch lacks {', '.join(missing)}")
+    return out
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def _method(tree: ast.Module, cls: str, name: str):
+    node = _class(tree, cls)
+    if node is None:
+        return None
+    return next((n for n in node.body
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+
+
+def _params(fn) -> list[str]:
+    a = fn.args
+    return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+
+
+def _module_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (imports and definitions)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
+
+
+def _class_fields(cls: ast.ClassDef) -> set[str]:
+    """Methods and properties of a class, and the ``self.x`` it assigns."""
+    fields = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    for node in ast.walk(cls):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        fields.update(t.attr for t in targets if isinstance(t, ast.Attribute)
+                      and isinstance(t.value, ast.Name) and t.value.id == "self")
+    return fields
+
+
+def _suffix_call_matches(tree: ast.Module) -> bool:
+    """In a branch taken for method "suffix", ``self.drafter.propose(a, b, c[, slot_mappings=])``."""
+    for branch in ast.walk(tree):
+        if not (isinstance(branch, ast.If) and isinstance(branch.test, ast.Compare)
+                and any(isinstance(c, ast.Constant) and c.value == "suffix"
+                        for c in branch.test.comparators)):
+            continue
+        for stmt in branch.body:
+            for call in ast.walk(stmt):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "propose"
+                        and isinstance(call.func.value, ast.Attribute)
+                        and call.func.value.attr == "drafter"):
+                    return (len(call.args) == 3
+                            and {k.arg for k in call.keywords} <= {"slot_mappings"})
+    return False
