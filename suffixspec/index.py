@@ -130,6 +130,11 @@ class SuffixIndex:
         off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
         return self.arena[off:off + n].copy()
 
+    def view(self, seq: int) -> np.ndarray:
+        """The tokens of ``seq`` without a copy; valid until the index next changes."""
+        off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
+        return self.arena[off:off + n]
+
     def seq_len(self, seq: int) -> int:
         return int(self.seqs[seq, nat.SEQ_LEN])
 

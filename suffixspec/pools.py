@@ -24,17 +24,40 @@ DEFAULT_NAMESPACE = "default"
 
 
 class RequestPool:
-    def __init__(self, max_depth: int):
+    """One tree per active request, over its prompt and its output so far.
+
+    A finished request's tree is kept a while (``keep_tokens`` tokens in all,
+    oldest dropped first): an agent's next turn usually arrives as a new
+    request whose prompt is the previous turn's prompt and output plus a few
+    new tokens, and ``start`` then takes over that tree and indexes only the
+    new tokens.
+    """
+
+    def __init__(self, max_depth: int, keep_tokens: int = 1 << 20):
         self.index = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
                                  token_capacity=1 << 16)
+        self.keep_tokens = keep_tokens
         # req_id -> (tree, seq)
         self.requests: dict[Hashable, tuple[int, int]] = {}
+        # Finished requests' trees, oldest first: seq -> (tree, tokens)
+        self.finished: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._finished_tokens = 0
 
-    def start(self, req_id: Hashable, prompt: np.ndarray) -> None:
-        tree = self.index.add_tree()
-        seq = self.index.add_sequence(tree, capacity=prompt.shape[0] + 256)
-        self.index.extend(seq, prompt)
+    def start(self, req_id: Hashable, prompt: np.ndarray) -> int:
+        """Index ``prompt`` for ``req_id``; returns how many of its tokens were
+        already indexed (the finished request it continues), else 0."""
+        reused = self._continued(prompt)
+        if reused is None:
+            tree = self.index.add_tree()
+            seq = self.index.add_sequence(tree, capacity=prompt.shape[0] + 256)
+            have = 0
+        else:
+            seq, have = reused
+            tree, _ = self.finished.pop(seq)
+            self._finished_tokens -= have
+        self.index.extend(seq, prompt[have:])
         self.requests[req_id] = (tree, seq)
+        return have
 
     def extend(self, req_id: Hashable, tokens: np.ndarray) -> None:
         self.index.extend(self.requests[req_id][1], tokens)
@@ -42,6 +65,32 @@ class RequestPool:
     def drop(self, req_id: Hashable) -> None:
         tree, _ = self.requests.pop(req_id)
         self.index.drop_tree(tree)
+
+    def retire(self, req_id: Hashable) -> None:
+        """The request finished: keep its tree for a request that continues it."""
+        tree, seq = self.requests.pop(req_id)
+        n = self.index.seq_len(seq)
+        if n > self.keep_tokens:
+            self.index.drop_tree(tree)
+            return
+        self.finished[seq] = (tree, n)
+        self._finished_tokens += n
+        while self._finished_tokens > self.keep_tokens:
+            _, (old_tree, old_n) = self.finished.popitem(last=False)
+            self._finished_tokens -= old_n
+            self.index.drop_tree(old_tree)
+
+    def _continued(self, prompt: np.ndarray) -> tuple[int, int] | None:
+        """(seq, length) of the longest finished sequence ``prompt`` starts with."""
+        best = None
+        size = prompt.shape[0]
+        for seq, (_, n) in self.finished.items():
+            if 0 < n <= size and (best is None or n > best[1]):
+                tokens = self.index.view(seq)
+                if (tokens[n - 1] == prompt[n - 1] and tokens[0] == prompt[0]
+                        and np.array_equal(tokens, prompt[:n])):
+                    best = (seq, n)
+        return best
 
 
 class CrossPool:

@@ -77,6 +77,11 @@ class SuffixProposer:
     anchors:
         Calibrated policy: also match the start of the output against the
         starts of past outputs (see ``suffixspec.anchors``).
+    reuse_tokens:
+        Finished requests' own tries kept for the next turn of a conversation
+        (tokens in all, oldest dropped first; 0: none).  A request whose
+        prompt starts with a finished request's prompt and output takes over
+        its trie and indexes only the tokens after them.
 
     The three policy options are on by default because the replay over the
     shared traces measured each as helping; ``bench/policy_bench.py``
@@ -94,7 +99,7 @@ class SuffixProposer:
                  namespace: str = DEFAULT_NAMESPACE, shared_namespace: str | None = None,
                  all_match_lengths: bool = True, self_discount: bool = True,
                  long_match_bias: bool = True, policy: str = "calibrated",
-                 draft_cost: float = 0.03, anchors: bool = True):
+                 draft_cost: float = 0.03, anchors: bool = True, reuse_tokens: int = 1 << 20):
         if not 2 <= max_depth <= 1024:
             raise ValueError(f"max_depth must be in [2, 1024], got {max_depth}")
         if max_spec_tokens < 0:
@@ -130,7 +135,10 @@ class SuffixProposer:
         self.namespace = check_namespace(namespace)
         self.shared_namespace = (None if shared_namespace is None
                                  else check_namespace(shared_namespace))
-        self.requests = RequestPool(self.max_depth)
+        if reuse_tokens < 0:
+            raise ValueError(f"reuse_tokens must be >= 0, got {reuse_tokens}")
+        self.requests = RequestPool(self.max_depth, keep_tokens=int(reuse_tokens))
+        self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         if pool is not None and not isinstance(pool, CrossPool):
             from suffixspec.persistent import PersistentPool
 
@@ -193,7 +201,7 @@ class SuffixProposer:
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
         if self.cross is not None:
             self.cross.want(draw)
-        self.requests.start(req_id, prompt)
+        self.reused_tokens += self.requests.start(req_id, prompt)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending[3].shape[0]:
             self._pending = self._pending_rows(2 * seq + 2, self._pending)
@@ -253,23 +261,28 @@ class SuffixProposer:
 
     @locked
     def finish_request(self, req_id: Hashable) -> None:
-        """The request ended normally: its output stays in the cross pool."""
-        seq = self._end(req_id)
+        """The request ended normally: its output stays in the cross pool, and
+        its own trie waits a while for a request that continues it."""
+        seq = self._end(req_id, keep=True)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
 
     @locked
     def abort_request(self, req_id: Hashable) -> None:
         """The request was cancelled: forget it entirely."""
-        seq = self._end(req_id)
+        seq = self._end(req_id, keep=False)
         if seq is not None:
             self.cross.discard(seq)
 
-    def _end(self, req_id: Hashable) -> int | None:
-        """Drop the request's own tree; returns its open cross-pool sequence, if any."""
+    def _end(self, req_id: Hashable, keep: bool) -> int | None:
+        """Retire or drop the request's own tree; returns its open cross-pool
+        sequence, if any."""
         self._check_active(req_id)
         self._pending[3][self.requests.requests[req_id][1]] = 0
-        self.requests.drop(req_id)
+        if keep:
+            self.requests.retire(req_id)
+        else:
+            self.requests.drop(req_id)
         self._draw_from.pop(req_id)
         return self._cross_seq.pop(req_id, None)
 

@@ -164,6 +164,21 @@ def test_with_arctic_installed_and_the_switch_unset_arctic_serves(model, prompts
     assert "suffixspec is off: arctic-inference is installed" in log
 
 
+def test_next_turns_reuse_the_previous_turn_and_outputs_stay_identical(model, prompts):
+    args = ["conversation", "--model", str(model), "--prompts", str(prompts)]
+    plain, _ = run(args + ["--no-spec"], enable=False)
+    ours, _ = run(args)
+    assert ours["turns"] == plain["turns"]
+    assert accepted(ours) > 0
+    # A next turn takes over the previous turn's trie when what the drafter
+    # indexed is a prefix of the new prompt: the previous prompt and output
+    # (turn 2: 100 + 24 tokens; turn 3: 136 + 24).  When the last step's
+    # accepted draft ran past max_tokens, the drafter indexed tokens the
+    # output lost, and that turn is indexed afresh.
+    reused = ours["drafter"]["reused_prompt_tokens"]
+    assert reused > 0 and any(reused == 124 * a + 160 * b for a in range(4) for b in range(4))
+
+
 def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
     pool = str(tmp_path / "pool.lmdb")
     first, _ = generate(model, prompts, "--modes", "batch", SUFFIXSPEC_POOL=pool)

@@ -122,6 +122,30 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
 
 @main.command()
 @click.option("--model", required=True)
+@click.option("--prompts", "prompts_file", required=True)
+@click.option("--spec/--no-spec", default=True)
+@click.option("--turns", default=3)
+def conversation(model, prompts_file, spec, turns):
+    """Multi-turn: each turn's prompt is the last prompt + its output + new tokens."""
+    from vllm import SamplingParams
+
+    prompts = [p[-100:] for p in json.load(open(prompts_file))[:3]]
+    llm = engine(model, spec, 8, 1024, 64 << 20, 8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = []
+    for turn in range(turns):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        done = [list(o.outputs[0].token_ids) for o in outs]
+        outputs.append(done)
+        # The next turn: what was said so far, then a new message (the
+        # previous prompt's first tokens stand in for it).
+        prompts = [p + d + p[:12] for p, d in zip(prompts, done)]
+    print(json.dumps({"turns": outputs, "counters": counters(llm),
+                      "drafter": drafter_stats(llm)}))
+
+
+@main.command()
+@click.option("--model", required=True)
 @click.option("--no-arctic", is_flag=True)
 def validate(model, no_arctic):
     """Build the engine config for ``method: "suffix"``; report the proposer class."""

@@ -163,6 +163,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         out["active_requests"] = len(self.indexed)
         cross = self.proposer.cross
         out["cross_tokens"] = 0 if cross is None else int(cross.tokens)
+        out["reused_prompt_tokens"] = self.proposer.reused_tokens
         return out
 
     def _failed(self, exc: Exception, req_ids) -> None:
