@@ -20,9 +20,11 @@ committed: sequences are committed in batches, each one transaction.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -30,6 +32,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors
+from suffixspec.fingerprint import TokenizerId
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.store import DiskFullError, PoolStore, TokenizerMismatchError, check_namespace
 from suffixspec.tokens import as_token_ids
@@ -55,6 +58,7 @@ class IngestReport:
     sequences: int = 0
     tokens: int = 0
     skipped: int = 0
+    duplicates: int = 0  # exported sequences the pool held already
     problems: list[str] = field(default_factory=list)
     tokenize_s: float = 0.0
     store_s: float = 0.0
@@ -62,9 +66,9 @@ class IngestReport:
 
     def summary(self) -> dict:
         return {"files": self.files, "lines": self.lines, "sequences": self.sequences,
-                "tokens": self.tokens, "skipped": self.skipped,
+                "tokens": self.tokens, "skipped": self.skipped, "duplicates": self.duplicates,
                 "tokenize_s": round(self.tokenize_s, 3), "store_s": round(self.store_s, 3),
-                "stopped": self.stopped}
+                **({"stopped": self.stopped} if self.stopped else {})}
 
 
 # ------------------------------------------------------------------- parsing
@@ -287,6 +291,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     report = IngestReport()
+    present: Counter | None = None  # (namespace, tokens digest) of stored sequences
     pending: list[tuple] = []  # (tokens, namespace, source, request_id)
     texts: list[tuple[str, str, bool]] = []  # (text, source, is_output) to tokenize
     pending_tokens = 0
@@ -359,8 +364,17 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                                 f"{int(item[anchor_count(item):].max())} is outside the "
                                 f"pool's vocabulary of {vocab}")
                         continue
-                    pending.append((item, namespace or fields.get("namespace", "default"),
-                                    fields.get("source", source), fields.get("request_id", "")))
+                    ns = namespace or fields.get("namespace", "default")
+                    if present is None:
+                        present = Counter((q.namespace, _digest(q.tokens))
+                                          for q in store.sequences())
+                    key = (ns, _digest(item))
+                    if present[key] > 0:
+                        present[key] -= 1  # ingesting an export again adds nothing
+                        report.duplicates += 1
+                        continue
+                    pending.append((item, ns, fields.get("source", source),
+                                    fields.get("request_id", "")))
                     pending_tokens += item.shape[0] - anchor_count(item)
                 else:
                     texts.extend((t, source, is_output) for t, is_output in item)
@@ -372,6 +386,32 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     except StopIngest as e:
         report.stopped = str(e)
     return report
+
+
+def _digest(tokens: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(tokens, np.int32).tobytes(),
+                           digest_size=16).digest()
+
+
+def export_tokenizer(files) -> tuple[TokenizerId, int] | None:
+    """The tokenizer and max_depth the export ``files`` name, if they are all
+    exports from pools of one tokenizer; else None."""
+    found = set()
+    for file in map(Path, files):
+        try:
+            if sniff(file) != "export":
+                return None
+            h = export_header(file)
+        except (OSError, ValueError):
+            return None
+        found.add((h.get("tokenizer"), h.get("fingerprint"), h.get("vocab_size"),
+                   h.get("max_depth")))
+    if len(found) != 1:
+        return None
+    name, fingerprint, vocab, depth = found.pop()
+    if not (isinstance(name, str) and isinstance(fingerprint, str) and isinstance(depth, int)):
+        return None
+    return TokenizerId(name, fingerprint, vocab if isinstance(vocab, int) else None), depth
 
 
 def _check_export_header(file: Path, store: PoolStore) -> None:
@@ -386,7 +426,8 @@ def export(store: PoolStore, out, namespace: str | None = None) -> int:
     """Write the pool's sequences as JSON lines (ingestable); returns how many."""
     info = store.info
     out.write(json.dumps({EXPORT_HEADER: 1, "tokenizer": info["tokenizer"],
-                          "fingerprint": info["fingerprint"], "max_depth": info["max_depth"]})
+                          "fingerprint": info["fingerprint"], "max_depth": info["max_depth"],
+                          "vocab_size": store.vocab_size})
               + "\n")
     n = 0
     for seq in store.sequences(namespace=namespace):

@@ -226,3 +226,46 @@ def test_export_records_honour_the_namespace_and_the_vocabulary(tmp_path, tokeni
     store = PoolStore(pool, readonly=True)
     assert store.stats()["namespaces"]["mine"] == {"sequences": 1, "tokens": 3}
     store.close()
+
+
+def test_an_export_makes_a_new_pool_alone_and_ingesting_it_again_adds_nothing(
+        tmp_path, trace_slice, tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    assert run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path).exit_code == 0
+    exported = tmp_path / "out.jsonl"
+    exported.write_text(run("export", pool).stdout)
+    copy = tmp_path / "copy.lmdb"
+    r = run("ingest", copy, exported, "--json")  # no --tokenizer: the export names it
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["sequences"] == 60
+    a, b = PoolStore(pool, readonly=True), PoolStore(copy, readonly=True)
+    assert a.tokenizer == b.tokenizer and a.vocab_size == b.vocab_size is not None
+    assert a.max_depth == b.max_depth
+    a.close()
+    b.close()
+    r = run("ingest", copy, exported, "--json")
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["sequences"] == 0 and summary["duplicates"] == 60
+    assert PoolStore(copy, readonly=True).stats()["sequences"] == 60
+
+
+@pytest.mark.parametrize("command", [["stats"], ["export"], ["snapshot"], ["forget",
+                                     "--namespace", "x"], ["prune", "--max-tokens", "5"]])
+def test_commands_on_a_missing_pool_say_so_in_one_line(tmp_path, command):
+    missing = tmp_path / "missing.lmdb"
+    r = run(command[0], missing, *command[1:])
+    assert r.exit_code == 1 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert r.output.strip().splitlines() == [f"Error: no pool at {missing}"]
+    assert not list(tmp_path.iterdir())  # nothing created beside it
+
+
+def test_a_new_pool_from_logs_needs_the_tokenizer(tmp_path, trace_slice):
+    r = run("ingest", tmp_path / "new.lmdb", trace_slice)
+    assert r.exit_code == 2
+    assert "creating one from logs needs --tokenizer" in r.output
+    assert not list(tmp_path.glob("new.lmdb*"))
+
+
+def test_the_text_summary_names_no_empty_fields(tmp_path, trace_slice, tokenizer_path):
+    r = run("ingest", tmp_path / "pool.lmdb", trace_slice, "--tokenizer", tokenizer_path)
+    assert r.exit_code == 0 and "None" not in r.stdout and "stopped" not in r.stdout

@@ -34,8 +34,12 @@ def load_tokenizer(path: str):
 def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | None = None,
               **options):
     """A ``PersistentPool``, with pool errors turned into clean CLI errors."""
+    from pathlib import Path
+
     from suffixspec.persistent import PersistentPool
 
+    if tokenizer is None and not Path(path).exists():
+        raise click.ClickException(f"no pool at {path}")
     try:
         return PersistentPool(path, tokenizer=tokenizer, max_depth=max_depth, **options)
     except PoolError as e:

@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 from tqdm import tqdm
 
 from suffixspec.cli.common import load_tokenizer, open_pool, parse_duration
-from suffixspec.ingest import FORMATS, ingest
+from suffixspec.ingest import FORMATS, export_tokenizer, ingest
 from suffixspec.store import PoolError, PoolStore
 
 _POOL = click.argument("pool", type=click.Path(dir_okay=False))
 
 
 def _store(path: str, **kw) -> PoolStore:
+    if kw.get("tokenizer") is None and not Path(path).exists():
+        raise click.ClickException(f"no pool at {path}")
     try:
         return PoolStore(path, **kw)
     except PoolError as e:
@@ -62,8 +65,16 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
     from suffixspec.persistent import PersistentPool
 
     tok, encode = load_tokenizer(tokenizer) if tokenizer else (None, None)
+    depth = max_depth if tok else None
+    if tok is None and not Path(pool).exists():
+        # A new pool from export files takes the tokenizer and depth they name.
+        named = export_tokenizer(files)
+        if named is None:
+            raise click.UsageError(f"no pool at {pool}; creating one from logs needs "
+                                   f"--tokenizer (export files name their own)")
+        tok, depth = named
     t0 = time.perf_counter()
-    with _store(pool, tokenizer=tok, max_depth=max_depth if tok else None) as store:
+    with _store(pool, tokenizer=tok, max_depth=depth) as store:
         try:
             with tqdm(desc="ingest", unit="tok", unit_scale=True, file=sys.stderr,
                       delay=1) as bar:
