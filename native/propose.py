@@ -18,6 +18,7 @@ Synthetic tokens (``SYNTHETIC_BASE`` and above) mark output starts; no draft
 ever holds one.
 """
 
+import numpy as np
 from numba import njit
 
 from . import calibration as cal
@@ -219,8 +220,10 @@ def _calibrated_tree(nodes, arena, seqs, x, off, cap, thr, discount, src, match_
 
     Returns ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
     """
-    size = _push_next(nodes, arena, seqs, x, off, 1.0, -1, 0, discount, thr, src, match_len,
-                      table, state, hp, hn, ho, hpar, hb, hd, 0)
+    # Typed arguments (no literals), so ``_push_next`` compiles once.
+    size = _push_next(nodes, arena, seqs, np.int64(x), off, 1.0, np.int64(-1), np.int64(0),
+                      np.int64(discount), thr, src, match_len, table, state, hp, hn, ho, hpar,
+                      hb, hd, np.int64(0))
     n = 0
     gain = 0.0
     while n < cap and size > 0:
@@ -240,8 +243,9 @@ def _calibrated_tree(nodes, arena, seqs, x, off, cap, thr, discount, src, match_
         n += 1
         if gain + (cap - n) * (prob - thr) <= beat:
             return n, -1.0
-        size = _push_next(nodes, arena, seqs, y, k + 1, prob, n - 1, d + 1, 0, thr, src,
-                          match_len, table, state, hp, hn, ho, hpar, hb, hd, size)
+        size = _push_next(nodes, arena, seqs, np.int64(y), k + 1, prob, np.int64(n - 1),
+                          np.int64(d + 1), np.int64(0), thr, src, match_len, table, state, hp,
+                          hn, ho, hpar, hb, hd, np.int64(size))
     return n, gain
 
 
@@ -409,7 +413,7 @@ def _draft_calibrated(i, recent, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_a
         out_len = c_seqs[cs, SEQ_LEN] - anchors
     own = l_seqs[s, SEQ_LEN]
     n, best, m, source = _tree_draft(
-        l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]], l_arena,
+        l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, np.int64(l_roots[req_trees[i]]), l_arena,
         start, end, c_arena, c_end, 0, 0, l_seqs[s, SEQ_SLOT], own, own, cal.SRC_REQUEST, recent,
         depth, limit, factor, offset, thr, tree_mode, flags, table, state, 0.0, out_tokens[i],
         out_parents[i], out_probs[i], out_buckets[i], cand_tokens, cand_parents, cand_probs,
@@ -536,7 +540,7 @@ def _draft_counts(i, l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roo
     if start < l_seqs[s, SEQ_OFF]:
         start = l_seqs[s, SEQ_OFF]
     n, score, best, m = _pool_draft_counts(
-        l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, l_roots[req_trees[i]],
+        l_nodes, l_hkeys, l_hvals, l_arena, l_seqs, l_active, np.int64(l_roots[req_trees[i]]),
         l_arena, start, end, depth, limits[i], factor, offset, min_prob,
         tree_mode, l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], l_seqs[s, SEQ_LEN], flags,
         out_tokens[i], out_parents[i], out_probs[i], cand_tokens, cand_parents, cand_probs,

@@ -77,7 +77,8 @@ def warmup() -> float:
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr, 1)
             si.draft_tree(n_, ar, sq, x, off, k, 0.1, out_t, out_p, out_pr, *heap)
             si.continuations(n_, ar, sq, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
-    # One batched step per policy; the snapshot index is read-only in a persistent pool.
+    # One batched step per policy.  The base index is always read-only (a
+    # persistent pool's snapshot, or the proposer's read-only stand-in).
     b = 1
     outs = (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32), np.zeros((b, k), np.float32),
             np.zeros(b, np.int64), np.zeros(b, np.float64), np.zeros(b, np.int64),
@@ -90,10 +91,11 @@ def warmup() -> float:
     req = np.zeros(b, np.int64)
     cross_roots = np.full((b, 1), root, np.int64)
     writeable = (nodes, hkeys, hvals, arena, seqs, active)
-    for base in (writeable, _readonly(*writeable)):
+    ro = _readonly(*writeable)
+    for base in (ro,):
         for flags, tree in ((pr.DEFAULT_POLICY, False), (pr.DEFAULT_POLICY, True),
                             (pr.COUNTS_POLICY, False)):
-            pr.propose_batch(*writeable, roots, *base, cross_roots, *writeable, cross_roots,
+            pr.propose_batch(*ro, roots, *base, cross_roots, *ro, cross_roots,
                              depth, req, req, np.zeros(b, np.int64), np.full(b, k, np.int64),
                              1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
                              np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),

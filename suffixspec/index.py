@@ -130,6 +130,24 @@ class SuffixIndex:
         off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
         return self.arena[off:off + n].copy()
 
+    def read_only_arrays(self) -> tuple:
+        """Read-only views of (nodes, hkeys, hvals, arena, seqs, active).
+
+        The drafting kernel takes every index read-only (a snapshot is), so it
+        is compiled once.  The views are made again only after an array grew.
+        """
+        arrays = (self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active)
+        src, views = getattr(self, "_read_only", ((), ()))
+        if len(src) != len(arrays) or any(a is not b for a, b in zip(src, arrays)):
+            views = []
+            for a in arrays:
+                v = a.view()
+                v.setflags(write=False)
+                views.append(v)
+            views = tuple(views)
+            self._read_only = (arrays, views)
+        return views
+
     def view(self, seq: int) -> np.ndarray:
         """The tokens of ``seq`` without a copy; valid until the index next changes."""
         off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])

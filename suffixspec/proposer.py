@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 from itertools import accumulate
 from typing import Hashable, Sequence
@@ -11,7 +10,7 @@ import numpy as np
 
 from suffixspec.anchors import start_anchors
 from suffixspec.draft import Draft
-from suffixspec.index import heap_scratch
+from suffixspec.index import SuffixIndex, heap_scratch
 from suffixspec.native import calibration as cal
 from suffixspec.native import propose as nat
 from suffixspec.native import warmup
@@ -163,6 +162,10 @@ class SuffixProposer:
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._roots_cache: dict = {}
         self._no_roots = np.full((8, 1), -1, np.int64)
+        # Stands in for a pool without a snapshot.  Read-only like a snapshot,
+        # so the drafting kernel is compiled for one kind of base index only.
+        self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
+                                    token_capacity=16).read_only_arrays()
         warmup()
         k = max(self.max_spec_tokens, 1)
         self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
@@ -323,8 +326,8 @@ class SuffixProposer:
         tokens, parents, probs, n, score, match, source, buckets = self._out
         local = self.requests.index
         base_arrays, base_roots, delta_arrays, delta_roots = self._cross_args(req_ids)
-        nat.propose_batch(local.nodes, local.hkeys, local.hvals, local.arena, local.seqs,
-                          local.active, local.roots, *base_arrays, base_roots, *delta_arrays,
+        nat.propose_batch(*local.read_only_arrays(), local.roots, *base_arrays, base_roots,
+                          *delta_arrays,
                           delta_roots, self.max_depth, rows[:, 1],
                           rows[:, 0], rows[:, 2], limits, self.max_spec_factor,
                           self.max_spec_offset, self.min_token_prob, self.tree, self.flags,
@@ -349,14 +352,13 @@ class SuffixProposer:
         Root matrices are cached per pool generation; a batch whose requests
         all draw from the same namespaces (the usual case) is one cache hit.
         """
-        local = self.requests.index
-        empty = (local.nodes, local.hkeys, local.hvals, local.arena, local.seqs, local.active)
         b = len(req_ids)
         pool = self.cross
         if pool is None:
             if self._no_roots.shape[0] < b:
                 self._no_roots = np.full((2 * b, 1), -1, np.int64)
-            return empty, self._no_roots[:b], empty, self._no_roots[:b]
+            return (self._no_base, self._no_roots[:b], self.requests.index.read_only_arrays(),
+                    self._no_roots[:b])
         pool.refresh()
         draws = [self._draw_from[r] for r in req_ids]
         first = draws[0]
@@ -370,10 +372,8 @@ class SuffixProposer:
                     self._roots_cache.clear()
                 self._roots_cache[key] = roots
         base = pool.base
-        d = pool.delta
-        return ((base.nodes, base.hkeys, base.hvals, base.arena, base.seqs, base.active)
-                if base is not None else empty, roots[0],
-                (d.nodes, d.hkeys, d.hvals, d.arena, d.seqs, d.active), roots[1])
+        return (base.read_only_arrays() if base is not None else self._no_base, roots[0],
+                pool.delta.read_only_arrays(), roots[1])
 
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:
