@@ -41,15 +41,26 @@ def _readonly(*arrays):
     return out
 
 
-def warmup() -> float:
+#: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
+STEPS = ("indexing", "queries", "drafting", "learning", "maintenance", "input checks")
+
+
+def warmup(progress=None) -> float:
     """Compile (or load) every kernel; returns the seconds it took.
 
+    ``progress(step)``, if given, is called as each of ``STEPS`` begins.
     Idempotent: later calls return 0.0 at once.
     """
     global _done
     if _done:
         return 0.0
+
+    def step(name):
+        if progress is not None:
+            progress(name)
+
     t0 = time.perf_counter()
+    step("indexing")
     depth = 4
     meta, nodes, hkeys, hvals, arena, seqs, active = _tiny_index(depth)
     root = si.new_root(nodes, meta)
@@ -59,15 +70,16 @@ def warmup() -> float:
     tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
     si.extend(meta, nodes, hkeys, hvals, arena, seqs, active, 0, tokens)
     si.extend(meta, nodes, hkeys, hvals, arena, seqs, active, 0, _readonly(tokens)[0])
-    progress = np.zeros(2, np.int64)
+    extended = np.zeros(2, np.int64)
     si.extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, np.zeros(1, np.int64),
-                    tokens[:2], np.array([0, 2], np.int64), progress)
+                    tokens[:2], np.array([0, 2], np.int64), extended)
     meta[si.META_ARENA_TOP] = 32
     assert si.check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active) == 0
     k = 4
     heap = si.heap_scratch(k)
     out_t, out_p, out_pr = np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32)
     ctx = np.array([1, 2], np.int32)
+    step("queries")
     for arrs in ((nodes, hkeys, hvals, arena, seqs, active),
                  _readonly(nodes, hkeys, hvals, arena, seqs, active)):
         n_, hk, hv, ar, sq, ac = arrs
@@ -77,6 +89,7 @@ def warmup() -> float:
             si.draft_path(n_, ar, sq, x, off, k, 0.1, out_t, out_pr, 1)
             si.draft_tree(n_, ar, sq, x, off, k, 0.1, out_t, out_p, out_pr, *heap)
             si.continuations(n_, ar, sq, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
+    step("drafting")
     # One batched step per policy.  The base index is always read-only (a
     # persistent pool's snapshot, or the proposer's read-only stand-in).
     b = 1
@@ -100,9 +113,10 @@ def warmup() -> float:
                              1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
                              np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),
                              *heap)
+    step("learning")
     cal.learn(table, state, *pending, req, tokens, np.array([0, 2], np.int64),
               np.empty(k, np.int64), np.empty(k, np.bool_))
-    # Maintenance kernels.
+    step("maintenance")
     keys2, vals2 = np.full(256, si.EMPTY, np.int64), np.full(256, -1, np.int32)
     si.rehash(hkeys, hvals, keys2, vals2, meta)
     path = np.zeros(depth + 1, np.int32)
@@ -110,6 +124,7 @@ def warmup() -> float:
     si.move_seq(arena, seqs, meta, 0, 40, 8)
     si.compact_arena(arena, seqs, meta)
     si.drop_tree(meta, nodes, hkeys, hvals, root)
+    step("input checks")
     for dtype in (np.int32, np.int64, np.uint32, np.int16, np.uint8):
         token_checks.first_bad_token(tokens.astype(dtype))
         token_checks.first_bad_token(_readonly(tokens.astype(dtype))[0])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -18,17 +20,27 @@ def run(*args):
 
 
 def test_replay_builtin_workload_table():
+    result = run("replay", "-k", "8", "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
     result = run("replay", "-k", "8")
     assert result.exit_code == 0, result.output
-    header, row = result.stdout.strip().splitlines()
-    assert "mean_tokens_per_step" in header and row.strip().startswith("built-in")
+    header, row, *note = result.stdout.strip().splitlines()
+    assert header.split("  ")[0].strip() == "trace"
+    for column in ("tokens/step", "est", "accepted", "drafted/step", "µs/step p50",
+                   "µs/step p99", "start ms", "B/token"):
+        assert column in header
+    cells = row.split()
+    assert cells[:3] == ["built-in", "360", f"{figures['mean_tokens_per_step']:.2f}"]
+    assert f"{figures['acceptance_rate']:.0%}" in cells
+    assert note and "tokens/step:" in note[0]
 
 
-def test_replay_json_has_exactly_the_metric_keys():
+def test_replay_json_has_the_trace_and_exactly_the_metric_keys():
     result = run("replay", "--json", "--engine", "ngram")
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
-    assert tuple(obj) == METRIC_KEYS
+    assert tuple(obj) == ("trace", *METRIC_KEYS) and obj["trace"] == "built-in"
     assert obj["mean_tokens_per_step"] > 1.0
 
 
@@ -39,6 +51,7 @@ def test_replay_real_trace_slice(traces_dir, tokenizer_path):
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in result.stdout.strip().splitlines()]
     assert len(lines) == 2 and all(x["requests"] == 40 for x in lines)
+    assert [x["trace"] for x in lines] == ["tool_bfcl", "tool_bfcl"]
 
 
 def test_replay_needs_a_tokenizer_for_traces(traces_dir):
@@ -59,3 +72,13 @@ def test_arctic_engine_when_installed():
     result = run("replay", "--engine", "arctic", "--json", "-k", "8")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["mean_tokens_per_step"] > 1.0
+
+
+def test_arctic_engine_without_arctic_inference_is_one_line_before_any_work(tmp_path):
+    code = ("import sys; sys.modules['arctic_inference'] = None; "
+            "from suffixspec.cli import main; sys.exit(main())")
+    proc = subprocess.run([sys.executable, "-c", code, "replay", "--engine", "arctic"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--engine arctic needs arctic-inference" in proc.stderr
+    assert "Traceback" not in proc.stderr and "compiling" not in proc.stderr

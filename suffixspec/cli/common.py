@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import threading
 
 import click
 
@@ -44,3 +46,76 @@ def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | 
         return PersistentPool(path, tokenizer=tokenizer, max_depth=max_depth, **options)
     except PoolError as e:
         raise click.ClickException(str(e)) from e
+
+
+_COMPILING = "compiling kernels, first run only (about a minute): "
+
+
+class KernelLoader:
+    """Compile (first run) or load (later runs) the kernels in a background thread.
+
+    The caller goes on meanwhile (reading and tokenizing traces).  When it
+    takes more than a second, which only a first run's compilation does, a
+    line on stderr says so and follows the steps.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._bar = None
+        self._step = None
+        self._done = 0
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="suffixspec-kernels",
+                                        daemon=True)
+        self._timer = threading.Timer(1.0, self._show)
+        self._timer.daemon = True
+
+    def start(self) -> KernelLoader:
+        self._thread.start()
+        self._timer.start()
+        return self
+
+    def wait(self) -> float:
+        """Block until the kernels are ready; returns the seconds they took."""
+        self._thread.join()
+        self._timer.cancel()
+        with self._lock:
+            if self._bar is not None:
+                self._bar.set_description(_COMPILING + "done")
+                self._bar.update(self._bar.total - self._bar.n)
+                self._bar.close()
+                self._bar = None
+        if self._error is not None:
+            raise self._error
+        return self.seconds
+
+    def _run(self) -> None:
+        from suffixspec.native import warmup
+
+        try:
+            self.seconds = warmup(self._progress)
+        except BaseException as e:  # noqa: BLE001 - raised again by wait()
+            self._error = e
+
+    def _progress(self, step: str) -> None:
+        with self._lock:
+            if self._step is not None:
+                self._done += 1
+                if self._bar is not None:
+                    self._bar.update(1)
+            self._step = step
+            if self._bar is not None:
+                self._bar.set_description(_COMPILING + step)
+
+    def _show(self) -> None:
+        from tqdm import tqdm
+
+        from suffixspec.native.warmup import STEPS
+
+        with self._lock:
+            if not self._thread.is_alive():
+                return
+            self._bar = tqdm(total=len(STEPS), initial=self._done, file=sys.stderr,
+                             desc=_COMPILING + (self._step or ""),
+                             bar_format="{desc} ({n}/{total} steps, {elapsed})")

@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import click
 from tqdm import tqdm
 
-from suffixspec.cli.common import load_tokenizer, open_pool
+from suffixspec.cli.common import KernelLoader, load_tokenizer, open_pool
 from suffixspec.fingerprint import BYTES
-from suffixspec.native import warmup
 from suffixspec.proposer import POLICIES
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
 from suffixspec.replay.traces import load_trace
 from suffixspec.replay.workload import default_workload
 
-_COLUMNS = (("trace", "{}"), ("requests", "{}"), ("output_tokens", "{}"), ("steps", "{}"),
-            ("mean_tokens_per_step", "{:.3f}"), ("est", "{:.3f}"), ("acceptance_rate", "{:.3f}"),
-            ("drafted_per_step", "{:.2f}"), ("proposer_us_per_step_p50", "{:.1f}"),
-            ("proposer_us_per_step_p99", "{:.1f}"), ("start_us_mean", "{:.1f}"),
-            ("index_bytes_per_token", "{}"))
+# (header, metric key, format, scale) of the human table; --json keeps the raw keys.
+_COLUMNS = (("trace", "trace", "{}", None), ("requests", "requests", "{}", None),
+            ("tokens/step", "mean_tokens_per_step", "{:.2f}", None),
+            ("est", "est", "{:.2f}", None),
+            ("accepted", "acceptance_rate", "{:.0%}", None),
+            ("drafted/step", "drafted_per_step", "{:.1f}", None),
+            ("µs/step p50", "proposer_us_per_step_p50", "{:.0f}", None),
+            ("µs/step p99", "proposer_us_per_step_p99", "{:.0f}", None),
+            ("start ms", "start_us_mean", "{:.2f}", 1e-3),
+            ("B/token", "index_bytes_per_token", "{:.0f}", None))
+_NOTE = ("tokens/step: output tokens per target-model step (1.00 without speculation); "
+         "est: the same, discounted 3% per drafted token; accepted: share of drafted tokens "
+         "accepted; µs/step: proposer time per request-step; start: indexing a prompt; "
+         "B/token: index memory per indexed token.")
 
 
 @click.command(name="replay")
@@ -81,18 +91,29 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
         raise click.UsageError("replaying TRACE files needs --tokenizer")
     if pool is not None and engine != "suffixspec":
         raise click.UsageError("--pool works with the suffixspec engine only")
+    if engine == "arctic" and importlib.util.find_spec("arctic_inference") is None:
+        raise click.UsageError("--engine arctic needs arctic-inference (bench/setup_arctic.sh "
+                               "builds it)")
+    kernels = KernelLoader().start()  # compiles (first run) while traces load
     workloads = []
     if not traces:
         workloads.append(("built-in", default_workload()))
     else:
         tok_id, encode = load_tokenizer(tokenizer)
         for path in traces:
-            try:
-                requests = load_trace(path, encode, max_sessions=sessions, max_records=records)
-            except (ValueError, KeyError) as e:
-                raise click.ClickException(f"{path}: not a trace file ({e})") from e
-            workloads.append((path, requests))
-    warmup()
+            with tqdm(desc=f"tokenizing {Path(path).name}", unit="text", file=sys.stderr,
+                      delay=1, leave=False) as bar:
+                def progress(done, total, bar=bar):
+                    bar.total = total
+                    bar.update(done - bar.n)
+
+                try:
+                    requests = load_trace(path, encode, max_sessions=sessions,
+                                          max_records=records, progress=progress)
+                except (ValueError, KeyError) as e:
+                    raise click.ClickException(f"{path}: not a trace file ({e})") from e
+            workloads.append((_trace_name(path), requests))
+    kernels.wait()
     rows = []
     options = {}
     pool_obj = None
@@ -113,23 +134,35 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
                       leave=False) as bar:
                 result = replay(requests, proposer, concurrency=concurrency,
                                 progress=bar.update)
-            metrics = result.metrics()
+            row = {"trace": name, **{k: v for k, v in result.metrics().items()
+                                     if k in METRIC_KEYS}}
             if as_json:
-                click.echo(json.dumps({k: metrics[k] for k in METRIC_KEYS}))
-            rows.append({"trace": name, **metrics})
+                click.echo(json.dumps(row))
+            rows.append(row)
     finally:
         if pool_obj is not None:
             pool_obj.close()
     if not as_json:
         click.echo(_table(rows))
+        click.echo(click.wrap_text(_NOTE, width=100))
+
+
+def _trace_name(path: str) -> str:
+    name = Path(path).name
+    for suffix in (".gz", ".jsonl", ".json"):
+        name = name.removesuffix(suffix)
+    return name
 
 
 def _table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in _COLUMNS]]
+    cells = [[header for header, *_ in _COLUMNS]]
     for row in rows:
-        cells.append([fmt.format(row[name]) if row[name] is not None else "-"
-                      for name, fmt in _COLUMNS])
+        cells.append([fmt.format(row[key] * scale if scale else row[key])
+                      if row[key] is not None else "-" for _, key, fmt, scale in _COLUMNS])
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines = [cells[0][0].ljust(widths[0]) + "  " + "  ".join(
+        c.rjust(w) for c, w in zip(cells[0][1:], widths[1:]))]
+    lines += [r[0].ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], widths[1:]))
+              for r in cells[1:]]
     return "\n".join(lines)
 

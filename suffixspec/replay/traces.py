@@ -79,9 +79,16 @@ def prompt_texts(records: list[dict]) -> list[list[str]]:
     return out
 
 
+_CHUNK = 2048  # texts per tokenizer call: large enough to keep its threads busy
+
+
 def load_trace(path: str | Path, encode_batch: Callable[[list[str]], list[list[int]]],
-               max_sessions: int | None = None, max_records: int | None = None) -> list[Request]:
-    """Read and tokenize a trace into ``Request`` objects, in file order."""
+               max_sessions: int | None = None, max_records: int | None = None,
+               progress: Callable[[int, int], None] | None = None) -> list[Request]:
+    """Read and tokenize a trace into ``Request`` objects, in file order.
+
+    ``progress(done, total)`` follows the tokenizing, in texts.
+    """
     records = list(read_records(path, max_sessions, max_records))
     pieces = prompt_texts(records)
     # Tokenize every distinct text once; multi-turn prompts reuse pieces.
@@ -90,8 +97,12 @@ def load_trace(path: str | Path, encode_batch: Callable[[list[str]], list[list[i
         for p in ps:
             texts.setdefault(p, len(texts))
         texts.setdefault(rec["output"], len(texts))
-    ids = encode_batch(list(texts))
-    arrays = [np.asarray(x, np.int32) for x in ids]
+    distinct = list(texts)
+    arrays = []
+    for at in range(0, len(distinct), _CHUNK):
+        arrays.extend(np.asarray(x, np.int32) for x in encode_batch(distinct[at:at + _CHUNK]))
+        if progress is not None:
+            progress(len(arrays), len(distinct))
     out = []
     for n, (rec, ps) in enumerate(zip(records, pieces)):
         prompt = np.concatenate([arrays[texts[p]] for p in ps]) if ps else np.empty(0, np.int32)
