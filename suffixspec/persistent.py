@@ -50,15 +50,16 @@ def _let_go_when_asked(ref, stop: threading.Event) -> None:
         del pool
 
 
-def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int], int, int]:
+def build_index(sequences, max_depth: int, progress=None
+                ) -> tuple[SuffixIndex, dict[str, int], int, int]:
     """Index stored sequences, one tree per namespace.
 
     Returns the index, namespace -> tree, the highest sequence id and the
-    number of tokens.
+    number of tokens.  ``progress(tokens)`` is told every 1,000 sequences.
     """
     ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1 << 16)
     trees: dict[str, int] = {}
-    watermark = tokens = 0
+    watermark = tokens = done = count = 0
     for seq in sequences:
         tree = trees.get(seq.namespace)
         if tree is None:
@@ -68,6 +69,13 @@ def build_index(sequences, max_depth: int) -> tuple[SuffixIndex, dict[str, int],
         ix.close(s)
         watermark = max(watermark, seq.seq_id)
         tokens += seq.length - seq.anchors
+        done += seq.length - seq.anchors
+        count += 1
+        if progress is not None and count % 1000 == 0:
+            progress(done)
+            done = 0
+    if progress is not None:
+        progress(done)
     return ix, trees, watermark, tokens
 
 
@@ -251,13 +259,15 @@ class PersistentPool(CrossPool):
 
     # ------------------------------------------------------------ snapshots
     @locked
-    def write_snapshot(self) -> int:
+    def write_snapshot(self, progress=None) -> int:
         """Enforce ``max_tokens`` and ``ttl``, re-index the store, save, reload.
 
-        Returns the snapshot generation.
+        Returns the snapshot generation.  ``progress(tokens)`` follows the
+        indexing, in stored tokens.
         """
         self.prune(max_tokens=self.budget, older_than=self.ttl, snapshot=False)
-        ix, trees, watermark, tokens = build_index(self.store.sequences(), self.max_depth)
+        ix, trees, watermark, tokens = build_index(self.store.sequences(), self.max_depth,
+                                                   progress)
         generation = self.store.write_snapshot(
             snapshot_arrays(ix), {"watermark": watermark, "tokens": tokens,
                                   "namespaces": trees, "max_depth": self.max_depth})

@@ -26,6 +26,14 @@ def _store(path: str, **kw) -> PoolStore:
         raise click.ClickException(str(e)) from e
 
 
+def _snapshot_with_progress(pool) -> int:
+    """``pool.write_snapshot()`` with a progress bar on stderr once it takes a second."""
+    total = pool.store.stats()["tokens"]
+    with tqdm(total=total, desc="snapshot", unit="tok", unit_scale=True, file=sys.stderr,
+              delay=1) as bar:
+        return pool.write_snapshot(progress=bar.update)
+
+
 def _emit(obj: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(obj))
@@ -86,7 +94,7 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
             if not no_snapshot and report.sequences:
                 t1 = time.perf_counter()
                 with PersistentPool(store) as p:
-                    p.write_snapshot()
+                    _snapshot_with_progress(p)
                 snapshot_s = time.perf_counter() - t1
         except (PoolError, ValueError) as e:
             raise click.ClickException(str(e)) from e
@@ -191,6 +199,6 @@ def snapshot_cmd(pool, as_json):
             p._finish_forget(timeout=10.0)  # a cut-short forget: snapshot and compact
             generation = p.store.snapshot_info()["generation"]
         else:
-            generation = p.write_snapshot()
+            generation = _snapshot_with_progress(p)
         _emit({"generation": generation, "tokens": p.tokens, "compacted": p.compacted,
                "seconds": round(time.perf_counter() - t0, 3)}, as_json)
