@@ -129,6 +129,9 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     stats = result["drafter"]
     assert accepted(result) > 0
     assert stats["failures"] == 0
+    # Drafted tokens: what the engine scheduled, exactly as vLLM counts them.
+    drafted = sum(stats[f"{pool}_drafted_tokens"] for pool in ("request", "cross", "anchor"))
+    assert drafted == result["counters"]["vllm:spec_decode_num_draft_tokens"]
     ours = sum(stats[f"{pool}_accepted_tokens"] for pool in ("request", "cross", "anchor"))
     # Ours are read off the tokens seen at the next step, so a request's last
     # verified draft may go uncounted; never more than vLLM's count.

@@ -34,7 +34,8 @@ _SIGNATURES = {
     (_RUNNER, "GPUModelRunner", "shutdown"): ("self",),
 }
 # What the drafter reads off the runner's input batch.
-_BATCH_FIELDS = ("req_ids", "num_tokens_no_spec", "token_ids_cpu", "num_prompt_tokens")
+_BATCH_FIELDS = ("req_ids", "num_tokens_no_spec", "token_ids_cpu", "num_prompt_tokens",
+                 "spec_token_ids")
 
 
 def vllm_root() -> Path | None:

@@ -106,7 +106,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 tokens = token_ids[i, have:total]
                 grown_ids.append(req)
                 grown.append(tokens)
-                self.metrics.emitted(req, tokens)
+                self.metrics.emitted(req, tokens, len(batch.spec_token_ids[i]))
                 self.indexed[req] = total
             room = min(k, self.max_model_len - total - 1)
             if room > 0:

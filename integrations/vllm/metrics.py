@@ -4,8 +4,12 @@ vLLM's ``SpecDecoding metrics`` line counts drafted and accepted tokens for
 the whole proposer.  This splits them by where a draft came from (the
 request's own tokens, past outputs, or past outputs' starts matched through
 the start anchors) and adds the proposer's own time.
-A draft's accepted length is read off the tokens the engine emits next: the
-longest common prefix of draft and emitted tokens.
+Like vLLM, it counts what the engine scheduled: a draft counts (cut to the
+tokens scheduled) when the next step shows how many of its tokens were
+verified, so a draft the scheduler dropped or cut (the request finished, the
+step's token budget) counts only as far as it was used.  Its accepted length
+is read off the tokens the engine emitted: the longest common prefix of the
+scheduled draft and the emitted tokens.
 """
 
 from __future__ import annotations
@@ -39,17 +43,20 @@ class DrafterMetrics:
     _last_log: float = field(default_factory=time.monotonic)
 
     def drafted(self, req_id, tokens: np.ndarray, pool: str) -> None:
-        counts = self.pools[pool]
-        counts.drafts += 1
-        counts.drafted_tokens += int(tokens.shape[0])
+        """``tokens`` were handed to the engine for ``req_id``'s next step."""
         self._pending[req_id] = (tokens, pool)
 
-    def emitted(self, req_id, tokens: np.ndarray) -> None:
-        """The engine emitted ``tokens`` for ``req_id`` after its last draft."""
+    def emitted(self, req_id, tokens: np.ndarray, scheduled: int) -> None:
+        """The engine verified ``scheduled`` tokens of ``req_id``'s last draft and
+        emitted ``tokens``."""
         pending = self._pending.pop(req_id, None)
-        if pending is None:
+        if pending is None or scheduled <= 0:
             return
         draft, pool = pending
+        draft = draft[:scheduled]
+        counts = self.pools[pool]
+        counts.drafts += 1
+        counts.drafted_tokens += int(draft.shape[0])
         k = min(draft.shape[0], tokens.shape[0])
         mismatch = np.flatnonzero(draft[:k] != tokens[:k])
         self.pools[pool].accepted_tokens += int(mismatch[0]) if mismatch.size else k
