@@ -218,6 +218,17 @@ def test_proposer_exception_keeps_the_engine_serving(model, prompts, baseline):
     assert "injected proposer fault" in log
 
 
+def _samples(text: str, name: str) -> dict[str, float]:
+    """Prometheus samples of ``name``: labels (without braces) -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, value = line.rsplit(" ", 1)
+            labels = head[len(name):].strip("{}")
+            out[labels] = out.get(labels, 0.0) + float(value)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -260,6 +271,14 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
         answer = json.load(urllib.request.urlopen(req, timeout=120))
         assert answer["usage"]["completion_tokens"] == 32
         assert answer["choices"][0]["text"]
+        # The drafter's counters on /metrics, next to vLLM's own, equal to them.
+        time.sleep(2.5)  # a drafter publishes at most once a second, after a step
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+        ours = _samples(metrics, "suffixspec_drafted_tokens_total")
+        assert set(ours) == {'pool="request"', 'pool="cross"', 'pool="anchor"'}
+        vllm_drafted = sum(_samples(metrics, "vllm:spec_decode_num_draft_tokens_total").values())
+        assert sum(ours.values()) == vllm_drafted > 0
+        assert _samples(metrics, "suffixspec_proposer_steps_total")[""] > 0
     finally:
         server.send_signal(signal.SIGINT)
         try:

@@ -35,3 +35,7 @@ def register() -> None:
         _installed = False
         return
     _installed = install(why)
+    if _installed:
+        from suffixspec.integrations.vllm.prometheus import serve_from_this_process
+
+        serve_from_this_process()

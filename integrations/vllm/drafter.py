@@ -17,6 +17,7 @@ import numpy as np
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
+from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.settings import Settings, length_knobs
 
 logger = logging.getLogger("vllm.suffixspec")
@@ -47,6 +48,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
         self.indexed: dict[str, int] = {}  # req_id -> tokens indexed (prompt + output)
         self.metrics = DrafterMetrics(self.settings.log_interval)
+        self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         self._warned = False
 
         from vllm.v1.worker import gpu_model_runner
@@ -150,6 +152,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         for req_id in list(self.indexed):
             self.request_removed(req_id)
         logger.info("suffixspec metrics at shutdown: %s", self.metrics.summary())
+        self.publisher.close()
         close = getattr(self.proposer.cross, "close", None)
         if close is not None:
             try:
