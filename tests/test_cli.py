@@ -82,3 +82,16 @@ def test_arctic_engine_without_arctic_inference_is_one_line_before_any_work(tmp_
     assert proc.returncode == 2
     assert "--engine arctic needs arctic-inference" in proc.stderr
     assert "Traceback" not in proc.stderr and "compiling" not in proc.stderr
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: d / "README.md", "is not a Hugging Face tokenizer.json"),
+    (lambda d: d, "no tokenizer.json at"),
+])
+def test_a_tokenizer_that_is_not_one_is_one_line(tmp_path, traces_dir, make, words):
+    (tmp_path / "README.md").write_text("# not a tokenizer\n")
+    result = run("replay", str(traces_dir / "tool_bfcl.jsonl.gz"), "--tokenizer",
+                 str(make(tmp_path)))
+    assert result.exit_code == 2 and words in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
