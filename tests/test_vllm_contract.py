@@ -21,7 +21,8 @@ from suffixspec.integrations.vllm import contract
 from suffixspec.integrations.vllm.patch import install
 
 FILES = ("v1/spec_decode/suffix_decoding.py", "v1/worker/gpu_model_runner.py",
-         "v1/worker/gpu_input_batch.py", "config/speculative.py")
+         "v1/worker/gpu_input_batch.py", "config/speculative.py",
+         "distributed/parallel_state.py")
 WHEELS = Path(__file__).resolve().parent.parent / "bench" / "cache" / "wheels"
 
 

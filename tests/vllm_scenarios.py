@@ -27,10 +27,12 @@ def spec_config(k: int) -> dict:
 
 
 def engine(model: str, spec: bool, k: int, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-           block_size: int | None = None):
+           block_size: int | None = None, tp: int = 1):
     from vllm import LLM
 
-    return LLM(model, dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+    return LLM(model, dtype="float32", enforce_eager=True,
+               distributed_executor_backend="uni" if tp == 1 else "mp",
+               tensor_parallel_size=tp,
                max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0,
                block_size=block_size,
                kv_cache_memory_bytes=kv_bytes, disable_log_stats=False,
@@ -49,6 +51,11 @@ def drafter_stats(llm):
         return drafter.stats() if hasattr(drafter, "stats") else None
 
     return llm.collective_rpc(stats)[0]
+
+
+def _rank_stats(worker):
+    drafter = getattr(worker.model_runner, "drafter", None)
+    return drafter.stats() if hasattr(drafter, "stats") else None
 
 
 def drafter_class(llm) -> str | None:
@@ -95,15 +102,16 @@ def main() -> None:
 @click.option("--block-size", type=int, default=None)
 @click.option("--fault-every", default=0)
 @click.option("--no-arctic", is_flag=True, help="Block arctic-inference imports.")
+@click.option("--tp", default=1, help="Tensor-parallel ranks.")
 def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_bytes,
-             max_num_seqs, block_size, fault_every, no_arctic):
+             max_num_seqs, block_size, fault_every, no_arctic, tp):
     """Greedy outputs for the prompts, one at a time and/or as one batch."""
     if no_arctic:
         block_arctic()
     from vllm import SamplingParams
 
     prompts = [{"prompt_token_ids": p} for p in json.load(open(prompts_file))]
-    llm = engine(model, spec, k, max_model_len, kv_bytes, max_num_seqs, block_size)
+    llm = engine(model, spec, k, max_model_len, kv_bytes, max_num_seqs, block_size, tp)
     if fault_every:
         inject_faults(llm, fault_every)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -117,6 +125,8 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
     result["counters"] = counters(llm)
     result["drafter"] = drafter_stats(llm)
     result["drafter_class"] = drafter_class(llm)
+    if tp > 1:
+        result["ranks"] = llm.collective_rpc(_rank_stats)
     print(json.dumps(result))
 
 

@@ -25,6 +25,7 @@ _PROPOSER = "v1/spec_decode/suffix_decoding.py"
 _RUNNER = "v1/worker/gpu_model_runner.py"
 _BATCH = "v1/worker/gpu_input_batch.py"
 _CONFIG = "config/speculative.py"
+_PARALLEL = "distributed/parallel_state.py"
 
 # (file, class, method) -> the parameters it must have, in order
 _SIGNATURES = {
@@ -32,6 +33,8 @@ _SIGNATURES = {
         ("self", "num_speculative_tokens", "input_batch", "sampled_token_ids", "slot_mappings"),
     (_RUNNER, "GPUModelRunner", "_on_request_state_removed"): ("self", "req_id", "req_state"),
     (_RUNNER, "GPUModelRunner", "shutdown"): ("self",),
+    # Tensor parallelism: rank 0's drafts go to every rank.
+    (_PARALLEL, "GroupCoordinator", "broadcast_object"): ("self", "obj", "src"),
 }
 # What the drafter reads off the runner's input batch.
 _BATCH_FIELDS = ("req_ids", "num_tokens_no_spec", "token_ids_cpu", "num_prompt_tokens",
@@ -57,7 +60,7 @@ def problems(root: Path) -> list[str]:
     """Each way the vLLM sources under ``root`` differ from what the plugin needs."""
     trees: dict[str, ast.Module] = {}
     out: list[str] = []
-    for rel in (_PROPOSER, _RUNNER, _BATCH, _CONFIG):
+    for rel in (_PROPOSER, _RUNNER, _BATCH, _CONFIG, _PARALLEL):
         try:
             trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"))
         except (OSError, SyntaxError, ValueError) as e:
@@ -71,6 +74,13 @@ def problems(root: Path) -> list[str]:
         elif _params(fn)[:len(want)] != list(want):
             out.append(f"vllm/{rel}: {cls}.{method} takes ({', '.join(_params(fn))}), "
                        f"the plugin needs ({', '.join(want)})")
+    if "get_tp_group" not in _module_names(trees[_PARALLEL]):
+        out.append(f"vllm/{_PARALLEL} no longer defines get_tp_group")
+    group = _class(trees[_PARALLEL], "GroupCoordinator")
+    missing = [f for f in ("rank_in_group", "world_size")
+               if group is None or f not in _class_fields(group)]
+    if missing:
+        out.append(f"vllm/{_PARALLEL}: GroupCoordinator lacks {', '.join(missing)}")
     if "has_arctic_inference" not in _module_names(trees[_CONFIG]):
         out.append(f"vllm/{_CONFIG} no longer checks has_arctic_inference")
     runner = trees[_RUNNER]

@@ -45,10 +45,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         # Drafts never hold an id the model cannot take (a pool may be shared).
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.settings = Settings.from_env()
-        self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
         self.indexed: dict[str, int] = {}  # req_id -> tokens indexed (prompt + output)
         self.metrics = DrafterMetrics(self.settings.log_interval)
-        self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         self._warned = False
 
         from vllm.v1.worker import gpu_model_runner
@@ -56,11 +54,24 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         from suffixspec.integrations.vllm.patch import install_runner_hooks
 
         install_runner_hooks(gpu_model_runner.GPUModelRunner)
+        # With tensor parallelism every rank runs a drafter, and the ranks must
+        # verify the same drafts.  Only rank 0 drafts (and alone touches the
+        # pool); the others take its drafts, one broadcast per step.
+        self.tp = _tensor_parallel_group()
+        self.leader = self.tp is None or self.tp.rank_in_group == 0
+        if not self.leader:
+            self.proposer = None
+            self.publisher = None
+            return
+        _load_kernels()
+        self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
+        self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
         prop = self.proposer
+        ranks = "" if self.tp is None else f", drafting for {self.tp.world_size} ranks"
         logger.info("suffixspec drafter: %s policy, up to %d tokens, depth %d, %s, "
-                    "cross-request pool %s", prop.policy, self.num_speculative_tokens,
-                    prop.max_depth, _length_rule(prop, self.settings), pool)
+                    "cross-request pool %s%s", prop.policy, self.num_speculative_tokens,
+                    prop.max_depth, _length_rule(prop, self.settings), pool, ranks)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the tries."""
@@ -69,17 +80,22 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids,
                 slot_mappings=None) -> list[list[int]]:
         """One draft per batch row; rows still in prefill (no sampled token) get none."""
-        n = len(sampled_token_ids)
-        start = time.perf_counter()
-        try:
-            drafts = self._propose(min(int(num_speculative_tokens), self.num_speculative_tokens),
-                                   input_batch, sampled_token_ids)
-        except Exception as exc:  # a drafting bug must never stop the engine
-            self._failed(exc, input_batch.req_ids[:n])
-            drafts = [[] for _ in range(n)]
-        self.metrics.steps += 1
-        self.metrics.seconds += time.perf_counter() - start
-        self.metrics.maybe_log(logger)
+        drafts = None
+        if self.leader:
+            n = len(sampled_token_ids)
+            start = time.perf_counter()
+            try:
+                drafts = self._propose(min(int(num_speculative_tokens),
+                                           self.num_speculative_tokens),
+                                       input_batch, sampled_token_ids)
+            except Exception as exc:  # a drafting bug must never stop the engine
+                self._failed(exc, input_batch.req_ids[:n])
+                drafts = [[] for _ in range(n)]
+            self.metrics.steps += 1
+            self.metrics.seconds += time.perf_counter() - start
+            self.metrics.maybe_log(logger)
+        if self.tp is not None:
+            drafts = self.tp.broadcast_object(drafts, src=0)
         return drafts
 
     def _propose(self, k: int, batch, sampled_token_ids) -> list[list[int]]:
@@ -149,6 +165,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         Their outputs so far are genuine model output, so they join the
         cross-request pool like finished requests.
         """
+        if not self.leader:
+            return
         for req_id in list(self.indexed):
             self.request_removed(req_id)
         logger.info("suffixspec metrics at shutdown: %s", self.metrics.summary())
@@ -164,6 +182,9 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         """Counters for tests and tools: steps, per-pool drafts and acceptance."""
         out = self.metrics.as_dict()
         out["active_requests"] = len(self.indexed)
+        out["leader"] = self.leader
+        if self.proposer is None:
+            return out
         cross = self.proposer.cross
         out["cross_tokens"] = 0 if cross is None else int(cross.tokens)
         out["reused_prompt_tokens"] = self.proposer.reused_tokens
@@ -186,6 +207,33 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 self.proposer.abort_request(req)
             except Exception:
                 pass  # state for req is gone either way; it restarts next step
+
+
+def _tensor_parallel_group():
+    """vLLM's tensor-parallel group when it has more than one rank, else None."""
+    from vllm.distributed import get_tp_group
+
+    try:
+        group = get_tp_group()
+    except AssertionError:  # no distributed environment (some tools build a drafter alone)
+        return None
+    return group if group.world_size > 1 else None
+
+
+def _load_kernels() -> None:
+    """Compile (first run) or load the kernels, saying so when it takes a while."""
+    import threading
+
+    from suffixspec.native import warmup
+
+    note = threading.Timer(2.0, logger.info, ("suffixspec: compiling kernels, first run only "
+                                              "(about a minute); later runs load them",))
+    note.daemon = True
+    note.start()
+    seconds = warmup()
+    note.cancel()
+    if seconds > 2.0:
+        logger.info("suffixspec: kernels ready in %.0f s", seconds)
 
 
 def _length_rule(prop, settings: Settings) -> str:
