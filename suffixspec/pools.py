@@ -23,11 +23,15 @@ from suffixspec.store import check_namespace
 DEFAULT_NAMESPACE = "default"
 
 
+KEEP_REQUESTS = 64  # finished trees ``start`` compares a prompt with, at most
+
+
 class RequestPool:
     """One tree per active request, over its prompt and its output so far.
 
-    A finished request's tree is kept a while (``keep_tokens`` tokens in all,
-    oldest dropped first): an agent's next turn usually arrives as a new
+    A finished request's tree is kept a while (the last ``KEEP_REQUESTS``
+    requests, ``keep_tokens`` tokens in all, oldest dropped first): an
+    agent's next turn usually arrives soon, as a new
     request whose prompt is the previous turn's prompt and output plus a few
     new tokens, and ``start`` then takes over that tree and indexes only the
     new tokens.
@@ -75,7 +79,8 @@ class RequestPool:
             return
         self.finished[seq] = (tree, n)
         self._finished_tokens += n
-        while self._finished_tokens > self.keep_tokens:
+        while (self._finished_tokens > self.keep_tokens
+               or len(self.finished) > KEEP_REQUESTS):
             _, (old_tree, old_n) = self.finished.popitem(last=False)
             self._finished_tokens -= old_n
             self.index.drop_tree(old_tree)

@@ -78,7 +78,8 @@ class SuffixProposer:
         starts of past outputs (see ``suffixspec.anchors``).
     reuse_tokens:
         Finished requests' own tries kept for the next turn of a conversation
-        (tokens in all, oldest dropped first; 0: none).  A request whose
+        (the latest 64 requests, at most this many tokens in all, oldest
+        dropped first; 0: none).  A request whose
         prompt starts with a finished request's prompt and output takes over
         its trie and indexes only the tokens after them.
 
