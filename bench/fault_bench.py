@@ -48,7 +48,7 @@ from suffixspec.store import PoolStore
 from bench_common import save_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pool_children import PROBE, WRITER  # noqa: E402  the scripts the tests run
+from pool_children import PROBE, WRITER, damaged_pool_copies  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
 
@@ -119,27 +119,8 @@ def _run(script, *args, stdout=subprocess.PIPE, **kw):
 
 
 def damage(tmp: Path, cases: int) -> dict:
-    path = tmp / "pool.lmdb"
-    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-    rng = np.random.default_rng(0)
-    for i in range(60):
-        pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32), "a")
-        pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
-        if i == 40:
-            pool.write_snapshot()
-    pool.close()
-    data = path.read_bytes()
-    copies = []
-    for n in range(cases):
-        d = bytearray(data)
-        if n % 4 == 3:
-            d = d[:int(rng.integers(0, len(d)))]
-        else:
-            at = int(rng.integers(0, len(d)))
-            d[at] ^= 1 << int(rng.integers(0, 8))
-        copy = tmp / f"damaged{n}.lmdb"
-        copy.write_bytes(bytes(d))
-        copies.append(str(copy))
+    path, copies = damaged_pool_copies(tmp, cases)
+    copies = [str(c) for c in copies]
     results, rest = {}, [str(path)] + copies
     crashes = 0
     while rest:

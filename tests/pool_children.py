@@ -62,3 +62,38 @@ print("start", flush=True)
 pool.forget(namespace="doomed")
 print("done", flush=True)
 """
+
+
+def damaged_pool_copies(folder, cases: int) -> tuple:
+    """A small pool (part snapshot, part sequences after it) and ``cases`` copies
+    of its file, each with one bit flipped or cut short (every 4th); returns
+    (pool path, copy paths).  Used by the damage test and the fault benchmark."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from suffixspec.fingerprint import BYTES
+    from suffixspec.persistent import PersistentPool
+
+    path = Path(folder) / "pool.lmdb"
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32), "a")
+        pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
+        if i == 40:
+            pool.write_snapshot()
+    pool.close()
+    data = path.read_bytes()
+    copies = []
+    for n in range(cases):
+        damaged = bytearray(data)
+        if n % 4 == 3:
+            damaged = damaged[:int(rng.integers(0, len(data)))]
+        else:
+            at = int(rng.integers(0, len(data)))
+            damaged[at] ^= 1 << int(rng.integers(0, 8))
+        copy = Path(folder) / f"damaged{n}.lmdb"
+        copy.write_bytes(bytes(damaged))
+        copies.append(copy)
+    return path, copies

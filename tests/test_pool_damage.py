@@ -10,12 +10,8 @@ import json
 import subprocess
 import sys
 
-import numpy as np
+from pool_children import PROBE, damaged_pool_copies
 
-from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-
-from pool_children import PROBE
 
 def _probe(paths):
     """Open each path in a child; returns one result per path (None: the child died)."""
@@ -38,27 +34,7 @@ def _probe(paths):
 
 
 def test_byte_flips_and_truncations_never_crash_or_change_drafts(tmp_path):
-    path = tmp_path / "pool.lmdb"
-    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-    rng = np.random.default_rng(0)
-    for i in range(60):
-        pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32), "a")
-        pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
-        if i == 40:
-            pool.write_snapshot()  # part snapshot, part sequences after it
-    pool.close()
-    data = path.read_bytes()
-    copies = []
-    for n in range(40):
-        damaged = bytearray(data)
-        if n % 4 == 3:
-            damaged = damaged[:int(rng.integers(0, len(data)))]
-        else:
-            at = int(rng.integers(0, len(data)))
-            damaged[at] ^= 1 << int(rng.integers(0, 8))
-        copy = tmp_path / f"damaged{n}.lmdb"
-        copy.write_bytes(bytes(damaged))
-        copies.append(copy)
+    path, copies = damaged_pool_copies(tmp_path, 40)
     reference, *results = _probe([path] + copies)
     assert "drafts" in reference and any(reference["drafts"])
     for result in results:
