@@ -103,16 +103,14 @@ def warmup(progress=None) -> float:
     roots = np.array([root], np.int32)
     req = np.zeros(b, np.int64)
     cross_roots = np.full((b, 1), root, np.int64)
-    writeable = (nodes, hkeys, hvals, arena, seqs, active)
-    ro = _readonly(*writeable)
-    for base in (ro,):
-        for flags, tree in ((pr.DEFAULT_POLICY, False), (pr.DEFAULT_POLICY, True),
-                            (pr.COUNTS_POLICY, False)):
-            pr.propose_batch(*ro, roots, *base, cross_roots, *ro, cross_roots,
-                             depth, req, req, np.zeros(b, np.int64), np.full(b, k, np.int64),
-                             1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
-                             np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),
-                             *heap)
+    ro = _readonly(nodes, hkeys, hvals, arena, seqs, active)
+    for flags, tree in ((pr.DEFAULT_POLICY, False), (pr.DEFAULT_POLICY, True),
+                        (pr.COUNTS_POLICY, False)):
+        pr.propose_batch(*ro, roots, *ro, cross_roots, *ro, cross_roots,
+                         depth, req, req, np.zeros(b, np.int64), np.full(b, k, np.int64),
+                         1.0, 0.0, 0.1, tree, flags, table, state, *outs, *pending,
+                         np.zeros((b, k), np.int32), *scratch, np.empty(k, np.int32),
+                         *heap)
     step("learning")
     cal.learn(table, state, *pending, req, tokens, np.array([0, 2], np.int64),
               np.empty(k, np.int64), np.empty(k, np.bool_))

@@ -160,9 +160,8 @@ def _table(rows: list[dict]) -> str:
         cells.append([fmt.format(row[key] * scale if scale else row[key])
                       if row[key] is not None else "-" for _, key, fmt, scale in _COLUMNS])
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    lines = [cells[0][0].ljust(widths[0]) + "  " + "  ".join(
-        c.rjust(w) for c, w in zip(cells[0][1:], widths[1:]))]
-    lines += [r[0].ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], widths[1:]))
-              for r in cells[1:]]
-    return "\n".join(lines)
+    # Trace names left-aligned, figures right-aligned.
+    return "\n".join("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in
+                                                          zip(r[1:], widths[1:])])
+                     for r in cells)
 
