@@ -135,13 +135,15 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
 @click.option("--prompts", "prompts_file", required=True)
 @click.option("--spec/--no-spec", default=True)
 @click.option("--turns", default=3)
-def conversation(model, prompts_file, spec, turns):
+@click.option("--stop-token", type=int, default=None, help="Outputs end at this token.")
+def conversation(model, prompts_file, spec, turns, stop_token):
     """Multi-turn: each turn's prompt is the last prompt + its output + new tokens."""
     from vllm import SamplingParams
 
     prompts = [p[-100:] for p in json.load(open(prompts_file))[:3]]
     llm = engine(model, spec, 8, 1024, 64 << 20, 8)
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                            stop_token_ids=None if stop_token is None else [stop_token])
     outputs = []
     for turn in range(turns):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -33,6 +33,8 @@ _SIGNATURES = {
         ("self", "num_speculative_tokens", "input_batch", "sampled_token_ids", "slot_mappings"),
     (_RUNNER, "GPUModelRunner", "_on_request_state_removed"): ("self", "req_id", "req_state"),
     (_RUNNER, "GPUModelRunner", "shutdown"): ("self",),
+    # Each step, before drafting: the drafter reads requests' sampling params.
+    (_RUNNER, "GPUModelRunner", "_update_states"): ("self", "scheduler_output"),
     # Tensor parallelism: rank 0's drafts go to every rank.
     (_PARALLEL, "GroupCoordinator", "broadcast_object"): ("self", "obj", "src"),
 }
@@ -84,6 +86,9 @@ def problems(root: Path) -> list[str]:
     if "has_arctic_inference" not in _module_names(trees[_CONFIG]):
         out.append(f"vllm/{_CONFIG} no longer checks has_arctic_inference")
     runner = trees[_RUNNER]
+    runner_cls = _class(runner, "GPUModelRunner")
+    if runner_cls is None or "requests" not in _class_fields(runner_cls):
+        out.append(f"vllm/{_RUNNER}: GPUModelRunner no longer keeps self.requests")
     if "SuffixDecodingProposer" not in _module_names(runner):
         out.append(f"vllm/{_RUNNER} no longer imports SuffixDecodingProposer")
     if not _suffix_call_matches(runner):

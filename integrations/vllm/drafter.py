@@ -46,6 +46,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.settings = Settings.from_env()
         self.indexed: dict[str, int] = {}  # req_id -> tokens indexed (prompt + output)
+        self.runner_requests: dict = {}  # the runner's request states (see_requests)
         self.metrics = DrafterMetrics(self.settings.log_interval)
         self._warned = False
 
@@ -122,10 +123,18 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 self.metrics.forget(req)
             if total > have:
                 tokens = token_ids[i, have:total]
-                grown_ids.append(req)
-                grown.append(tokens)
-                self.metrics.emitted(req, tokens, len(batch.spec_token_ids[i]))
                 self.indexed[req] = total
+                self.metrics.emitted(req, tokens, len(batch.spec_token_ids[i]))
+                end = self._output_end(req, int(batch.num_prompt_tokens[i]), have, tokens)
+                grown_ids.append(req)
+                if end is not None:
+                    # The request ends in this step.  What the last accepted
+                    # draft ran past the end is never output: it is left out,
+                    # so the request's trie holds exactly its prompt and
+                    # output (a next turn can continue it).  No draft.
+                    grown.append(tokens[:end - have])
+                    continue
+                grown.append(tokens)
             room = min(k, self.max_model_len - total - 1)
             if room > 0:
                 rows.append(i)
@@ -146,6 +155,30 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 out[i] = tokens.tolist()
                 self.metrics.drafted(req, tokens, draft.source)
         return out
+
+    def _output_end(self, req: str, prompt_len: int, have: int, tokens) -> int | None:
+        """Where ``req``'s output ends, if it ends within ``tokens`` (which
+        start at position ``have``), as the scheduler decides it: at
+        ``max_tokens`` or the context length, or at a stop token once
+        ``min_tokens`` are out.  None: it goes on (or its state is unknown)."""
+        state = self.runner_requests.get(req)
+        params = getattr(state, "sampling_params", None)
+        if params is None:
+            return None
+        limit = self.max_model_len
+        if params.max_tokens is not None:
+            limit = min(limit, prompt_len + params.max_tokens)
+        stops = params.all_stop_token_ids
+        if stops:
+            first = max(have, prompt_len + params.min_tokens - 1)
+            for j in range(first - have, min(len(tokens), limit - have)):
+                if int(tokens[j]) in stops:
+                    return have + j + 1
+        return limit if have + len(tokens) >= limit else None
+
+    def see_requests(self, requests: dict) -> None:
+        """The runner's request states, by id (its own dict, read each step)."""
+        self.runner_requests = requests
 
     # ------------------------------------------------------------ lifecycle
     def request_removed(self, req_id: str) -> None:
