@@ -79,7 +79,16 @@ META_HASH_FILL = 4    # used slots in the child table
 META_ARENA_TOP = 5    # end of the last allocated region in token storage
 META_LIVE_TOKENS = 6  # tokens of live sequences
 META_DEAD_TOKENS = 7  # tokens of removed sequences still in storage
-META_SIZE = 8
+META_TIES = 8         # which of equally frequent children is BEST, see below
+META_SIZE = 9
+
+# Tie orders (``META_TIES``): which of equally frequent children is BEST.
+# NEWEST: the one whose count rose last (a new child counts as rising).
+# ARCTIC: arctic-inference's order.  The sibling list is then kept as arctic
+# keeps its children (``_arctic_rise``, ``_arctic_fall``; new children at the
+# end) and BEST is its first child, so path drafts equal arctic's.
+TIES_NEWEST = 0
+TIES_ARCTIC = 1
 
 EMPTY = -1
 FREED = -2  # COUNT of a node on the free list
@@ -257,6 +266,15 @@ def _link_child(nodes, hkeys, hvals, meta, p, c):
             # p goes from one child to two: both enter the table.
             _hput(hkeys, hvals, meta, p, nodes[first, TOKEN], first)
         _hput(hkeys, hvals, meta, p, nodes[c, TOKEN], c)
+        if meta[META_TIES] == TIES_ARCTIC:
+            # arctic's order: a new child joins the end of the list.
+            last = first
+            while nodes[last, NEXT] != -1:
+                last = nodes[last, NEXT]
+            nodes[last, NEXT] = c
+            nodes[c, PREV] = last
+            nodes[c, NEXT] = -1
+            return
     nodes[c, NEXT] = first
     nodes[c, PREV] = -1
     if first != -1:
@@ -302,6 +320,61 @@ def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
         nodes[nxt, PREV] = new
     if nodes[p, BEST] == old:
         nodes[p, BEST] = new
+
+
+@njit(cache=True)
+def _move_between(nodes, p, x, before, after):
+    """Move child ``x`` of ``p`` in its sibling list to between ``before``
+    and ``after`` (-1: the list's start or end)."""
+    prev = nodes[x, PREV]
+    nxt = nodes[x, NEXT]
+    if prev != -1:
+        nodes[prev, NEXT] = nxt
+    else:
+        nodes[p, FIRST] = nxt
+    if nxt != -1:
+        nodes[nxt, PREV] = prev
+    nodes[x, PREV] = before
+    nodes[x, NEXT] = after
+    if before != -1:
+        nodes[before, NEXT] = x
+    else:
+        nodes[p, FIRST] = x
+    if after != -1:
+        nodes[after, PREV] = x
+
+
+@njit(cache=True)
+def _arctic_rise(nodes, p, x):
+    """``x``'s count just rose by one: reorder ``p``'s children as arctic does.
+
+    arctic keeps children by falling count, equal counts in groups.  A child
+    whose previous sibling's count is at most its new count moves to just
+    before the first node of that sibling's group: the head of the next
+    higher group if it led its own group, else the tail of that group.
+    """
+    prev = nodes[x, PREV]
+    if prev != -1 and nodes[prev, COUNT] <= nodes[x, COUNT]:
+        k = nodes[prev, COUNT]
+        g = prev
+        while nodes[g, PREV] != -1 and nodes[nodes[g, PREV], COUNT] == k:
+            g = nodes[g, PREV]
+        _move_between(nodes, p, x, nodes[g, PREV], g)
+    nodes[p, BEST] = nodes[p, FIRST]
+
+
+@njit(cache=True)
+def _arctic_fall(nodes, p, x):
+    """``x``'s count just fell by one (still > 0): reorder as arctic does,
+    moving it behind the siblings that still have its old count."""
+    nxt = nodes[x, NEXT]
+    if nxt != -1 and nodes[nxt, COUNT] > nodes[x, COUNT]:
+        k = nodes[nxt, COUNT]
+        g = nxt
+        while nodes[g, NEXT] != -1 and nodes[nodes[g, NEXT], COUNT] == k:
+            g = nodes[g, NEXT]
+        _move_between(nodes, p, x, g, nodes[g, NEXT])
+    nodes[p, BEST] = nodes[p, FIRST]
 
 
 @njit(cache=True)
@@ -405,7 +478,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
         nodes[c, REF_POS] = p
         _link_child(nodes, hkeys, hvals, meta, a, c)
         b = nodes[a, BEST]
-        if b == -1 or nodes[b, COUNT] <= 1:
+        if b == -1 or (nodes[b, COUNT] <= 1 and meta[META_TIES] == TIES_NEWEST):
             nodes[a, BEST] = c
         # No merge is possible: a node reached by this occurrence alone was
         # a single-occurrence leaf, which the caller handled.
@@ -444,7 +517,9 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
         c = m
     nodes[c, COUNT] += 1
     b = nodes[a, BEST]
-    if nodes[c, COUNT] >= nodes[b, COUNT]:
+    if meta[META_TIES] == TIES_ARCTIC:
+        _arctic_rise(nodes, a, c)
+    elif nodes[c, COUNT] >= nodes[b, COUNT]:
         nodes[a, BEST] = c
     if nodes[a, PARENT] != -1 and nodes[c, COUNT] == nodes[a, COUNT]:
         # Every occurrence of a now continues with t: one edge again.
@@ -509,7 +584,9 @@ def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
                     # merges: it gains a count, and may become the most
                     # frequent.
                     nodes[c, COUNT] += 1
-                    if nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
+                    if meta[META_TIES] == TIES_ARCTIC:
+                        _arctic_rise(nodes, a, c)
+                    elif nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
                         nodes[a, BEST] = c
                     active[slot, r] = c
                 elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
@@ -602,7 +679,9 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
                     _rescan_best(nodes, p)
                 _free(nodes, meta, x)
                 continue
-            if nodes[p, BEST] == x:
+            if meta[META_TIES] == TIES_ARCTIC:
+                _arctic_fall(nodes, p, x)
+            elif nodes[p, BEST] == x:
                 _rescan_best(nodes, p)
             y = nodes[x, FIRST]
             if y != -1 and nodes[y, NEXT] == -1 and nodes[y, COUNT] == nodes[x, COUNT]:

@@ -38,14 +38,24 @@ class Match:
     count: int
 
 
+#: Which of equally frequent continuations a path draft follows (see
+#: ``suffixspec.native.suffix_index``): "newest" (suffixspec's) or "arctic"
+#: (arctic-inference's order, for drafts identical to it).
+TIES = {"newest": nat.TIES_NEWEST, "arctic": nat.TIES_ARCTIC}
+
+
 class SuffixIndex:
     def __init__(self, max_depth: int = 64, node_capacity: int = 1024,
-                 token_capacity: int = 4096):
+                 token_capacity: int = 4096, ties: str = "newest"):
         if not 1 <= max_depth <= 1024:
             raise ValueError(f"max_depth must be in [1, 1024], got {max_depth}")
+        if ties not in TIES:
+            raise ValueError(f"ties must be one of {', '.join(TIES)}, got {ties!r}")
         self.max_depth = int(max_depth)
+        self.ties = ties
         self.meta = np.zeros(nat.META_SIZE, np.int64)
         self.meta[nat.META_DEPTH] = max_depth
+        self.meta[nat.META_TIES] = TIES[ties]
         self.meta[nat.META_FREE_HEAD] = -1
         self.nodes = np.full((max(node_capacity, 2 * max_depth + 4), nat.NODE_FIELDS), -1, np.int32)
         hcap = 1 << max(6, int(np.ceil(np.log2(4 * max_depth + 8))))
@@ -251,7 +261,7 @@ class SuffixIndex:
         Tree and sequence ids stay valid; open sequences stay open.
         """
         fresh = SuffixIndex(self.max_depth, node_capacity=max(1024, self.node_count()),
-                            token_capacity=max(4096, self.live_tokens + 1024))
+                            token_capacity=max(4096, self.live_tokens + 1024), ties=self.ties)
         for tree in sorted(self._tree_seqs):
             fresh._open_tree(tree)
         for tree, seqs in self._tree_seqs.items():

@@ -291,6 +291,21 @@ class SuffixProposer:
         return self._cross_seq.pop(req_id, None)
 
     @locked
+    def output_sequence(self, req_id: Hashable) -> int | None:
+        """The cross-pool sequence an active request's output goes to (None: none)."""
+        self._check_active(req_id)
+        return self._cross_seq.get(req_id)
+
+    @locked
+    def discard_output(self, seq: int) -> None:
+        """Take output sequence ``seq`` (see ``output_sequence``) out of the
+        cross pool; if its request is still active, its output stops going there."""
+        owner = next((r for r, s in self._cross_seq.items() if s == seq), None)
+        if owner is not None:
+            del self._cross_seq[owner]
+        self.cross.discard(seq)
+
+    @locked
     def index_memory(self) -> tuple[int, int]:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:

@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from naive import NaiveIndex
 from suffixspec.index import SuffixIndex
+from suffixspec.native import suffix_index as nat
 
 SETTINGS = settings(max_examples=60, stateful_step_count=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -22,14 +23,28 @@ def arr(x):
     return np.asarray(x, np.int32)
 
 
+def assert_arctic_order(ix: SuffixIndex) -> None:
+    """In arctic's tie order every sibling list runs by falling count and the
+    first child is the one path drafts follow."""
+    nodes = ix.nodes
+    for x in range(int(ix.meta[nat.META_TOP])):
+        if nodes[x, nat.COUNT] < 0 or nodes[x, nat.FIRST] == -1:
+            continue  # free, or no children
+        assert nodes[x, nat.BEST] == nodes[x, nat.FIRST]
+        c = nodes[x, nat.FIRST]
+        while nodes[c, nat.NEXT] != -1:
+            assert nodes[c, nat.COUNT] >= nodes[nodes[c, nat.NEXT], nat.COUNT]
+            c = nodes[c, nat.NEXT]
+
+
 class IndexMachine(RuleBasedStateMachine):
     """Random trees and sequences: add, extend, close, remove, drop, rebuild."""
 
-    @initialize(depth=st.integers(1, 7))
-    def setup(self, depth):
+    @initialize(depth=st.integers(1, 7), ties=st.sampled_from(["newest", "arctic"]))
+    def setup(self, depth, ties):
         self.depth = depth
         # Tiny capacities force every growth path.
-        self.ix = SuffixIndex(max_depth=depth, node_capacity=4, token_capacity=4)
+        self.ix = SuffixIndex(max_depth=depth, node_capacity=4, token_capacity=4, ties=ties)
         self.ref = NaiveIndex(depth)
         self.open: dict[int, tuple[int, int]] = {}  # seq -> (tree, ref key)
         self.closed: dict[int, tuple[int, int]] = {}
@@ -92,6 +107,8 @@ class IndexMachine(RuleBasedStateMachine):
     def sound(self):
         if hasattr(self, "ix"):
             self.ix.check_integrity()
+            if self.ix.ties == "arctic":
+                assert_arctic_order(self.ix)
 
     @precondition(lambda self: self.ref.trees)
     @rule(data=st.data(), ctx=tokens, need=st.booleans())

@@ -1,0 +1,298 @@
+"""arctic-inference's suffix-decoding API, served by suffixspec.
+
+vLLM's own ``SuffixDecodingProposer``, Arctic's vLLM plugin and other engines
+import ``arctic_inference.suffix_decoding.SuffixDecodingCache``.  This module
+has the same public API as arctic-inference 0.3.0 (the class, its methods,
+their argument checks and error messages), so such code runs on suffixspec
+by importing it from here instead (or through ``install()``).
+
+Two modes:
+
+* ``"suffixspec"`` (default): a ``SuffixProposer`` with suffixspec's
+  calibrated policy drafts.  The prompt and response of each request form its
+  own trie, responses join the cross-request pool as arctic's global tree
+  does.  ``max_spec_tokens`` and ``use_tree_spec`` are honoured per call;
+  ``max_spec_factor``, ``max_spec_offset`` and ``min_token_prob`` only where
+  they differ from arctic's defaults (1.0, 0.0, 0.1), since callers such as
+  vLLM pass them whether or not a user set them.  A ``context`` that is not
+  the tail of the request's own prompt and response is drafted by arctic's
+  rule on the same tries.
+* ``"arctic"``: arctic's rule (``suffixspec.native.arctic``) on tries kept
+  in arctic's tie order: the same path drafts as arctic-inference, step for
+  step, as long as no cached response has been evicted (after an eviction,
+  equally frequent continuations may be ordered differently).  Tree drafts
+  (``use_tree_spec``) too.
+
+One difference: ``speculate(max_spec_tokens=None)`` drafts up to
+``max_tree_depth`` tokens, as arctic documents (arctic 0.3.0 raises
+AttributeError there).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import KeysView
+from dataclasses import dataclass, field
+from typing import Hashable, List, Optional, Sequence
+
+import numpy as np
+
+from suffixspec.index import SuffixIndex
+from suffixspec.native import arctic as rule
+from suffixspec.tokens import as_token_ids
+
+MODES = ("suffixspec", "arctic")
+_ARCTIC_DEFAULTS = (1.0, 0.0, 0.1)  # max_spec_factor, max_spec_offset, min_token_prob
+
+
+@dataclass
+class SuffixDecodingDraft:
+    """A speculation: ``token_ids[i]``'s parent is ``token_ids[parents[i]]``
+    (-1: none), ``probs`` their estimated probabilities, ``score`` their sum,
+    ``match_len`` the context tokens matched."""
+
+    token_ids: List[int] = field(default_factory=list)
+    parents: List[int] = field(default_factory=list)
+    probs: List[float] = field(default_factory=list)
+    score: float = 0.0
+    match_len: int = 0
+
+
+class SuffixDecodingCache:
+    """arctic-inference's ``SuffixDecodingCache``; see the module docstring.
+
+    ``max_cached_requests``: responses kept for other requests, evicted in
+    the order their requests started (-1: no limit, 0: none kept).
+    """
+
+    def __init__(self, max_tree_depth: int = 64, max_cached_requests: int = -1, *,
+                 mode: str = "suffixspec"):
+        if max_cached_requests > 0x7FFFFFFF:
+            raise ValueError("max_cached_requests must be at most 2^31")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self._max_tree_depth = max_tree_depth
+        self._max_cached_requests = max_cached_requests
+        self.mode = mode
+        keep = max_cached_requests != 0
+        self._trees = (_ProposerTries(max_tree_depth, keep) if mode == "suffixspec"
+                       else _ArcticTries(max_tree_depth, keep))
+        self._active: dict[Hashable, None] = {}
+        # Requests whose response is cached, oldest first -> its sequence.
+        self._cached: dict[Hashable, int] = {}
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self._max_tree_depth
+
+    @property
+    def max_cached_requests(self) -> int:
+        return self._max_cached_requests
+
+    @property
+    def active_requests(self) -> KeysView:
+        """Requests started and not yet stopped."""
+        return self._active.keys()
+
+    @property
+    def cached_requests(self) -> KeysView:
+        """Requests whose response other requests may draft from."""
+        return self._cached.keys()
+
+    def start_request(self, req_id: Hashable, prompt_token_ids: np.ndarray | Sequence[int]):
+        """Index ``prompt_token_ids`` for ``req_id``; with a global cache,
+        its response will be cached (evicting the oldest beyond the limit)."""
+        if req_id in self._active:
+            raise ValueError(f"Request '{req_id}' is already active")
+        prompt = _tokens(prompt_token_ids)
+        if self._max_cached_requests != 0 and req_id in self._cached:
+            self.evict_cached_response(req_id)
+        seq = self._trees.start(req_id, prompt)
+        self._active[req_id] = None
+        if self._max_cached_requests != 0:
+            self._cached[req_id] = seq
+            while 0 < self._max_cached_requests < len(self._cached):
+                self.evict_cached_response(next(r for r in self._cached if r != req_id))
+
+    def stop_request(self, req_id: Hashable):
+        """The request is done: its prompt is dropped, its response stays cached."""
+        if req_id not in self._active:
+            raise ValueError(f"Request '{req_id}' is not active")
+        del self._active[req_id]
+        self._trees.stop(req_id)
+
+    def add_active_response(self, req_id: Hashable, token_ids: np.ndarray | Sequence[int]):
+        """Append response tokens of an active request."""
+        if req_id not in self._active:
+            raise ValueError(f"Request '{req_id}' is not active")
+        self._trees.extend(req_id, _tokens(token_ids))
+
+    def evict_cached_response(self, req_id: Hashable):
+        """Remove ``req_id``'s response from the global cache."""
+        if req_id not in self._cached:
+            raise ValueError(f"Request '{req_id}' is not cached")
+        self._trees.evict(self._cached.pop(req_id))
+
+    def speculate(self, req_id: Hashable, context: np.ndarray | Sequence[int],
+                  max_spec_tokens: Optional[int] = None, max_spec_factor: float = 1.0,
+                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1,
+                  use_tree_spec: bool = False) -> SuffixDecodingDraft:
+        """The likeliest continuation of ``context`` from the request's own
+        prompt and response and from cached responses."""
+        if req_id not in self._active:
+            raise ValueError(f"Request '{req_id}' is not active")
+        ctx = _tokens(context)
+        if max_spec_tokens is None:
+            max_spec_tokens = self._max_tree_depth
+        if ctx.shape[0] > self._max_tree_depth:
+            ctx = ctx[-self._max_tree_depth:]
+        knobs = (float(max_spec_factor), float(max_spec_offset), float(min_token_prob))
+        return self._trees.speculate(req_id, ctx, max(int(max_spec_tokens), 0), knobs,
+                                     bool(use_tree_spec))
+
+
+def _tokens(values) -> np.ndarray:
+    """arctic's checks on arrays (1-D, int32, contiguous), then suffixspec's."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise ValueError(f"ndarray input must have ndim=1, got ndim={values.ndim}")
+        if values.dtype != np.int32:
+            raise ValueError(f"ndarray input must have dtype=int32, "
+                             f"got dtype={values.dtype.name}")
+        if not values.flags["CONTIGUOUS"]:
+            raise ValueError("ndarray input must be contiguous")
+    return as_token_ids(values)
+
+
+def _draft(tokens, parents, probs, score, match_len) -> SuffixDecodingDraft:
+    return SuffixDecodingDraft([int(t) for t in tokens], [int(p) for p in parents],
+                               [float(p) for p in probs], float(score), int(match_len))
+
+
+class _ArcticTries:
+    """arctic's trees: one per active request (prompt and response) and one
+    global tree of cached responses, in arctic's tie order."""
+
+    def __init__(self, depth: int, keep_responses: bool):
+        self.depth = max(int(depth), 1)
+        self.keep = keep_responses
+        self.local = SuffixIndex(self.depth, node_capacity=1 << 12, ties="arctic")
+        self.glob = SuffixIndex(self.depth, node_capacity=1 << 12, ties="arctic")
+        self.glob_tree = self.glob.add_tree()
+        self.requests: dict[Hashable, tuple[int, int, int | None]] = {}  # tree, seq, global seq
+
+    def start(self, req_id, prompt: np.ndarray) -> int:
+        tree = self.local.add_tree()
+        seq = self.local.add_sequence(tree, capacity=prompt.shape[0] + 64)
+        self.local.extend(seq, prompt)
+        out = self.glob.add_sequence(self.glob_tree) if self.keep else None
+        self.requests[req_id] = (tree, seq, out)
+        return out
+
+    def stop(self, req_id) -> None:
+        tree, _, out = self.requests.pop(req_id)
+        self.local.drop_tree(tree)
+        if out is not None and self.glob.is_open(out):
+            self.glob.close(out)
+
+    def extend(self, req_id, tokens: np.ndarray) -> None:
+        _, seq, out = self.requests[req_id]
+        self.local.extend(seq, tokens)
+        if out is not None:
+            self.glob.extend(out, tokens)
+
+    def evict(self, out: int) -> None:
+        for req_id, (tree, seq, own) in self.requests.items():
+            if own == out:  # evicted while active: its response stops going there
+                self.requests[req_id] = (tree, seq, None)
+        self.glob.remove(out)
+        if self.glob.dead_tokens > max(self.glob.live_tokens, 1 << 16):
+            self.glob.rebuild()
+
+    def speculate(self, req_id, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
+        tree = self.requests[req_id][0]
+        mine = _best_of(self.local, tree, ctx, limit, knobs, tree_spec)
+        other = _best_of(self.glob, self.glob_tree, ctx, limit, knobs, tree_spec)
+        return mine if mine.score >= other.score else other
+
+
+def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
+    """arctic's speculation over one tree (``suffixspec.native.arctic``)."""
+    factor, offset, min_prob = (np.float32(k) for k in knobs)
+    out = [np.empty(limit, t) for t in (np.int32, np.int32, np.float32) * 2]
+    heap = 4 * limit + 64
+    while True:
+        hp = np.empty(heap, np.float32)
+        hx, hi, hpar = (np.empty(heap, np.int64) for _ in range(3))
+        n, score, length = rule.arctic_speculate(
+            index.nodes, index.hkeys, index.hvals, index.arena, index.seqs, index.roots[tree],
+            ctx, limit, factor, offset, min_prob, tree_spec, *out, hp, hx, hi, hpar)
+        if n >= 0:
+            return _draft(out[0][:n], out[1][:n], out[2][:n], score, length)
+        heap *= 4  # a tree draft's frontier outgrew the heap
+
+
+class _ProposerTries:
+    """A ``SuffixProposer`` (calibrated policy) behind arctic's calls."""
+
+    def __init__(self, depth: int, keep_responses: bool):
+        from suffixspec.proposer import SuffixProposer
+
+        self.depth = max(int(depth), 2)
+        self.proposer = SuffixProposer(max_depth=self.depth, max_spec_tokens=self.depth,
+                                       cross_pool_tokens=None if keep_responses else 0)
+        self.defaults = (self.proposer.max_spec_factor, self.proposer.max_spec_offset,
+                         self.proposer.min_token_prob)
+
+    def start(self, req_id, prompt: np.ndarray) -> int | None:
+        self.proposer.start_request(req_id, prompt)
+        return self.proposer.output_sequence(req_id)
+
+    def stop(self, req_id) -> None:
+        self.proposer.finish_request(req_id)
+
+    def extend(self, req_id, tokens: np.ndarray) -> None:
+        self.proposer.extend(req_id, tokens)
+
+    def evict(self, out: int | None) -> None:
+        if out is not None:
+            self.proposer.discard_output(out)
+
+    def speculate(self, req_id, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
+        prop = self.proposer
+        limit = min(limit, prop.max_spec_tokens)
+        tree, seq = prop.requests.requests[req_id]
+        own = prop.requests.index.view(seq)
+        if ctx.shape[0] > own.shape[0] or not np.array_equal(own[own.shape[0] - ctx.shape[0]:],
+                                                             ctx):
+            # Not the request's own tokens: arctic's rule, on its trie and the pool.
+            mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec)
+            pool = prop.cross
+            if pool is None or not pool.trees:
+                return mine
+            other = _best_of(pool.delta, pool.trees[next(iter(pool.trees))], ctx, limit, knobs,
+                             tree_spec)
+            return mine if mine.score >= other.score else other
+        prop.max_spec_factor, prop.max_spec_offset, prop.min_token_prob = (
+            default if given == arctic else given
+            for given, arctic, default in zip(knobs, _ARCTIC_DEFAULTS, self.defaults))
+        prop.tree = tree_spec
+        draft = prop.propose([req_id], limit)[0]
+        return _draft(draft.token_ids, draft.parents, draft.probs, draft.score, draft.match_len)
+
+
+def install() -> types.ModuleType:
+    """Make ``import arctic_inference.suffix_decoding`` load this module's
+    classes (for code that imports arctic's API, e.g. vLLM's own proposer).
+    Returns the stand-in module."""
+    module = types.ModuleType("arctic_inference.suffix_decoding")
+    module.SuffixDecodingCache = SuffixDecodingCache
+    module.SuffixDecodingDraft = SuffixDecodingDraft
+    module.__doc__ = "suffixspec's stand-in for arctic-inference's suffix decoding API"
+    package = sys.modules.get("arctic_inference") or types.ModuleType("arctic_inference")
+    package.__path__ = getattr(package, "__path__", [])
+    package.suffix_decoding = module
+    sys.modules.setdefault("arctic_inference", package)
+    sys.modules["arctic_inference.suffix_decoding"] = module
+    return module
