@@ -62,6 +62,9 @@ def vllm_033(tmp_path_factory) -> Path:
 def test_the_installed_vllm_and_the_newest_release_pass(installed, vllm_033):
     assert contract.problems(installed) == []
     assert contract.problems(vllm_033) == []
+    # Both proposers build arctic's cache, which suffixspec.compat.arctic can stand in for.
+    assert contract.proposer_uses_arctic_api(installed)
+    assert contract.proposer_uses_arctic_api(vllm_033)
 
 
 @pytest.mark.parametrize("rel, old, new, named", [
@@ -78,8 +81,8 @@ def test_the_installed_vllm_and_the_newest_release_pass(installed, vllm_033):
     ("v1/worker/gpu_input_batch.py", "self.num_tokens_no_spec =", "self.num_tokens_now =",
      "InputBatch lacks num_tokens_no_spec"),
 ])
-def test_a_changed_vllm_is_refused_by_name_and_left_unpatched(installed, tmp_path, caplog,
-                                                             monkeypatch, rel, old, new, named):
+def test_a_changed_vllm_is_named_and_served_through_vllms_own_proposer(
+        installed, tmp_path, caplog, monkeypatch, rel, old, new, named):
     root = copy_sources(installed, tmp_path / "vllm")
     text = (root / rel).read_text()
     assert old in text
@@ -94,13 +97,56 @@ def test_a_changed_vllm_is_refused_by_name_and_left_unpatched(installed, tmp_pat
 
     before = sd.SuffixDecodingProposer
     monkeypatch.setattr(speculative, "has_arctic_inference", lambda: False)
+    saved = {k: sys.modules.get(k) for k in ("arctic_inference", "arctic_inference.suffix_decoding")}
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
+            assert install("test", root=root) is True
+            assert sd.SuffixDecodingProposer is before  # the runner is not patched
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+            assert SuffixDecodingCache.__module__ == "suffixspec.compat.arctic"
+            assert not ours()  # vLLM's logging may not be set up yet: said later,
+            assert speculative.has_arctic_inference() is True  # when a suffix config is checked
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        package = sys.modules.get("arctic_inference")
+        if package is not None and saved["arctic_inference.suffix_decoding"] is not None:
+            package.suffix_decoding = saved["arctic_inference.suffix_decoding"]
+    (said,) = ours()
+    assert said.startswith("suffixspec serves method \"suffix\" through vLLM's own "
+                           "SuffixDecodingProposer, with suffixspec's arctic-compatible cache")
+    assert said.endswith(f"vLLM {_version()} is not what it hooks: {found[0]}")
+
+
+def test_a_vllm_whose_proposer_no_longer_uses_arctics_api_is_refused(installed, tmp_path, caplog,
+                                                                      monkeypatch):
+    root = copy_sources(installed, tmp_path / "vllm")
+    for rel, old, new in [
+            ("v1/worker/gpu_model_runner.py", "def _on_request_state_removed(",
+             "def _on_request_removed("),
+            ("v1/spec_decode/suffix_decoding.py",
+             "from arctic_inference.suffix_decoding import SuffixDecodingCache",
+             "from vllm.v1.spec_decode.suffix_cache import SuffixDecodingCache")]:
+        text = (root / rel).read_text()
+        assert old in text
+        (root / rel).write_text(text.replace(old, new, 1))
+    assert not contract.proposer_uses_arctic_api(root)
+    found = contract.problems(root)
+    import vllm.config.speculative as speculative
+    import vllm.v1.spec_decode.suffix_decoding as sd
+
+    before = sd.SuffixDecodingProposer
+    monkeypatch.setattr(speculative, "has_arctic_inference", lambda: False)
     with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
         assert install("test", root=root) is False
         assert sd.SuffixDecodingProposer is before
-        assert not ours()  # vLLM's logging may not be set up yet: said later,
-        assert speculative.has_arctic_inference() is False  # when a suffix config is checked
-    assert ours() == [
-        f"suffixspec is off: vLLM {_version()} is not what it hooks: {found[0]}"]
+        assert speculative.has_arctic_inference() is False
+    assert [r.getMessage() for r in caplog.records if r.name == "vllm.suffixspec"] == [
+        f"suffixspec is off: vLLM {_version()} is not what it hooks: {'; '.join(found)}"]
 
 
 def test_missing_files_are_named(tmp_path):

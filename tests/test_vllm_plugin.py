@@ -158,6 +158,21 @@ def test_with_arctic_installed_and_the_switch_unset_arctic_serves(model, prompts
     assert "suffixspec is off: arctic-inference is installed" in log
 
 
+def test_unknown_runner_serves_through_vllms_own_proposer_with_the_compatible_cache(
+        model, prompts, baseline):
+    # arctic-inference is absent and the runner contract check fails, as on a
+    # vLLM the plugin does not know: vLLM's own proposer drafts, with
+    # suffixspec.compat.arctic standing in for arctic's module.
+    result, log = generate(model, prompts, "--no-arctic", "--unknown-runner", enable=None)
+    assert result["single"] == baseline["single"]
+    assert result["batch"] == baseline["batch"]
+    assert accepted(result) > 0
+    assert result["drafter_class"] == "SuffixDecodingProposer"
+    assert result["cache_module"] == "suffixspec.compat.arctic"
+    assert "through vLLM's own SuffixDecodingProposer" in log
+    assert "GPUModelRunner is not what this test pretends" in log
+
+
 def continued_tokens(turns: list[list[list[int]]]) -> int:
     """Prompt tokens of turns 2+ that the turn before already held: its
     prompt (100 tokens, then each turn's prompt + output + 12) and output."""

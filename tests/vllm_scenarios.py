@@ -58,6 +58,15 @@ def _rank_stats(worker):
     return drafter.stats() if hasattr(drafter, "stats") else None
 
 
+def cache_module(llm) -> str | None:
+    """Where the class of vLLM's own suffix proposer's cache comes from."""
+    def name(worker):
+        cache = getattr(getattr(worker.model_runner, "drafter", None), "suffix_cache", None)
+        return None if cache is None else type(cache).__module__
+
+    return llm.collective_rpc(name)[0]
+
+
 def drafter_class(llm) -> str | None:
     def name(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
@@ -103,11 +112,17 @@ def main() -> None:
 @click.option("--fault-every", default=0)
 @click.option("--no-arctic", is_flag=True, help="Block arctic-inference imports.")
 @click.option("--tp", default=1, help="Tensor-parallel ranks.")
+@click.option("--unknown-runner", is_flag=True,
+              help="Make the plugin's runner contract check fail, as on an unknown vLLM.")
 def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_bytes,
-             max_num_seqs, block_size, fault_every, no_arctic, tp):
+             max_num_seqs, block_size, fault_every, no_arctic, tp, unknown_runner):
     """Greedy outputs for the prompts, one at a time and/or as one batch."""
     if no_arctic:
         block_arctic()
+    if unknown_runner:
+        from suffixspec.integrations.vllm import contract
+
+        contract.problems = lambda root: ["GPUModelRunner is not what this test pretends"]
     from vllm import SamplingParams
 
     prompts = [{"prompt_token_ids": p} for p in json.load(open(prompts_file))]
@@ -125,6 +140,7 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
     result["counters"] = counters(llm)
     result["drafter"] = drafter_stats(llm)
     result["drafter_class"] = drafter_class(llm)
+    result["cache_module"] = cache_module(llm)
     if tp > 1:
         result["ranks"] = llm.collective_rpc(_rank_stats)
     print(json.dumps(result))

@@ -102,6 +102,20 @@ def problems(root: Path) -> list[str]:
     return out
 
 
+def proposer_uses_arctic_api(root: Path) -> bool:
+    """Whether vLLM's own ``SuffixDecodingProposer`` builds its cache from
+    ``arctic_inference.suffix_decoding.SuffixDecodingCache`` (which
+    ``suffixspec.compat.arctic`` can stand in for)."""
+    try:
+        tree = ast.parse((root / _PROPOSER).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    cls = _class(tree, "SuffixDecodingProposer")
+    return cls is not None and any(
+        isinstance(n, ast.ImportFrom) and n.module == "arctic_inference.suffix_decoding"
+        and any(a.name == "SuffixDecodingCache" for a in n.names) for n in ast.walk(cls))
+
+
 def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
     return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
 

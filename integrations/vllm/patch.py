@@ -39,6 +39,8 @@ def install(why: str = "", root=None) -> bool:
     root = root or contract.vllm_root()
     found = contract.problems(root) if root is not None else ["vLLM is not installed"]
     if found:
+        if root is not None and contract.proposer_uses_arctic_api(root):
+            return _serve_through_vllms_proposer(why, version, found)
         explain_when_suffix_is_asked(logging.WARNING, f"suffixspec is off: vLLM {version} is "
                                                       f"not what it hooks: {'; '.join(found)}")
         return False
@@ -57,6 +59,24 @@ def install(why: str = "", root=None) -> bool:
     runner = sys.modules.get(_RUNNER)  # a runner imported later binds the patched name
     if runner is not None:
         runner.SuffixDecodingProposer = SuffixSpecDrafter
+    return True
+
+
+def _serve_through_vllms_proposer(why: str, version: str | None, found: list[str]) -> bool:
+    """The runner differs from what the drafter hooks, but vLLM's own suffix
+    proposer still builds arctic-inference's cache: give it suffixspec's
+    arctic-compatible cache (``suffixspec.compat.arctic``, suffixspec policy)
+    in place of arctic's module."""
+    _guard_llvmlite_scan()
+    from suffixspec.compat import arctic
+
+    arctic.install()
+    explain_when_suffix_is_asked(
+        logging.WARNING,
+        f"suffixspec serves method \"suffix\" through vLLM's own SuffixDecodingProposer, "
+        f"with suffixspec's arctic-compatible cache ({why or 'enabled'}); its own drafter is "
+        f"off (no pool, metrics or multi-turn reuse) because vLLM {version} is not what it "
+        f"hooks: {'; '.join(found)}", answer=True)
     return True
 
 

@@ -30,6 +30,7 @@ AttributeError there).
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from collections.abc import KeysView
@@ -290,9 +291,11 @@ def install() -> types.ModuleType:
     module.SuffixDecodingCache = SuffixDecodingCache
     module.SuffixDecodingDraft = SuffixDecodingDraft
     module.__doc__ = "suffixspec's stand-in for arctic-inference's suffix decoding API"
-    package = sys.modules.get("arctic_inference") or types.ModuleType("arctic_inference")
-    package.__path__ = getattr(package, "__path__", [])
+    try:
+        package = importlib.import_module("arctic_inference")
+    except ImportError:  # not installed (or its import blocked)
+        package = sys.modules["arctic_inference"] = types.ModuleType("arctic_inference")
+        package.__path__ = []
     package.suffix_decoding = module
-    sys.modules.setdefault("arctic_inference", package)
     sys.modules["arctic_inference.suffix_decoding"] = module
     return module
