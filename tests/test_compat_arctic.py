@@ -196,3 +196,33 @@ def test_suffixspec_mode_drafts_from_cached_responses_until_evicted():
     assert cache.speculate("b", other, 4, min_token_prob=0.0).token_ids == []
     cache.add_active_response("b", [9, 7, 8])
     assert cache.speculate("b", other, 4).token_ids[:1] == [9]
+
+
+def test_install_puts_the_drop_in_where_arctics_api_is_imported():
+    import sys
+
+    from suffixspec.compat import arctic as compat
+
+    saved = {k: sys.modules.get(k) for k in ("arctic_inference", "arctic_inference.suffix_decoding")}
+    real = saved["arctic_inference"]
+    try:
+        compat.install("arctic")
+        from arctic_inference.suffix_decoding import SuffixDecodingCache as Imported
+
+        cache = Imported(8, 2)
+        assert isinstance(cache, SuffixDecodingCache) and cache.mode == "arctic"
+        cache.start_request(0, [1, 2, 3])
+        cache.add_active_response(0, [4, 5])
+        # What arctic's simulator reads off the global tree.
+        assert cache._global_tree.check_integrity() == ""
+        assert cache._global_tree.estimate_memory() > 0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        if real is not None:
+            real.suffix_decoding = saved["arctic_inference.suffix_decoding"]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        compat.install("fast")

@@ -39,7 +39,7 @@ from typing import Hashable, List, Optional, Sequence
 
 import numpy as np
 
-from suffixspec.index import SuffixIndex
+from suffixspec.index import IndexCorruptError, SuffixIndex
 from suffixspec.native import arctic as rule
 from suffixspec.tokens import as_token_ids
 
@@ -101,6 +101,12 @@ class SuffixDecodingCache:
         """Requests whose response other requests may draft from."""
         return self._cached.keys()
 
+    @property
+    def _global_tree(self) -> "_TreeReport":
+        """What arctic's simulator reads off arctic's global tree:
+        ``check_integrity()`` ("" when sound) and ``estimate_memory()``."""
+        return _TreeReport(self._trees.global_index())
+
     def start_request(self, req_id: Hashable, prompt_token_ids: np.ndarray | Sequence[int]):
         """Index ``prompt_token_ids`` for ``req_id``; with a global cache,
         its response will be cached (evicting the oldest beyond the limit)."""
@@ -153,6 +159,23 @@ class SuffixDecodingCache:
                                      bool(use_tree_spec))
 
 
+class _TreeReport:
+    def __init__(self, index: SuffixIndex | None):
+        self.index = index
+
+    def check_integrity(self) -> str:
+        if self.index is None:
+            return ""
+        try:
+            self.index.check_integrity()
+        except IndexCorruptError as e:
+            return str(e)
+        return ""
+
+    def estimate_memory(self) -> int:
+        return 0 if self.index is None else self.index.memory_bytes()
+
+
 def _tokens(values) -> np.ndarray:
     """arctic's checks on arrays (1-D, int32, contiguous), then suffixspec's."""
     if isinstance(values, np.ndarray):
@@ -182,6 +205,9 @@ class _ArcticTries:
         self.glob = SuffixIndex(self.depth, node_capacity=1 << 12, ties="arctic")
         self.glob_tree = self.glob.add_tree()
         self.requests: dict[Hashable, tuple[int, int, int | None]] = {}  # tree, seq, global seq
+
+    def global_index(self) -> SuffixIndex:
+        return self.glob
 
     def start(self, req_id, prompt: np.ndarray) -> int:
         tree = self.local.add_tree()
@@ -246,6 +272,9 @@ class _ProposerTries:
         self.defaults = (self.proposer.max_spec_factor, self.proposer.max_spec_offset,
                          self.proposer.min_token_prob)
 
+    def global_index(self) -> SuffixIndex | None:
+        return None if self.proposer.cross is None else self.proposer.cross.delta
+
     def start(self, req_id, prompt: np.ndarray) -> int | None:
         self.proposer.start_request(req_id, prompt)
         return self.proposer.output_sequence(req_id)
@@ -283,12 +312,22 @@ class _ProposerTries:
         return _draft(draft.token_ids, draft.parents, draft.probs, draft.score, draft.match_len)
 
 
-def install() -> types.ModuleType:
+def install(mode: str = "suffixspec") -> types.ModuleType:
     """Make ``import arctic_inference.suffix_decoding`` load this module's
-    classes (for code that imports arctic's API, e.g. vLLM's own proposer).
-    Returns the stand-in module."""
+    classes (for code that imports arctic's API, e.g. vLLM's own proposer),
+    their caches in ``mode``.  Returns the stand-in module."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+    class Cache(SuffixDecodingCache):
+        __doc__ = SuffixDecodingCache.__doc__
+
+        def __init__(self, max_tree_depth: int = 64, max_cached_requests: int = -1):
+            super().__init__(max_tree_depth, max_cached_requests, mode=mode)
+
+    Cache.__name__ = Cache.__qualname__ = "SuffixDecodingCache"
     module = types.ModuleType("arctic_inference.suffix_decoding")
-    module.SuffixDecodingCache = SuffixDecodingCache
+    module.SuffixDecodingCache = Cache
     module.SuffixDecodingDraft = SuffixDecodingDraft
     module.__doc__ = "suffixspec's stand-in for arctic-inference's suffix decoding API"
     try:
