@@ -5,10 +5,10 @@ vLLM ``suffix`` (arctic-inference) and suffixspec, in one run.
 
 Workloads: the first 48 Spider gold records of the SQL trace and the first 48
 single-turn BFCL records, sent as chat messages, greedy, max_tokens 128; and
-``agent``, multi-turn: the first 8 sessions of the agent trace, each turn a
-new request whose messages are the session so far (the model's own earlier
-answers included) plus the turn's new messages (each cut to 3,000
-characters), while the prompt fits the 8,192-token context.
+``agent``, multi-turn: the first 6 turns of the first 8 sessions of the agent
+trace, each turn a new request whose messages are the session so far (the
+model's own earlier answers included) plus the turn's new messages (each cut
+to 3,000 characters), while the prompt fits the 8,192-token context.
 Each (method, workload, mode) runs in a fresh process: ``sequential`` sends
 one request at a time, ``concurrent`` keeps 8 in flight (agent: the 8
 sessions advance together, one turn each per round).  Reported: output
@@ -42,6 +42,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 METHODS = ("none", "ngram", "arctic", "suffixspec")
 WORKLOADS = ("sql", "bfcl", "agent")
 SESSIONS = 8  # agent workload
+TURNS = 6  # agent: turns per session (48 requests, as the other workloads)
 MESSAGE_CHARS = 3_000  # agent: a turn's new messages are cut to this
 AGENT_LEN = 8_192  # SmolLM2's context; other workloads run at 4,096
 MODES = {"sequential": 1, "concurrent": 8}
@@ -67,7 +68,7 @@ def sessions(traces: Path, n: int = SESSIONS) -> list[list[list[dict]]]:
             break
         out.setdefault(r["session"], []).append(r)
     return [[[dict(m, content=m["content"][:MESSAGE_CHARS]) for m in chat(t["prompt_delta"])]
-             for t in sorted(turns, key=lambda t: t["turn"])] for turns in out.values()]
+             for t in sorted(turns, key=lambda t: t["turn"])[:TURNS]] for turns in out.values()]
 
 
 def workload(name: str, traces: Path, n: int):
@@ -272,7 +273,8 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                   tablefmt="github")
     save_results(out, "vllm", {"knobs": knobs, "prompts": prompts, "rows": slim},
                  f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128; sql and bfcl: "
-                 f"{prompts} prompts each; agent: {SESSIONS} sessions, one request per turn. "
+                 f"{prompts} prompts each; agent: {SESSIONS} sessions of {TURNS} turns, one request "
+                 f"per turn. "
                  f"Suffix knobs {knobs}. \"prompt reused\": share of prompt tokens suffixspec "
                  f"found indexed already (the earlier turn a request continues).\n\n{md}")
 

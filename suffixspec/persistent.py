@@ -92,7 +92,6 @@ def frozen_index(arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
     """A query-only ``SuffixIndex`` over (read-only) snapshot arrays."""
     ix = SuffixIndex.__new__(SuffixIndex)
     ix.max_depth = max_depth
-    ix.ties = "newest"
     for name in ("meta", "nodes", "hkeys", "hvals", "arena", "seqs", "roots"):
         setattr(ix, name, arrays[name])
     ix.active = np.zeros((1, max_depth), np.int32)  # no open sequences
