@@ -50,9 +50,8 @@ def arctic_path(nodes, arena, seqs, x, off, max_tokens, min_prob, out_tokens, ou
 
 
 @njit(cache=True)
-def _heap_push(hp, hx, hi, hpar, size, prob, x, i, parent):
-    """libstdc++ ``push_heap`` on a max-heap of probabilities."""
-    hole = size
+def _sift_up(hp, hx, hi, hpar, hole, prob, x, i, parent):
+    """Place an entry at ``hole`` or above it (libstdc++'s ``__push_heap``)."""
     up = (hole - 1) // 2
     while hole > 0 and hp[up] < prob:
         hp[hole] = hp[up]
@@ -65,6 +64,12 @@ def _heap_push(hp, hx, hi, hpar, size, prob, x, i, parent):
     hx[hole] = x
     hi[hole] = i
     hpar[hole] = parent
+
+
+@njit(cache=True)
+def _heap_push(hp, hx, hi, hpar, size, prob, x, i, parent):
+    """libstdc++ ``push_heap`` on a max-heap of probabilities."""
+    _sift_up(hp, hx, hi, hpar, size, prob, x, i, parent)
     return size + 1
 
 
@@ -94,19 +99,7 @@ def _heap_pop(hp, hx, hi, hpar, size):
         hi[hole] = hi[second - 1]
         hpar[hole] = hpar[second - 1]
         hole = second - 1
-    # push_heap of the moved last entry from the hole, as libstdc++ does.
-    up = (hole - 1) // 2
-    while hole > 0 and hp[up] < prob:
-        hp[hole] = hp[up]
-        hx[hole] = hx[up]
-        hi[hole] = hi[up]
-        hpar[hole] = hpar[up]
-        hole = up
-        up = (hole - 1) // 2
-    hp[hole] = prob
-    hx[hole] = x
-    hi[hole] = i
-    hpar[hole] = parent
+    _sift_up(hp, hx, hi, hpar, hole, prob, x, i, parent)  # the moved last entry
     return n
 
 

@@ -283,9 +283,8 @@ def _link_child(nodes, hkeys, hvals, meta, p, c):
 
 
 @njit(cache=True)
-def _unlink_child(nodes, hkeys, hvals, meta, p, c):
-    if _has_siblings(nodes, p):
-        _hdel(hkeys, hvals, meta, p, nodes[c, TOKEN])
+def _detach(nodes, p, c):
+    """Take child ``c`` out of ``p``'s sibling list (the child table is untouched)."""
     prev = nodes[c, PREV]
     nxt = nodes[c, NEXT]
     if prev != -1:
@@ -294,6 +293,13 @@ def _unlink_child(nodes, hkeys, hvals, meta, p, c):
         nodes[p, FIRST] = nxt
     if nxt != -1:
         nodes[nxt, PREV] = prev
+
+
+@njit(cache=True)
+def _unlink_child(nodes, hkeys, hvals, meta, p, c):
+    if _has_siblings(nodes, p):
+        _hdel(hkeys, hvals, meta, p, nodes[c, TOKEN])
+    _detach(nodes, p, c)
     f = nodes[p, FIRST]
     if f != -1 and nodes[f, NEXT] == -1:
         # Back to an only child: it leaves the table.
@@ -326,14 +332,7 @@ def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
 def _move_between(nodes, p, x, before, after):
     """Move child ``x`` of ``p`` in its sibling list to between ``before``
     and ``after`` (-1: the list's start or end)."""
-    prev = nodes[x, PREV]
-    nxt = nodes[x, NEXT]
-    if prev != -1:
-        nodes[prev, NEXT] = nxt
-    else:
-        nodes[p, FIRST] = nxt
-    if nxt != -1:
-        nodes[nxt, PREV] = prev
+    _detach(nodes, p, x)
     nodes[x, PREV] = before
     nodes[x, NEXT] = after
     if before != -1:

@@ -8,8 +8,6 @@ eviction order) must behave as arctic's.  Needs arctic-inference
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -24,27 +22,15 @@ arctic = pytest.importorskip("arctic_inference.suffix_decoding")
 
 from test_index_properties import assert_arctic_order  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACES = SHARED / "data" / "traces"
-
-
-def records(name: str, n: int) -> list[tuple[np.ndarray, list[int]]]:
+def records(traces: Path, tokenizer: Path, name: str, n: int):
     """(prompt tail, output) token ids of a trace's first ``n`` records."""
-    from tokenizers import Tokenizer
+    from suffixspec.replay.traces import hf_encoder, read_records
 
-    path = TRACES / f"{name}.jsonl.gz"
-    if not path.is_file():
-        pytest.skip(f"{path} is not here")
-    tok = Tokenizer.from_file(str(SHARED / "tokenizers" / "qwen" / "tokenizer.json"))
-    out = []
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            r = json.loads(line)
-            out.append((np.array(tok.encode(r["prompt"]).ids[-1500:], np.int32),
-                        tok.encode(r["output"]).ids))
-            if len(out) == n:
-                return out
-    return out
+    encode = hf_encoder(tokenizer)
+    recs = list(read_records(traces / f"{name}.jsonl.gz", max_records=n))
+    prompts = encode([r["prompt"] for r in recs])
+    return [(np.array(p[-1500:], np.int32), o)
+            for p, o in zip(prompts, encode([r["output"] for r in recs]))]
 
 
 def same(a, b) -> bool:
@@ -59,13 +45,14 @@ def same(a, b) -> bool:
     ("code_humaneval_mbpp_leetcode", 12, 4, False),
     ("sql_spider_bird", 30, -1, True),
 ])
-def test_arctic_mode_drafts_as_arctic_at_every_step(trace, n, cached, tree):
+def test_arctic_mode_drafts_as_arctic_at_every_step(traces_dir, tokenizer_path, trace, n, cached,
+                                                    tree):
     """Decode each record as arctic's simulator does (accept the drafted
     tokens the recorded output confirms, plus one), both caches side by side."""
     theirs = arctic.SuffixDecodingCache(64, cached)
     ours = SuffixDecodingCache(64, cached, mode="arctic")
     steps = 0
-    for i, (prompt, output) in enumerate(records(trace, n)):
+    for i, (prompt, output) in enumerate(records(traces_dir, tokenizer_path, trace, n)):
         for c in (theirs, ours):
             c.start_request(i, prompt)
         done: list[int] = []
@@ -198,31 +185,18 @@ def test_suffixspec_mode_drafts_from_cached_responses_until_evicted():
     assert cache.speculate("b", other, 4).token_ids[:1] == [9]
 
 
-def test_install_puts_the_drop_in_where_arctics_api_is_imported():
-    import sys
-
+def test_install_puts_the_drop_in_where_arctics_api_is_imported(arctic_api_restored):
     from suffixspec.compat import arctic as compat
 
-    saved = {k: sys.modules.get(k) for k in ("arctic_inference", "arctic_inference.suffix_decoding")}
-    real = saved["arctic_inference"]
-    try:
-        compat.install("arctic")
-        from arctic_inference.suffix_decoding import SuffixDecodingCache as Imported
+    compat.install("arctic")
+    from arctic_inference.suffix_decoding import SuffixDecodingCache as Imported
 
-        cache = Imported(8, 2)
-        assert isinstance(cache, SuffixDecodingCache) and cache.mode == "arctic"
-        cache.start_request(0, [1, 2, 3])
-        cache.add_active_response(0, [4, 5])
-        # What arctic's simulator reads off the global tree.
-        assert cache._global_tree.check_integrity() == ""
-        assert cache._global_tree.estimate_memory() > 0
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-        if real is not None:
-            real.suffix_decoding = saved["arctic_inference.suffix_decoding"]
+    cache = Imported(8, 2)
+    assert isinstance(cache, SuffixDecodingCache) and cache.mode == "arctic"
+    cache.start_request(0, [1, 2, 3])
+    cache.add_active_response(0, [4, 5])
+    # What arctic's simulator reads off the global tree.
+    assert cache._global_tree.check_integrity() == ""
+    assert cache._global_tree.estimate_memory() > 0
     with pytest.raises(ValueError, match="mode must be one of"):
         compat.install("fast")

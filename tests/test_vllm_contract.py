@@ -82,7 +82,7 @@ def test_the_installed_vllm_and_the_newest_release_pass(installed, vllm_033):
      "InputBatch lacks num_tokens_no_spec"),
 ])
 def test_a_changed_vllm_is_named_and_served_through_vllms_own_proposer(
-        installed, tmp_path, caplog, monkeypatch, rel, old, new, named):
+        installed, tmp_path, caplog, monkeypatch, arctic_api_restored, rel, old, new, named):
     root = copy_sources(installed, tmp_path / "vllm")
     text = (root / rel).read_text()
     assert old in text
@@ -97,25 +97,14 @@ def test_a_changed_vllm_is_named_and_served_through_vllms_own_proposer(
 
     before = sd.SuffixDecodingProposer
     monkeypatch.setattr(speculative, "has_arctic_inference", lambda: False)
-    saved = {k: sys.modules.get(k) for k in ("arctic_inference", "arctic_inference.suffix_decoding")}
-    try:
-        with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
-            assert install("test", root=root) is True
-            assert sd.SuffixDecodingProposer is before  # the runner is not patched
-            from arctic_inference.suffix_decoding import SuffixDecodingCache
+    with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
+        assert install("test", root=root) is True
+        assert sd.SuffixDecodingProposer is before  # the runner is not patched
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-            assert SuffixDecodingCache.__module__ == "suffixspec.compat.arctic"
-            assert not ours()  # vLLM's logging may not be set up yet: said later,
-            assert speculative.has_arctic_inference() is True  # when a suffix config is checked
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-        package = sys.modules.get("arctic_inference")
-        if package is not None and saved["arctic_inference.suffix_decoding"] is not None:
-            package.suffix_decoding = saved["arctic_inference.suffix_decoding"]
+        assert SuffixDecodingCache.__module__ == "suffixspec.compat.arctic"
+        assert not ours()  # vLLM's logging may not be set up yet: said later,
+        assert speculative.has_arctic_inference() is True  # when a suffix config is checked
     (said,) = ours()
     assert said.startswith("suffixspec serves method \"suffix\" through vLLM's own "
                            "SuffixDecodingProposer, with suffixspec's arctic-compatible cache")
