@@ -39,7 +39,11 @@ from suffixspec.replay.traces import read_records  # noqa: E402  (loads no Numba
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
-METHODS = ("none", "ngram", "arctic", "suffixspec")
+METHODS = ("none", "ngram", "arctic", "suffixspec", "suffixspec c0.1")
+# "suffixspec c0.1": its draft cost set to 0.1 of a step per drafted token,
+# about what a drafted token costs SmolLM2 on this CPU (from the ngram and
+# arctic rows: each drafted token adds ~3 ms to a ~27 ms step).
+DRAFT_COSTS = {"suffixspec c0.1": "0.1"}
 WORKLOADS = ("sql", "bfcl", "agent")
 SESSIONS = 8  # agent workload
 TURNS = 6  # agent: turns per session (48 requests, as the other workloads)
@@ -224,9 +228,12 @@ def child(model, method, wl, traces, prompts, conc, knobs) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                NUMBA_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env.pop("SUFFIXSPEC_ENABLE", None)
-    if method == "suffixspec":
+    if method.startswith("suffixspec"):
         env["SUFFIXSPEC_ENABLE"] = "1"
         env["SUFFIXSPEC_LOG_INTERVAL"] = "0"
+        env.pop("SUFFIXSPEC_DRAFT_COST", None)
+        if method in DRAFT_COSTS:
+            env["SUFFIXSPEC_DRAFT_COST"] = DRAFT_COSTS[method]
     cmd = [sys.executable, __file__, "one", "--model", model, "--method", method, "--workload", wl,
            "--traces", str(traces), "--prompts", str(prompts), "--concurrency", str(conc),
            "--knobs", json.dumps(knobs)]
@@ -262,7 +269,7 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
         arctic = next((a for a in slim if a["method"] == "arctic" and a["workload"] == r["workload"]
                        and a["mode"] == r["mode"]), None)
         ratio = (f"{r['tokens_per_s'] / arctic['tokens_per_s']:.3f}"
-                 if arctic and r["method"] == "suffixspec" else "")
+                 if arctic and r["method"].startswith("suffixspec") else "")
         table.append([r["workload"], r["mode"], r["method"], f"{r['tokens_per_s']:.1f}", ratio,
                       f"{r['acceptance_length']:.3f}", f"{r['draft_tokens_per_draft']:.2f}",
                       r["requests"], r["output_tokens"], reused(r),

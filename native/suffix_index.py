@@ -329,10 +329,11 @@ def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
 
 
 @njit(cache=True)
-def _move_between(nodes, p, x, before, after):
-    """Move child ``x`` of ``p`` in its sibling list to between ``before``
-    and ``after`` (-1: the list's start or end)."""
+def _move_after(nodes, p, x, before):
+    """Move child ``x`` of ``p`` in its sibling list to just after ``before``
+    (-1: to the front)."""
     _detach(nodes, p, x)
+    after = nodes[p, FIRST] if before == -1 else nodes[before, NEXT]
     nodes[x, PREV] = before
     nodes[x, NEXT] = after
     if before != -1:
@@ -358,7 +359,7 @@ def _arctic_rise(nodes, p, x):
         g = prev
         while nodes[g, PREV] != -1 and nodes[nodes[g, PREV], COUNT] == k:
             g = nodes[g, PREV]
-        _move_between(nodes, p, x, nodes[g, PREV], g)
+        _move_after(nodes, p, x, nodes[g, PREV])
     nodes[p, BEST] = nodes[p, FIRST]
 
 
@@ -372,7 +373,7 @@ def _arctic_fall(nodes, p, x):
         g = nxt
         while nodes[g, NEXT] != -1 and nodes[nodes[g, NEXT], COUNT] == k:
             g = nodes[g, NEXT]
-        _move_between(nodes, p, x, g, nodes[g, NEXT])
+        _move_after(nodes, p, x, g)
     nodes[p, BEST] = nodes[p, FIRST]
 
 
@@ -689,6 +690,67 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
     meta[META_LIVE_TOKENS] -= n
     meta[META_DEAD_TOKENS] += n
     seqs[s, SEQ_STATE] = SEQ_REMOVED
+
+
+@njit(cache=True)
+def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_root,
+                     nodes, hkeys, hvals, arena, seqs, root, stack):
+    """Give every node under ``root`` its children in the order the same
+    string's children have under ``old_root``, and BEST its first child.
+
+    For a rebuild in arctic's tie order: the rebuilt tree holds the same
+    strings with the same counts, so the same children, but arctic's order
+    among equal counts comes from the old tree's history.  ``stack`` is
+    scratch of shape (nodes, 3).  Returns False if the trees differ.
+    """
+    top = 0
+    stack[0, 0] = root
+    stack[0, 1] = old_root
+    stack[0, 2] = 0
+    top = 1
+    while top > 0:
+        top -= 1
+        x = stack[top, 0]
+        y = stack[top, 1]
+        off = stack[top, 2]
+        first = nodes[x, FIRST]
+        if first == -1:
+            continue
+        if nodes[first, NEXT] != -1:  # x branches: so must y, at its end
+            if off != _elen(old_nodes, old_seqs, y):
+                return False
+            prev = -1
+            oc = old_nodes[y, FIRST]
+            while oc != -1:
+                c = _find_child(nodes, hkeys, hvals, x, old_nodes[oc, TOKEN])
+                if c == -1:
+                    return False
+                _move_after(nodes, x, c, prev)
+                prev = c
+                oc = old_nodes[oc, NEXT]
+            nodes[x, BEST] = nodes[x, FIRST]
+        c = nodes[x, FIRST]
+        while c != -1:
+            # Where the string of c ends in the old tree.
+            yo = y
+            o = off
+            for i in range(_elen(nodes, seqs, c)):
+                t = _label(arena, seqs, nodes, c, i)
+                if o == _elen(old_nodes, old_seqs, yo):
+                    yo = _find_child(old_nodes, old_hkeys, old_hvals, yo, t)
+                    if yo == -1:
+                        return False
+                    o = 1
+                else:
+                    o += 1
+            if top == stack.shape[0]:
+                return False
+            stack[top, 0] = c
+            stack[top, 1] = yo
+            stack[top, 2] = o
+            top += 1
+            c = nodes[c, NEXT]
+    return True
 
 
 @njit(cache=True)

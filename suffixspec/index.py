@@ -272,6 +272,14 @@ class SuffixIndex:
                 fresh.extend(s, self.sequence(s))
                 if not self.is_open(s):
                     fresh.close(s)
+        if self.ties == "arctic":  # keep arctic's order among equal counts
+            stack = np.empty((fresh.nodes.shape[0], 3), np.int64)
+            for tree in self._tree_seqs:
+                if not nat.copy_child_order(self.nodes, self.hkeys, self.hvals, self.arena,
+                                            self.seqs, self.roots[tree], fresh.nodes,
+                                            fresh.hkeys, fresh.hvals, fresh.arena, fresh.seqs,
+                                            fresh.roots[tree], stack):
+                    raise IndexCorruptError("rebuilt tree differs from the old one")
         fresh._free_trees = [t for t in range(fresh._next_tree) if t not in fresh._tree_seqs][::-1]
         used = set().union(*fresh._tree_seqs.values()) if fresh._tree_seqs else set()
         fresh._free_seqs = [s for s in range(fresh._next_seq) if s not in used][::-1]

@@ -132,7 +132,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                     # draft ran past the end is never output: it is left out,
                     # so the request's trie holds exactly its prompt and
                     # output (a next turn can continue it).  No draft.
-                    grown.append(tokens[:end - have])
+                    grown.append(tokens[:max(end - have, 0)])
                     continue
                 grown.append(tokens)
             room = min(k, self.max_model_len - total - 1)
