@@ -201,6 +201,7 @@ class _ArcticTries:
     def __init__(self, depth: int, keep_responses: bool):
         self.depth = max(int(depth), 1)
         self.keep = keep_responses
+        self.scratch = _Scratch()
         self.local = SuffixIndex(self.depth, node_capacity=1 << 12, ties="arctic")
         self.glob = SuffixIndex(self.depth, node_capacity=1 << 12, ties="arctic")
         self.glob_tree = self.glob.add_tree()
@@ -239,25 +240,42 @@ class _ArcticTries:
 
     def speculate(self, req_id, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
         tree = self.requests[req_id][0]
-        mine = _best_of(self.local, tree, ctx, limit, knobs, tree_spec)
-        other = _best_of(self.glob, self.glob_tree, ctx, limit, knobs, tree_spec)
+        mine = _best_of(self.local, tree, ctx, limit, knobs, tree_spec, self.scratch)
+        other = _best_of(self.glob, self.glob_tree, ctx, limit, knobs, tree_spec, self.scratch)
         return mine if mine.score >= other.score else other
 
 
-def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
+class _Scratch:
+    """Output and heap arrays of arctic's speculation, kept between calls."""
+
+    def __init__(self):
+        self.size = -1
+        self.heap = 0
+
+    def out(self, limit: int) -> list[np.ndarray]:
+        if limit > self.size:
+            self.size = limit
+            self.arrays = [np.empty(limit, t) for t in (np.int32, np.int32, np.float32) * 2]
+            self.grow(4 * limit + 64)
+        return self.arrays
+
+    def grow(self, heap: int) -> None:
+        self.heap = heap
+        self.heaps = [np.empty(heap, np.float32)] + [np.empty(heap, np.int64) for _ in range(3)]
+
+
+def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec,
+             scratch: _Scratch) -> SuffixDecodingDraft:
     """arctic's speculation over one tree (``suffixspec.native.arctic``)."""
     factor, offset, min_prob = (np.float32(k) for k in knobs)
-    out = [np.empty(limit, t) for t in (np.int32, np.int32, np.float32) * 2]
-    heap = 4 * limit + 64
+    out = scratch.out(limit)
     while True:
-        hp = np.empty(heap, np.float32)
-        hx, hi, hpar = (np.empty(heap, np.int64) for _ in range(3))
         n, score, length = rule.arctic_speculate(
             index.nodes, index.hkeys, index.hvals, index.arena, index.seqs, index.roots[tree],
-            ctx, limit, factor, offset, min_prob, tree_spec, *out, hp, hx, hi, hpar)
+            ctx, limit, factor, offset, min_prob, tree_spec, *out, *scratch.heaps)
         if n >= 0:
             return _draft(out[0][:n], out[1][:n], out[2][:n], score, length)
-        heap *= 4  # a tree draft's frontier outgrew the heap
+        scratch.grow(4 * scratch.heap)  # a tree draft's frontier outgrew the heap
 
 
 class _ProposerTries:
@@ -271,6 +289,7 @@ class _ProposerTries:
                                        cross_pool_tokens=None if keep_responses else 0)
         self.defaults = (self.proposer.max_spec_factor, self.proposer.max_spec_offset,
                          self.proposer.min_token_prob)
+        self.scratch = _Scratch()
 
     def global_index(self) -> SuffixIndex | None:
         return None if self.proposer.cross is None else self.proposer.cross.delta
@@ -297,12 +316,13 @@ class _ProposerTries:
         if ctx.shape[0] > own.shape[0] or not np.array_equal(own[own.shape[0] - ctx.shape[0]:],
                                                              ctx):
             # Not the request's own tokens: arctic's rule, on its trie and the pool.
-            mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec)
+            mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec,
+                            self.scratch)
             pool = prop.cross
             if pool is None or not pool.trees:
                 return mine
             other = _best_of(pool.delta, pool.trees[next(iter(pool.trees))], ctx, limit, knobs,
-                             tree_spec)
+                             tree_spec, self.scratch)
             return mine if mine.score >= other.score else other
         prop.max_spec_factor, prop.max_spec_offset, prop.min_token_prob = (
             default if given == arctic else given
