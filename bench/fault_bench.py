@@ -42,8 +42,8 @@ import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import export
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import PoolStore
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.store import PoolStore
 
 from bench_common import save_results
 
@@ -67,7 +67,7 @@ from suffixspec import SuffixProposer
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import export
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 path, namespace, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
 prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace=namespace)
@@ -100,7 +100,7 @@ import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import export
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES)
 total, namespace = int(sys.argv[2]), sys.argv[3]
 rng = np.random.default_rng(0)
@@ -319,7 +319,7 @@ BUDGET = PEAK_RSS + r"""
 import json, os, sys, time
 import numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 path, total, every = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, max_tokens=1_000_000,
                       snapshot_every=None if every == "none" else int(every), durable=False)

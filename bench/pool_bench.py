@@ -39,10 +39,10 @@ from suffixspec import SuffixProposer
 from suffixspec.fingerprint import tokenizer_id
 from suffixspec.ingest import ingest
 from suffixspec.native import warmup
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 
 from bench_common import TRACES, load, save_results
 
@@ -54,7 +54,7 @@ warmup()
 t1 = time.perf_counter()
 import numpy as np
 from suffixspec import SuffixProposer
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 t2 = time.perf_counter()
 pool = PersistentPool(sys.argv[1])
 prop = SuffixProposer(max_depth=pool.max_depth, pool=pool, namespace=sys.argv[2])
@@ -67,7 +67,7 @@ print(t1 - t0, t3 - t2, len(d), pool.tokens)
 _READER = """
 import sys, time, numpy as np
 from suffixspec import SuffixProposer
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 pool = PersistentPool(sys.argv[1], refresh_interval=0.2)
 prop = SuffixProposer(max_depth=pool.max_depth, pool=pool, namespace="w")
 rng = np.random.default_rng(int(sys.argv[3]))
@@ -90,7 +90,7 @@ print(i, drafts, errors, pool.tokens)
 
 _WRITER = """
 import sys, time, numpy as np
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 pool = PersistentPool(sys.argv[1])
 rng = np.random.default_rng(0)
 end = time.monotonic() + float(sys.argv[2])
@@ -110,7 +110,7 @@ print(n, errors)
 _KILLED = """
 import sys, numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES, max_depth=64, map_size=1 << 16)
 rng = np.random.default_rng(int(sys.argv[2]))
 while True:

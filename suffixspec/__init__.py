@@ -15,7 +15,8 @@ from __future__ import annotations
 from importlib import import_module
 
 _EXPORTS = {
-    "CrossPool": "suffixspec.pools",
+    "CrossPool": "suffixspec.pools.memory",
+    "ProposerConfig": "suffixspec.config",
     "Draft": "suffixspec.draft",
     "Proposer": "suffixspec.draft",
     "SuffixIndex": "suffixspec.index",

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from suffixspec.native import suffix_index as nat
-from suffixspec.native.suffix_index import heap_scratch
+from suffixspec.native import counts, trie
+from suffixspec.native import layout as lay
+from suffixspec.native.layout import heap_scratch
 
 
 class IndexCorruptError(RuntimeError):
@@ -41,7 +42,7 @@ class Match:
 #: Which of equally frequent continuations a path draft follows (see
 #: ``suffixspec.native.suffix_index``): "newest" (suffixspec's) or "arctic"
 #: (arctic-inference's order, for drafts identical to it).
-TIES = {"newest": nat.TIES_NEWEST, "arctic": nat.TIES_ARCTIC}
+TIES = {"newest": lay.TIES_NEWEST, "arctic": lay.TIES_ARCTIC}
 
 
 class SuffixIndex:
@@ -53,16 +54,16 @@ class SuffixIndex:
             raise ValueError(f"ties must be one of {', '.join(TIES)}, got {ties!r}")
         self.max_depth = int(max_depth)
         self.ties = ties
-        self.meta = np.zeros(nat.META_SIZE, np.int64)
-        self.meta[nat.META_DEPTH] = max_depth
-        self.meta[nat.META_TIES] = TIES[ties]
-        self.meta[nat.META_FREE_HEAD] = -1
-        self.nodes = np.full((max(node_capacity, 2 * max_depth + 4), nat.NODE_FIELDS), -1, np.int32)
+        self.meta = np.zeros(lay.META_SIZE, np.int64)
+        self.meta[lay.META_DEPTH] = max_depth
+        self.meta[lay.META_TIES] = TIES[ties]
+        self.meta[lay.META_FREE_HEAD] = -1
+        self.nodes = np.full((max(node_capacity, 2 * max_depth + 4), lay.NODE_FIELDS), -1, np.int32)
         hcap = 1 << max(6, int(np.ceil(np.log2(4 * max_depth + 8))))
-        self.hkeys = np.full(hcap, nat.EMPTY, np.int64)
+        self.hkeys = np.full(hcap, lay.EMPTY, np.int64)
         self.hvals = np.full(hcap, -1, np.int32)
         self.arena = np.zeros(token_capacity, np.int32)
-        self.seqs = np.zeros((16, nat.SEQ_FIELDS), np.int64)
+        self.seqs = np.zeros((16, lay.SEQ_FIELDS), np.int64)
         self.active = np.zeros((4, max_depth), np.int32)
         self.roots = np.full(4, -1, np.int32)
         self._path = np.zeros(max_depth + 1, np.int32)
@@ -85,16 +86,27 @@ class SuffixIndex:
     def drop_tree(self, tree: int) -> None:
         """Free a tree, its nodes and its sequences."""
         root = self._root(tree)
-        nat.drop_tree(self.meta, self.nodes, self.hkeys, self.hvals, root)
+        trie.drop_tree(self.arrays(), root)
         for s in self._tree_seqs.pop(tree):
             self._release_seq(s)
         self.roots[tree] = -1
         self._free_trees.append(tree)
 
     # -------------------------------------------------------------- sequences
-    def add_sequence(self, tree: int, capacity: int = 64) -> int:
-        """Open a new, empty sequence in ``tree`` and return its id."""
-        s = self._free_seqs.pop() if self._free_seqs else self._next_seq
+    def add_sequence(self, tree: int, capacity: int = 64, seq: int | None = None) -> int:
+        """Open a new, empty sequence in ``tree`` and return its id.
+
+        ``seq`` asks for that id (one not in use), so a rebuilt index can keep
+        the ids its owner hands out.
+        """
+        if seq is None:
+            s = self._free_seqs.pop() if self._free_seqs else self._next_seq
+        elif seq < self._next_seq and seq not in self._free_seqs:
+            raise ValueError(f"sequence {seq} is in use")
+        else:
+            s = seq
+            if s in self._free_seqs:
+                self._free_seqs.remove(s)
         self._open_seq(s, tree, capacity)
         return s
 
@@ -103,8 +115,7 @@ class SuffixIndex:
         done = 0
         n = token_ids.shape[0]
         while True:
-            done += nat.extend(self.meta, self.nodes, self.hkeys, self.hvals,
-                               self.arena, self.seqs, self.active, seq, token_ids[done:])
+            done += trie.extend(self.arrays(), seq, token_ids[done:])
             if done == n:
                 return
             self._make_room(seq, n - done)
@@ -117,65 +128,84 @@ class SuffixIndex:
         """
         progress = self._progress
         progress[:] = 0
-        while not nat.extend_batch(self.meta, self.nodes, self.hkeys, self.hvals, self.arena,
-                                   self.seqs, self.active, seq_ids, tokens, offsets, progress):
+        while not trie.extend_batch(self.arrays(), seq_ids, tokens, offsets, progress):
             i, done = int(progress[0]), int(progress[1])
             self._make_room(int(seq_ids[i]), int(offsets[i + 1] - offsets[i]) - done)
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""
-        slot = int(self.seqs[seq, nat.SEQ_SLOT])
+        slot = int(self.seqs[seq, lay.SEQ_SLOT])
         if slot != -1:
             self._free_slots.append(slot)
-            self.seqs[seq, nat.SEQ_SLOT] = -1
+            self.seqs[seq, lay.SEQ_SLOT] = -1
 
     def remove(self, seq: int) -> None:
         """Take ``seq`` out of the index (its tokens are reclaimed by ``rebuild``)."""
         self.close(seq)
-        nat.remove_seq(self.meta, self.nodes, self.hkeys, self.hvals,
-                       self.arena, self.seqs, seq, self._path)
+        trie.remove_seq(self.arrays(), seq, self._path)
 
     def sequence(self, seq: int) -> np.ndarray:
         """A copy of the tokens of ``seq``."""
-        off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
+        off, n = int(self.seqs[seq, lay.SEQ_OFF]), int(self.seqs[seq, lay.SEQ_LEN])
         return self.arena[off:off + n].copy()
 
-    def read_only_arrays(self) -> tuple:
-        """Read-only views of (nodes, hkeys, hvals, arena, seqs, active).
+    def arrays(self) -> lay.Index:
+        """The index's arrays as the kernels take them (valid until an array grows)."""
+        return lay.Index(self.meta, self.nodes, self.hkeys, self.hvals, self.arena, self.seqs,
+                         self.active)
+
+    def read_only_arrays(self) -> lay.Index:
+        """Read-only views of the index's arrays.
 
         The drafting kernel takes every index read-only (a snapshot is), so it
         is compiled once.  The views are made again only after an array grew.
         """
-        arrays = (self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active)
-        src, views = getattr(self, "_read_only", ((), ()))
+        arrays = self.arrays()
+        src, views = getattr(self, "_read_only", ((), None))
         if len(src) != len(arrays) or any(a is not b for a, b in zip(src, arrays)):
-            views = []
-            for a in arrays:
-                v = a.view()
-                v.setflags(write=False)
-                views.append(v)
-            views = tuple(views)
+            views = lay.read_only(arrays)
             self._read_only = (arrays, views)
         return views
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of a fully closed index, trimmed to what is in use (for a snapshot)."""
+        trie.compact_arena(self.arena, self.seqs, self.meta)
+        return {"meta": self.meta, "nodes": self.nodes[: self.meta[lay.META_TOP]],
+                "hkeys": self.hkeys, "hvals": self.hvals,
+                "arena": self.arena[: self.meta[lay.META_ARENA_TOP]],
+                "seqs": self.seqs[: self._next_seq], "roots": self.roots[: self._next_tree]}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
+        """A query-only index over (read-only) arrays from ``to_arrays``."""
+        ix = cls.__new__(cls)
+        ix.max_depth = max_depth
+        for name in ("meta", "nodes", "hkeys", "hvals", "arena", "seqs", "roots"):
+            setattr(ix, name, arrays[name])
+        ix.active = np.zeros((1, max_depth), np.int32)  # no open sequences
+        # Read-only like the other arrays: one compiled variant of the kernels
+        # (the one ``warmup`` builds) serves every snapshot.
+        ix.active.setflags(write=False)
+        return ix
+
     def view(self, seq: int) -> np.ndarray:
         """The tokens of ``seq`` without a copy; valid until the index next changes."""
-        off, n = int(self.seqs[seq, nat.SEQ_OFF]), int(self.seqs[seq, nat.SEQ_LEN])
+        off, n = int(self.seqs[seq, lay.SEQ_OFF]), int(self.seqs[seq, lay.SEQ_LEN])
         return self.arena[off:off + n]
 
     def seq_len(self, seq: int) -> int:
-        return int(self.seqs[seq, nat.SEQ_LEN])
+        return int(self.seqs[seq, lay.SEQ_LEN])
 
     def is_open(self, seq: int) -> bool:
-        return int(self.seqs[seq, nat.SEQ_SLOT]) != -1
+        return int(self.seqs[seq, lay.SEQ_SLOT]) != -1
 
     @property
     def live_tokens(self) -> int:
-        return int(self.meta[nat.META_LIVE_TOKENS])
+        return int(self.meta[lay.META_LIVE_TOKENS])
 
     @property
     def dead_tokens(self) -> int:
-        return int(self.meta[nat.META_DEAD_TOKENS])
+        return int(self.meta[lay.META_DEAD_TOKENS])
 
     # ---------------------------------------------------------------- queries
     def match(self, tree: int, context: np.ndarray, need_continuation: bool = False,
@@ -186,21 +216,20 @@ class SuffixIndex:
         Returns None when not even the empty suffix qualifies (empty tree).
         """
         limit = self.max_depth if max_len is None else min(max_len, self.max_depth)
-        length, node, off = nat.longest_match(
-            self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active,
-            self._root(tree), context, 0, context.shape[0], limit, need_continuation)
+        length, node, off = trie.longest_match(
+            self.arrays(), self._root(tree), context, 0, context.shape[0], limit,
+            need_continuation, (np.int64(-1), np.int64(0), np.int64(0)))
         if length < 0:
             return None
-        return Match(int(length), int(node), int(off), int(self.nodes[node, nat.COUNT]))
+        return Match(int(length), int(node), int(off), int(self.nodes[node, lay.COUNT]))
 
     def continuations(self, match: Match) -> tuple[np.ndarray, np.ndarray]:
         """Tokens that follow a match and how often each does."""
-        n = nat.continuations(self.nodes, self.arena, self.seqs, match.node, match.offset,
+        n = trie.continuations(self.arrays(), match.node, match.offset,
                               np.empty(0, np.int32), np.empty(0, np.int64))
         tokens = np.empty(n, np.int32)
         counts = np.empty(n, np.int64)
-        nat.continuations(self.nodes, self.arena, self.seqs, match.node, match.offset,
-                          tokens, counts)
+        trie.continuations(self.arrays(), match.node, match.offset, tokens, counts)
         return tokens, counts
 
     def occurrence(self, match: Match) -> tuple[int, int]:
@@ -210,16 +239,16 @@ class SuffixIndex:
         edge labels may read them, until ``rebuild``.
         """
         node = match.node
-        seq = int(self.nodes[node, nat.REF_SEQ])
-        start = int(self.nodes[node, nat.REF_POS]) + match.offset - match.length
+        seq = int(self.nodes[node, lay.REF_SEQ])
+        start = int(self.nodes[node, lay.REF_POS]) + match.offset - match.length
         return seq, start
 
     def draft_path(self, match: Match, max_tokens: int, min_prob: float):
         """Most-frequent-continuation path from ``match``: (tokens, probs, score)."""
         tokens = np.empty(max_tokens, np.int32)
         probs = np.empty(max_tokens, np.float32)
-        n, score = nat.draft_path(self.nodes, self.arena, self.seqs, match.node, match.offset,
-                                  max_tokens, min_prob, tokens, probs)
+        n, score = counts.draft_path(self.arrays(), match.node, match.offset, max_tokens,
+                                     min_prob, tokens, probs, 0)
         return tokens[:n], probs[:n], float(score)
 
     def draft_tree(self, match: Match, max_tokens: int, min_prob: float):
@@ -228,17 +257,16 @@ class SuffixIndex:
         parents = np.empty(max_tokens, np.int32)
         probs = np.empty(max_tokens, np.float32)
         heap = heap_scratch(max_tokens, min_prob)
-        n, score = nat.draft_tree(self.nodes, self.arena, self.seqs, match.node, match.offset,
-                                  max_tokens, min_prob, tokens, parents, probs, *heap)
+        n, score = counts.draft_tree(self.arrays(), match.node, match.offset, max_tokens,
+                                     min_prob, tokens, parents, probs, heap)
         return tokens[:n], parents[:n], probs[:n], float(score)
 
     # ------------------------------------------------------------ maintenance
     def check_integrity(self) -> None:
         """Raise ``IndexCorruptError`` if any invariant is broken (slow)."""
-        code = nat.check_integrity(self.meta, self.nodes, self.hkeys, self.hvals,
-                                   self.arena, self.seqs, self.active)
+        code = trie.check_integrity(self.arrays())
         if code:
-            raise IndexCorruptError(nat.CHECK_MESSAGES[code])
+            raise IndexCorruptError(trie.CHECK_MESSAGES[code])
 
     def memory_bytes(self) -> int:
         """Bytes held by the index arrays (allocated capacity, not just used)."""
@@ -247,13 +275,13 @@ class SuffixIndex:
 
     def used_bytes(self) -> int:
         """Bytes of the index arrays in use: nodes, child table slots, token storage."""
-        nodes = int(self.meta[nat.META_TOP] - self.meta[nat.META_FREE_COUNT])
-        return (nodes * self.nodes.itemsize * nat.NODE_FIELDS
-                + int(self.meta[nat.META_HASH_FILL]) * 2 * (8 + 4)
-                + int(self.meta[nat.META_ARENA_TOP]) * 4)
+        nodes = int(self.meta[lay.META_TOP] - self.meta[lay.META_FREE_COUNT])
+        return (nodes * self.nodes.itemsize * lay.NODE_FIELDS
+                + int(self.meta[lay.META_HASH_FILL]) * 2 * (8 + 4)
+                + int(self.meta[lay.META_ARENA_TOP]) * 4)
 
     def node_count(self) -> int:
-        return int(self.meta[nat.META_TOP] - self.meta[nat.META_FREE_COUNT])
+        return int(self.meta[lay.META_TOP] - self.meta[lay.META_FREE_COUNT])
 
     def rebuild(self) -> None:
         """Re-index live sequences from scratch, reclaiming removed ones' storage.
@@ -266,7 +294,7 @@ class SuffixIndex:
             fresh._open_tree(tree)
         for tree, seqs in self._tree_seqs.items():
             for s in sorted(seqs):
-                if self.seqs[s, nat.SEQ_STATE] != nat.SEQ_LIVE:
+                if self.seqs[s, lay.SEQ_STATE] != lay.SEQ_LIVE:
                     continue
                 fresh._open_seq(s, tree, max(self.seq_len(s), 1))
                 fresh.extend(s, self.sequence(s))
@@ -275,16 +303,14 @@ class SuffixIndex:
         if self.ties == "arctic":  # keep arctic's order among equal counts
             stack = np.empty((fresh.nodes.shape[0], 3), np.int64)
             for tree in self._tree_seqs:
-                if not nat.copy_child_order(self.nodes, self.hkeys, self.hvals, self.arena,
-                                            self.seqs, self.roots[tree], fresh.nodes,
-                                            fresh.hkeys, fresh.hvals, fresh.arena, fresh.seqs,
-                                            fresh.roots[tree], stack):
+                if not trie.copy_child_order(self.arrays(), self.roots[tree], fresh.arrays(),
+                                             fresh.roots[tree], stack):
                     raise IndexCorruptError("rebuilt tree differs from the old one")
         fresh._free_trees = [t for t in range(fresh._next_tree) if t not in fresh._tree_seqs][::-1]
         used = set().union(*fresh._tree_seqs.values()) if fresh._tree_seqs else set()
         fresh._free_seqs = [s for s in range(fresh._next_seq) if s not in used][::-1]
         for s in fresh._free_seqs:
-            fresh.seqs[s, nat.SEQ_STATE] = nat.SEQ_FREE
+            fresh.seqs[s, lay.SEQ_STATE] = lay.SEQ_FREE
         self.__dict__.update(fresh.__dict__)
 
     # --------------------------------------------------------------- internal
@@ -298,7 +324,7 @@ class SuffixIndex:
             self.roots = _grown(self.roots, max(2 * self.roots.shape[0], tree + 1), -1)
         self._next_tree = max(self._next_tree, tree + 1)
         self._reserve_nodes(1)
-        self.roots[tree] = nat.new_root(self.nodes, self.meta)
+        self.roots[tree] = trie.new_root(self.nodes, self.meta)
         self._tree_seqs[tree] = set()
 
     def _open_seq(self, s: int, tree: int, capacity: int) -> None:
@@ -312,67 +338,67 @@ class SuffixIndex:
             self._free_slots.extend(range(2 * old - 1, old - 1, -1))
         row = self.seqs[s]
         row[:] = 0
-        row[nat.SEQ_ROOT] = root
-        row[nat.SEQ_SLOT] = self._free_slots.pop()
-        row[nat.SEQ_STATE] = nat.SEQ_LIVE
+        row[lay.SEQ_ROOT] = root
+        row[lay.SEQ_SLOT] = self._free_slots.pop()
+        row[lay.SEQ_STATE] = lay.SEQ_LIVE
         self._place(s, max(int(capacity), 1))
         self._tree_seqs[tree].add(s)
 
     def _release_seq(self, s: int) -> None:
         self.close(s)
-        state = self.seqs[s, nat.SEQ_STATE]
-        n = int(self.seqs[s, nat.SEQ_LEN])
-        if state == nat.SEQ_LIVE:
-            self.meta[nat.META_LIVE_TOKENS] -= n
-        elif state == nat.SEQ_REMOVED:
-            self.meta[nat.META_DEAD_TOKENS] -= n
-        self._garbage += int(self.seqs[s, nat.SEQ_CAP])
-        self.seqs[s, nat.SEQ_STATE] = nat.SEQ_FREE
-        self.seqs[s, nat.SEQ_LEN] = 0
+        state = self.seqs[s, lay.SEQ_STATE]
+        n = int(self.seqs[s, lay.SEQ_LEN])
+        if state == lay.SEQ_LIVE:
+            self.meta[lay.META_LIVE_TOKENS] -= n
+        elif state == lay.SEQ_REMOVED:
+            self.meta[lay.META_DEAD_TOKENS] -= n
+        self._garbage += int(self.seqs[s, lay.SEQ_CAP])
+        self.seqs[s, lay.SEQ_STATE] = lay.SEQ_FREE
+        self.seqs[s, lay.SEQ_LEN] = 0
         self._free_seqs.append(s)
 
     def _reserve_nodes(self, n: int) -> None:
-        spare = self.nodes.shape[0] - self.meta[nat.META_TOP] + self.meta[nat.META_FREE_COUNT]
+        spare = self.nodes.shape[0] - self.meta[lay.META_TOP] + self.meta[lay.META_FREE_COUNT]
         if spare < n:
             need = self.nodes.shape[0] + n
             self.nodes = _grown(self.nodes, max(2 * self.nodes.shape[0], need), -1)
 
     def _make_room(self, seq: int, more: int) -> None:
         row = self.seqs[seq]
-        if row[nat.SEQ_LEN] >= row[nat.SEQ_CAP]:
-            self._place(seq, max(2 * int(row[nat.SEQ_CAP]), int(row[nat.SEQ_LEN]) + more))
+        if row[lay.SEQ_LEN] >= row[lay.SEQ_CAP]:
+            self._place(seq, max(2 * int(row[lay.SEQ_CAP]), int(row[lay.SEQ_LEN]) + more))
         self._reserve_nodes(self.max_depth + 1)
-        if self.meta[nat.META_HASH_FILL] + 2 * self.max_depth + 2 > self.hkeys.shape[0] // 2:
+        if self.meta[lay.META_HASH_FILL] + 2 * self.max_depth + 2 > self.hkeys.shape[0] // 2:
             size = 2 * self.hkeys.shape[0]
-            keys = np.full(size, nat.EMPTY, np.int64)
+            keys = np.full(size, lay.EMPTY, np.int64)
             vals = np.full(size, -1, np.int32)
-            nat.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
+            trie.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
             self.hkeys, self.hvals = keys, vals
 
     def _place(self, seq: int, cap: int) -> None:
         """Give ``seq`` a storage region of ``cap`` tokens, keeping its tokens."""
         row = self.seqs[seq]
-        top = int(self.meta[nat.META_ARENA_TOP])
-        end = int(row[nat.SEQ_OFF] + row[nat.SEQ_CAP])
-        if row[nat.SEQ_CAP] > 0 and end == top and row[nat.SEQ_OFF] + cap <= self.arena.shape[0]:
+        top = int(self.meta[lay.META_ARENA_TOP])
+        end = int(row[lay.SEQ_OFF] + row[lay.SEQ_CAP])
+        if row[lay.SEQ_CAP] > 0 and end == top and row[lay.SEQ_OFF] + cap <= self.arena.shape[0]:
             # Last region: grow it in place.
-            row[nat.SEQ_CAP] = cap
-            self.meta[nat.META_ARENA_TOP] = row[nat.SEQ_OFF] + cap
+            row[lay.SEQ_CAP] = cap
+            self.meta[lay.META_ARENA_TOP] = row[lay.SEQ_OFF] + cap
             return
-        if row[nat.SEQ_CAP] > 0:
-            self._garbage += int(row[nat.SEQ_CAP])
+        if row[lay.SEQ_CAP] > 0:
+            self._garbage += int(row[lay.SEQ_CAP])
         if top + cap > self.arena.shape[0] and self._garbage > top // 2:
-            nat.compact_arena(self.arena, self.seqs, self.meta)
+            trie.compact_arena(self.arena, self.seqs, self.meta)
             self._garbage = 0
-            top = int(self.meta[nat.META_ARENA_TOP])
+            top = int(self.meta[lay.META_ARENA_TOP])
         if top + cap > self.arena.shape[0]:
             self.arena = _grown(self.arena, max(2 * self.arena.shape[0], top + cap), 0)
-        if row[nat.SEQ_CAP] > 0:
-            nat.move_seq(self.arena, self.seqs, self.meta, seq, top, cap)
+        if row[lay.SEQ_CAP] > 0:
+            trie.move_seq(self.arena, self.seqs, self.meta, seq, top, cap)
         else:
-            row[nat.SEQ_OFF] = top
-            row[nat.SEQ_CAP] = cap
-            self.meta[nat.META_ARENA_TOP] = top + cap
+            row[lay.SEQ_OFF] = top
+            row[lay.SEQ_CAP] = cap
+            self.meta[lay.META_ARENA_TOP] = top + cap
 
 
 def _grown(arr: np.ndarray, rows: int, fill) -> np.ndarray:

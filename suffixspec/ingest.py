@@ -34,7 +34,8 @@ import numpy as np
 from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.native.tokens import SYNTHETIC_BASE
-from suffixspec.store import DiskFullError, PoolStore, TokenizerMismatchError, check_namespace
+from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
+from suffixspec.pools.store import DiskFullError, PoolStore, TokenizerMismatchError
 from suffixspec.tokens import as_token_ids
 
 INT32_MAX = (1 << 31) - 1
@@ -282,7 +283,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
 
     ``encode_batch`` turns a list of texts into token id lists (None only for
     the ``export`` format).  Sequences go to ``namespace``; without one, exported
-    records keep the namespace the file names and the rest go to "default".
+    records keep the namespace the file names and the rest go to ``DEFAULT_NAMESPACE``.
     ``progress(tokens)`` is called after each commit,
     ``warn(message)`` for each bad record.
     """
@@ -319,7 +320,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                 # A log's prompt text rarely tokenizes to the exact prompt an
                 # engine sees, so ingested outputs get the global anchor only.
                 arr = np.concatenate([start_anchors(None), arr])
-            pending.append((arr, namespace or "default", source, ""))
+            pending.append((arr, namespace or DEFAULT_NAMESPACE, source, ""))
         texts.clear()
 
     def commit():
@@ -364,7 +365,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                                 f"{int(item[anchor_count(item):].max())} is outside the "
                                 f"pool's vocabulary of {vocab}")
                         continue
-                    ns = namespace or fields.get("namespace", "default")
+                    ns = namespace or fields.get("namespace", DEFAULT_NAMESPACE)
                     if present is None:
                         present = Counter((q.namespace, _digest(q.tokens))
                                           for q in store.sequences())

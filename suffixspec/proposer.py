@@ -9,19 +9,19 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from suffixspec.anchors import start_anchors
+from suffixspec.config import ProposerConfig, check_namespace
 from suffixspec.draft import Draft
-from suffixspec.index import SuffixIndex, heap_scratch
-from suffixspec.native import calibration as cal
-from suffixspec.native import propose as nat
-from suffixspec.native import warmup
-from suffixspec.pools import DEFAULT_NAMESPACE, CrossPool, RequestPool
-from suffixspec.store import check_namespace
+from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
+from suffixspec.native import calibration as cal
+from suffixspec.native import layout as lay
+from suffixspec.native import warmup
+from suffixspec.native.propose import propose_batch
+from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.tokens import as_token_ids
 
 
 _SOURCES = ("request", "cross", "anchor")
-POLICIES = ("calibrated", "counts")
 
 
 def _distinct(req_ids) -> None:
@@ -29,30 +29,23 @@ def _distinct(req_ids) -> None:
         raise ValueError("the same request appears twice in one call")
 
 
+def policy_flags(config: ProposerConfig) -> int:
+    """The kernels' policy flags for ``config``."""
+    counts = config.counts
+    return ((lay.ALL_LENGTHS if config.all_match_lengths else 0)
+            | (lay.SELF_DISCOUNT if config.self_discount else 0)
+            | (lay.LONG_BIAS if config.long_match_bias and counts else 0)
+            | (0 if counts else lay.CALIBRATED)
+            | (lay.ANCHORED if config.anchors and not counts else 0))
+
+
 class SuffixProposer:
     """Drafts continuations from suffix tries over the request and past outputs.
 
-    Parameters
-    ----------
-    max_depth:
-        Longest indexed substring, and so the longest usable context match.
-    max_spec_tokens:
-        Upper bound on draft length (engines may pass lower per-request limits
-        to ``propose``).
-    max_spec_factor, max_spec_offset:
-        A draft from a ``match_len``-token match holds at most
-        ``match_len * max_spec_factor + max_spec_offset`` tokens.
-    min_token_prob:
-        Drafting stops before a token whose estimated probability (product of
-        continuation frequencies along the path) falls below this.
-    tree:
-        Draft best-first token trees instead of single paths.
-    cross_pool_tokens:
-        Token budget of the cross-request pool (oldest outputs are evicted
-        first); 0 disables the pool, None leaves it unbounded.
-    cross_pool_requests:
-        Most outputs the in-memory cross-request pool keeps (oldest evicted
-        first); None: no limit beyond the token budget.
+    Settings come as a ``ProposerConfig`` or as its fields by keyword
+    (``SuffixProposer(max_spec_tokens=8)``); see ``suffixspec.config`` for
+    each one.  Besides them:
+
     pool:
         A persistent cross-request pool: a path (opened or created as a
         ``PersistentPool`` with ``tokenizer``) or a pool object
@@ -60,97 +53,42 @@ class SuffixProposer:
     tokenizer:
         The ``TokenizerId`` of the engine's tokenizer, checked against a
         persistent pool's (needed to create one).
-    namespace:
-        Where finished outputs go, and what requests draw from by default.
-    shared_namespace:
-        A namespace every request also draws from (None: none).
-    all_match_lengths:
-        Draft from every match length and keep the best-scoring draft, instead
-        of only from the longest match.
-    self_discount:
-        Leave the context's own occurrence (which has no continuation yet) out
-        of the first token's probability.
-    long_match_bias:
-        Counts policy: rank a draft from an L-token match by ``score * (1 + L
-        / (4 * max_depth))``, a mild preference for longer matches.
-    anchors:
-        Calibrated policy: also match the start of the output against the
-        starts of past outputs (see ``suffixspec.anchors``).
-    reuse_tokens:
-        Finished requests' own tries kept for the next turn of a conversation
-        (the latest 64 requests, at most this many tokens in all, oldest
-        dropped first; 0: none).  A request whose
-        prompt starts with a finished request's prompt and output takes over
-        its trie and indexes only the tokens after them.
-
-    The three policy options are on by default because the replay over the
-    shared traces measured each as helping; ``bench/policy_bench.py``
-    re-measures them.
 
     A proposer is safe to share between threads: each public call holds its
     lock, so calls run one at a time.
     """
 
-    def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
-                 max_spec_factor: float | None = None, max_spec_offset: float = 0.0,
-                 min_token_prob: float | None = None, tree: bool = False,
-                 cross_pool_tokens: int | None = 4_000_000,
-                 cross_pool_requests: int | None = None, pool=None, tokenizer=None,
-                 namespace: str = DEFAULT_NAMESPACE, shared_namespace: str | None = None,
-                 all_match_lengths: bool = True, self_discount: bool = True,
-                 long_match_bias: bool = True, policy: str = "calibrated",
-                 draft_cost: float = 0.03, anchors: bool = True, reuse_tokens: int = 1 << 20):
-        if not 2 <= max_depth <= 1024:
-            raise ValueError(f"max_depth must be in [2, 1024], got {max_depth}")
-        if max_spec_tokens < 0:
-            raise ValueError(f"max_spec_tokens must be >= 0, got {max_spec_tokens}")
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-        counts = policy == "counts"
-        if max_spec_factor is not None and not 0 <= max_spec_factor < float("inf"):
-            raise ValueError(f"max_spec_factor must be finite and >= 0, got {max_spec_factor}")
-        if not -float("inf") < max_spec_offset < float("inf"):
-            raise ValueError(f"max_spec_offset must be finite, got {max_spec_offset}")
-        if min_token_prob is not None and not 0.0 <= min_token_prob <= 1.0:
-            raise ValueError(f"min_token_prob must be in [0, 1], got {min_token_prob}")
-        if not 0.0 <= draft_cost < 1.0:
-            raise ValueError(f"draft_cost must be in [0, 1), got {draft_cost}")
-        self.max_depth = int(max_depth)
-        self.max_spec_tokens = int(max_spec_tokens)
-        self.policy = policy
-        # Unset length knobs: arctic's defaults for counts, no cap when calibrated.
-        self.max_spec_factor = (float(max_spec_factor) if max_spec_factor is not None
-                                else 1.0 if counts else -1.0)
-        self.max_spec_offset = float(max_spec_offset)
-        self.min_token_prob = (float(min_token_prob) if min_token_prob is not None
-                               else 0.1 if counts else 0.0)
-        self.tree = bool(tree)
-        self.flags = ((nat.ALL_LENGTHS if all_match_lengths else 0)
-                      | (nat.SELF_DISCOUNT if self_discount else 0)
-                      | (nat.LONG_BIAS if long_match_bias and counts else 0)
-                      | (0 if counts else nat.CALIBRATED)
-                      | (nat.ANCHORED if anchors and not counts else 0))
-        self.calibration = cal.new_table()
-        self.cost_state = cal.new_state(float(draft_cost))
-        self.namespace = check_namespace(namespace)
-        self.shared_namespace = (None if shared_namespace is None
-                                 else check_namespace(shared_namespace))
-        if reuse_tokens < 0:
-            raise ValueError(f"reuse_tokens must be >= 0, got {reuse_tokens}")
-        self.requests = RequestPool(self.max_depth, keep_tokens=int(reuse_tokens))
+    def __init__(self, config: ProposerConfig | None = None, *, pool=None, tokenizer=None,
+                 **settings):
+        config = ProposerConfig(**settings) if config is None else config.replace(**settings)
+        self.config = config
+        self.max_depth = config.max_depth
+        self.max_spec_tokens = config.max_spec_tokens
+        self.policy = config.policy
+        self.max_spec_factor = config.spec_factor
+        self.max_spec_offset = float(config.max_spec_offset)
+        self.min_token_prob = config.token_prob_floor
+        self.tree = bool(config.tree)
+        self.namespace = config.namespace
+        self.shared_namespace = config.shared_namespace
+        self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
+                               self.min_token_prob, self.tree, policy_flags(config))
+        self.stats = cal.new_stats(float(config.draft_cost))
+        self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens))
         self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
+        cross_tokens = config.cross_pool_tokens
         if pool is not None and not isinstance(pool, CrossPool):
-            from suffixspec.persistent import PersistentPool
+            from suffixspec.pools.persistent import PersistentPool
 
             if tokenizer is None:
                 raise ValueError("a pool path needs tokenizer=TokenizerId of the engine's "
                                  "tokenizer, so token ids of different tokenizers never mix")
             pool = PersistentPool(pool, tokenizer=tokenizer, max_depth=self.max_depth,
-                                  max_tokens=cross_pool_tokens)
+                                  max_tokens=cross_tokens)
         if pool is not None and pool.max_depth != self.max_depth:
             raise ValueError(f"pool has max_depth {pool.max_depth}, proposer has {self.max_depth}")
-        if pool is None and cross_pool_tokens != 0:
-            pool = CrossPool(self.max_depth, cross_pool_tokens, cross_pool_requests)
+        if pool is None and cross_tokens != 0:
+            pool = CrossPool(self.max_depth, cross_tokens, config.cross_pool_requests)
         self.cross = pool
         # One public call at a time; shared with the pool, whose own thread
         # may let go of the pool file between calls.
@@ -168,17 +106,14 @@ class SuffixProposer:
         self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
                                     token_capacity=16).read_only_arrays()
         warmup()
-        k = max(self.max_spec_tokens, 1)
-        self._scratch = (np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
-                         np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32))
-        self._heap = heap_scratch(k, self.min_token_prob)
-        self._cand_buckets = np.empty(k, np.int32)
+        self._work = lay.workspace(self.max_spec_tokens, self.min_token_prob)
         # The latest draft of each request (row: its sequence in the request
         # pool), scored against the emitted tokens by ``extend``.
-        self._pending = self._pending_rows(64)
+        self._pending = lay.pending(64, self.max_spec_tokens)
+        k = max(self.max_spec_tokens, 1)
         self._learn_scratch = (np.empty(k, np.int64), np.empty(k, np.bool_))
         self._one = (np.zeros(1, np.int64), np.zeros(2, np.int64))
-        self._out = self._outputs(8)
+        self._out = lay.outputs(8, self.max_spec_tokens)
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
@@ -207,10 +142,10 @@ class SuffixProposer:
             self.cross.want(draw)
         self.reused_tokens += self.requests.start(req_id, prompt)
         seq = self.requests.requests[req_id][1]
-        if seq >= self._pending[3].shape[0]:
-            self._pending = self._pending_rows(2 * seq + 2, self._pending)
-        self._pending[3][seq] = 0
-        self._pending[4][seq] = cal.RECENT_NONE
+        if seq >= self._pending.n.shape[0]:
+            self._pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
+        self._pending.n[seq] = 0
+        self._pending.recent[seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(own, start_anchors(prompt))
@@ -225,8 +160,7 @@ class SuffixProposer:
         seqs, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
-        cal.learn(self.calibration, self.cost_state, *self._pending, seqs, tokens, offsets,
-                  *self._learn_scratch)
+        cal.learn(self.stats, self._pending, seqs, tokens, offsets, *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
@@ -257,8 +191,7 @@ class SuffixProposer:
         offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = np.ascontiguousarray(rows[:, 1])
-        cal.learn(self.calibration, self.cost_state, *self._pending, seqs, tokens, offsets,
-                  *self._learn_scratch)
+        cal.learn(self.stats, self._pending, seqs, tokens, offsets, *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
@@ -282,7 +215,7 @@ class SuffixProposer:
         """Retire or drop the request's own tree; returns its open cross-pool
         sequence, if any."""
         self._check_active(req_id)
-        self._pending[3][self.requests.requests[req_id][1]] = 0
+        self._pending.n[self.requests.requests[req_id][1]] = 0
         if keep:
             self.requests.retire(req_id)
         else:
@@ -337,19 +270,15 @@ class SuffixProposer:
             _distinct(req_ids)
         rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
         limits = self._limits(max_spec_tokens, b)
-        if self._out[0].shape[0] < b:
-            self._out = self._outputs(max(b, 2 * self._out[0].shape[0]))
-        tokens, parents, probs, n, score, match, source, buckets = self._out
+        if self._out.n.shape[0] < b:
+            self._out = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
+        out = self._out
         local = self.requests.index
-        base_arrays, base_roots, delta_arrays, delta_roots = self._cross_args(req_ids)
-        nat.propose_batch(*local.read_only_arrays(), local.roots, *base_arrays, base_roots,
-                          *delta_arrays,
-                          delta_roots, self.max_depth, rows[:, 1],
-                          rows[:, 0], rows[:, 2], limits, self.max_spec_factor,
-                          self.max_spec_offset, self.min_token_prob, self.tree, self.flags,
-                          self.calibration, self.cost_state, tokens, parents, probs, n, score,
-                          match, source, *self._pending, buckets, *self._scratch[:3],
-                          *self._scratch[3:], self._cand_buckets, *self._heap)
+        base, base_roots, delta, delta_roots = self._cross_args(req_ids)
+        batch = lay.Batch(rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
+        propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self.knobs,
+                      self.stats, out, self._pending, self._work)
+        tokens, parents, probs, n, score, match, source = out[:7]
         drafts = []
         for i in range(b):
             k = int(n[i])
@@ -419,23 +348,6 @@ class SuffixProposer:
         if b and limits.min() < 0:
             raise ValueError("max_spec_tokens must not be negative")
         return np.minimum(limits, self.max_spec_tokens).astype(np.int64)
-
-    def _outputs(self, b: int):
-        k = max(self.max_spec_tokens, 1)
-        return (np.zeros((b, k), np.int32), np.zeros((b, k), np.int32),
-                np.zeros((b, k), np.float32), np.zeros(b, np.int64),
-                np.zeros(b, np.float64), np.zeros(b, np.int64), np.zeros(b, np.int64),
-                np.zeros((b, k), np.int32))
-
-    def _pending_rows(self, rows: int, old=None):
-        """Pending-draft arrays (tokens, parents, buckets, count, how the previous fared)."""
-        k = max(self.max_spec_tokens, 1)
-        new = (np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
-               np.zeros((rows, k), np.int32), np.zeros(rows, np.int64), np.zeros(rows, np.int64))
-        if old is not None:
-            for a, b in zip(new, old):
-                a[: b.shape[0]] = b
-        return new
 
 
 def _matrix(rows: list[list[int]]) -> np.ndarray:

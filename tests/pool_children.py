@@ -10,8 +10,8 @@ PROBE = r"""
 import json, shutil, sys
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import CorruptPoolError
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.store import CorruptPoolError
 for path in sys.argv[1:]:
     try:
         pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
@@ -35,7 +35,7 @@ WRITER = r"""
 import sys, time
 import numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 path, ns, tag, seconds, marker = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
 end = time.monotonic() + seconds
@@ -56,7 +56,7 @@ pool.close()
 FORGET = r"""
 import sys
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 pool = PersistentPool(sys.argv[1], tokenizer=BYTES)
 print("start", flush=True)
 pool.forget(namespace="doomed")
@@ -73,7 +73,7 @@ def damaged_pool_copies(folder, cases: int) -> tuple:
     import numpy as np
 
     from suffixspec.fingerprint import BYTES
-    from suffixspec.persistent import PersistentPool
+    from suffixspec.pools.persistent import PersistentPool
 
     path = Path(folder) / "pool.lmdb"
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)

@@ -11,7 +11,7 @@ from suffixspec import SuffixProposer
 from suffixspec.anchors import BOS, anchor_count, start_anchors
 from suffixspec.native import calibration as cal
 from suffixspec.native.tokens import SYNTHETIC_BASE
-from suffixspec.pools import CrossPool
+from suffixspec.pools.memory import CrossPool
 
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -108,15 +108,15 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree):
     checked = 0
     while pos < text.shape[0] - 8:
         d = p.propose(["r"])[0]
-        buckets = p._pending[2][p.requests.requests["r"][1], :len(d)].copy()
+        buckets = p._pending.buckets[p.requests.requests["r"][1], :len(d)].copy()
         emitted = text[pos:pos + int(rng.integers(1, 5))]
-        expect = _reference_update(p.calibration, d, emitted, buckets)
+        expect = _reference_update(p.stats.table, d, emitted, buckets)
         p.extend("r", emitted)
-        np.testing.assert_array_equal(p.calibration, expect)
+        np.testing.assert_array_equal(p.stats.table, expect)
         checked += len(d) > 0
         pos += emitted.shape[0]
     assert checked > 20
-    assert p.calibration[:, 1].sum() > 0
+    assert p.stats.table[:, 1].sum() > 0
 
 
 def test_calibration_learns_that_a_pattern_stopped_repeating():

@@ -10,7 +10,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from naive import NaiveIndex
 from suffixspec.index import SuffixIndex
-from suffixspec.native import suffix_index as nat
+from suffixspec.native import layout as nat
+from suffixspec.native import trie
 
 SETTINGS = settings(max_examples=60, stateful_step_count=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -51,8 +52,8 @@ def child_orders(ix: SuffixIndex) -> dict:
             c = nodes[x, nat.FIRST]
             while c != -1:
                 kids.append(int(nodes[c, nat.TOKEN]))
-                n = nat._elen(nodes, ix.seqs, c)
-                label = tuple(int(nat._label(ix.arena, ix.seqs, nodes, c, i)) for i in range(n))
+                n = trie.edge_len(nodes, ix.seqs, c)
+                label = tuple(int(trie.label(ix.arena, ix.seqs, nodes, c, i)) for i in range(n))
                 stack.append((int(c), prefix + label))
                 c = nodes[c, nat.NEXT]
             if len(kids) > 1:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from suffixspec.cli import main
 from suffixspec.anchors import BOS
 from suffixspec.fingerprint import tokenizer_id
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 
 
 def run(*args):

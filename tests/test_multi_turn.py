@@ -57,7 +57,7 @@ def test_the_budget_drops_the_oldest_finished_trees():
 
 
 def test_only_the_latest_finished_requests_are_compared_with_a_prompt():
-    from suffixspec.pools import KEEP_REQUESTS
+    from suffixspec.pools.memory import KEEP_REQUESTS
 
     p = make()
     for i in range(KEEP_REQUESTS + 6):

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from suffixspec import SuffixProposer
 from suffixspec.anchors import start_anchors
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import PoolStore
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.store import PoolStore
 
 DEPTH = 16
 PATTERN = [900001, 900002, 900003, 900004, 900005, 900006, 900007, 900008]
@@ -78,7 +78,7 @@ def test_aborted_requests_are_not_stored(tmp_path):
 _WRITER = """
 import sys, numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES, max_depth=16, map_size=64 * 1024)
 rng = np.random.default_rng(int(sys.argv[2]))
 for i in range(int(sys.argv[3])):
@@ -247,7 +247,7 @@ COMMIT_MANY = r"""
 import sys
 import numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.store import PoolStore
+from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES)
 n, length, namespace = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rng = np.random.default_rng(0)

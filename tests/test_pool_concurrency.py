@@ -20,8 +20,8 @@ import pytest
 
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
-from suffixspec.store import PoolStore
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.store import PoolStore
 
 from pool_children import FORGET, WRITER
 
@@ -34,7 +34,7 @@ import sys, time
 import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 path, seconds = sys.argv[1], float(sys.argv[2])
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
 prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="keep")
@@ -118,7 +118,7 @@ IDLE = r"""
 import sys, time
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.persistent import PersistentPool
+from suffixspec.pools.persistent import PersistentPool
 pool = PersistentPool(sys.argv[1], tokenizer=BYTES, max_depth=16)
 prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="keep")
 prop.start_request("a", [1, 2, 3])

@@ -188,16 +188,33 @@ def test_empty_draft_is_a_valid_draft():
     assert len(d) == 0 and d.is_path and d.score == 0.0
 
 
+def _read_only(t) -> bool:
+    """Whether a Numba argument type is, or holds, a read-only array."""
+    if hasattr(t, "mutable"):
+        return not t.mutable
+    return any(_read_only(x) for x in getattr(t, "types", ()))
+
+
 def test_warmup_compiles_every_kernel_including_read_only_variants():
     warmup()
     for kernel in KERNELS:
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
-    from suffixspec.native import propose as pr
-    from suffixspec.native import suffix_index as si
-    for kernel in (si.longest_match, si.draft_path, si.draft_tree, si.continuations,
-                   pr.propose_batch):
-        assert any(not getattr(t, "mutable", True) for sig in kernel.signatures for t in sig), \
-            kernel.__name__
+    from suffixspec.native import counts, propose, trie
+    for kernel in (trie.longest_match, counts.draft_path, counts.draft_tree, trie.continuations,
+                   propose.propose_batch):
+        assert any(_read_only(t) for sig in kernel.signatures for t in sig), kernel.__name__
+
+
+def test_kernels_take_records_not_long_argument_lists():
+    import inspect
+
+    from suffixspec import native
+    from suffixspec.native.cache import cached_kernels
+    kernels = list(cached_kernels())
+    assert len(kernels) > 40 and set(native.KERNELS) <= set(kernels)
+    for k in kernels:
+        n = len(inspect.signature(k.py_func).parameters)
+        assert n <= 13, f"{k.py_func.__module__}.{k.__name__} takes {n} parameters"
 
 
 def test_extend_batch_equals_extend_one_by_one():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from suffixspec.fingerprint import BYTES, TokenizerId, tokenizer_id
-from suffixspec.store import (CorruptPoolError, PoolError, PoolStore, TokenizerMismatchError,
+from suffixspec.pools.store import (CorruptPoolError, PoolError, PoolStore, TokenizerMismatchError,
                               _key)
 
 OTHER = TokenizerId("other-tok", "0123456789abcdef")
@@ -130,7 +130,7 @@ _FILL = """
 import resource, signal, sys, numpy as np
 from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import ingest
-from suffixspec.store import DiskFullError, PoolStore
+from suffixspec.pools.store import DiskFullError, PoolStore
 # Writes past this size fail as on a full disk (EFBIG instead of ENOSPC).
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))

@@ -96,7 +96,7 @@ def accepted(result: dict) -> int:
 
 
 def stored_outputs(pool: str) -> list[list[int]]:
-    from suffixspec.store import PoolStore
+    from suffixspec.pools.store import PoolStore
 
     with PoolStore(pool) as store:
         return [s.output.tolist() for s in store.sequences()]

@@ -9,7 +9,7 @@ import threading
 import click
 
 from suffixspec.fingerprint import TokenizerId
-from suffixspec.store import PoolError
+from suffixspec.pools.store import PoolError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -38,7 +38,7 @@ def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | 
     """A ``PersistentPool``, with pool errors turned into clean CLI errors."""
     from pathlib import Path
 
-    from suffixspec.persistent import PersistentPool
+    from suffixspec.pools.persistent import PersistentPool
 
     if tokenizer is None and not Path(path).exists():
         raise click.ClickException(f"no pool at {path}")

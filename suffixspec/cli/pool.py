@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from suffixspec.cli.common import load_tokenizer, open_pool, parse_duration
 from suffixspec.ingest import FORMATS, export_tokenizer, ingest
-from suffixspec.store import PoolError, PoolStore
+from suffixspec.pools.store import PoolError, PoolStore
 
 _POOL = click.argument("pool", type=click.Path(dir_okay=False))
 
@@ -70,7 +70,7 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
       suffixspec ingest pool.lmdb ../shared/data/traces/sql_spider_bird.jsonl.gz \\
           --tokenizer ../shared/tokenizers/qwen --namespace sql
     """
-    from suffixspec.persistent import PersistentPool
+    from suffixspec.pools.persistent import PersistentPool
 
     tok, encode = load_tokenizer(tokenizer) if tokenizer else (None, None)
     depth = max_depth if tok else None

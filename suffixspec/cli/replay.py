@@ -11,8 +11,8 @@ import click
 from tqdm import tqdm
 
 from suffixspec.cli.common import KernelLoader, load_tokenizer, open_pool
+from suffixspec.config import DEFAULT_DRAFT_COST, DEFAULT_NAMESPACE, POLICIES, ProposerConfig
 from suffixspec.fingerprint import BYTES
-from suffixspec.proposer import POLICIES
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
 from suffixspec.replay.traces import load_trace
@@ -40,13 +40,13 @@ _NOTE = ("tokens/step: output tokens per target-model step (1.00 without specula
               help="Hugging Face tokenizer.json (or its folder); required with TRACE files.")
 @click.option("--engine", type=click.Choice(ENGINES), default="suffixspec", show_default=True,
               help="Proposer to replay through.")
-@click.option("--max-spec-tokens", "-k", type=click.IntRange(0), default=16, show_default=True,
+@click.option("--max-spec-tokens", "-k", type=click.IntRange(0), default=ProposerConfig.max_spec_tokens, show_default=True,
               help="Draft length limit per step.")
-@click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
+@click.option("--max-depth", type=click.IntRange(2, 1024), default=ProposerConfig.max_depth, show_default=True,
               help="Longest indexed substring (suffixspec, arctic).")
-@click.option("--policy", type=click.Choice(POLICIES), default="calibrated", show_default=True,
+@click.option("--policy", type=click.Choice(POLICIES), default=ProposerConfig.policy, show_default=True,
               help="suffixspec drafting policy: calibrated and cost-aware, or raw counts.")
-@click.option("--draft-cost", type=click.FloatRange(0, 1, max_open=True), default=0.03,
+@click.option("--draft-cost", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_DRAFT_COST,
               show_default=True,
               help="Verification cost of one drafted token, as a share of a step "
                    "(calibrated policy).")
@@ -71,7 +71,7 @@ _NOTE = ("tokens/step: output tokens per target-model step (1.00 without specula
 @click.option("--pool", type=click.Path(dir_okay=False),
               help="Replay against this persistent pool (suffixspec engine); finished "
                    "requests are added to it.")
-@click.option("--namespace", default="default", show_default=True,
+@click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True,
               help="Pool namespace the replayed requests use.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
 def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, draft_cost,

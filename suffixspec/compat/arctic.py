@@ -40,11 +40,13 @@ from typing import Hashable, List, Optional, Sequence
 import numpy as np
 
 from suffixspec.index import IndexCorruptError, SuffixIndex
+from suffixspec.config import ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR
 from suffixspec.native import arctic as rule
+from suffixspec.native.layout import Candidate, Heap, candidate
 from suffixspec.tokens import as_token_ids
 
 MODES = ("suffixspec", "arctic")
-_ARCTIC_DEFAULTS = (1.0, 0.0, 0.1)  # max_spec_factor, max_spec_offset, min_token_prob
+_ARCTIC_DEFAULTS = (ARCTIC_SPEC_FACTOR, 0.0, ARCTIC_MIN_TOKEN_PROB)  # factor, offset, min prob
 
 
 @dataclass
@@ -142,8 +144,9 @@ class SuffixDecodingCache:
         self._trees.evict(self._cached.pop(req_id))
 
     def speculate(self, req_id: Hashable, context: np.ndarray | Sequence[int],
-                  max_spec_tokens: Optional[int] = None, max_spec_factor: float = 1.0,
-                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1,
+                  max_spec_tokens: Optional[int] = None,
+                  max_spec_factor: float = ARCTIC_SPEC_FACTOR, max_spec_offset: float = 0.0,
+                  min_token_prob: float = ARCTIC_MIN_TOKEN_PROB,
                   use_tree_spec: bool = False) -> SuffixDecodingDraft:
         """The likeliest continuation of ``context`` from the request's own
         prompt and response and from cached responses."""
@@ -252,29 +255,30 @@ class _Scratch:
         self.size = -1
         self.heap = 0
 
-    def out(self, limit: int) -> list[np.ndarray]:
+    def out(self, limit: int) -> tuple[Candidate, Candidate]:
         if limit > self.size:
             self.size = limit
-            self.arrays = [np.empty(limit, t) for t in (np.int32, np.int32, np.float32) * 2]
+            self.arrays = (candidate(limit), candidate(limit))
             self.grow(4 * limit + 64)
         return self.arrays
 
-    def grow(self, heap: int) -> None:
-        self.heap = heap
-        self.heaps = [np.empty(heap, np.float32)] + [np.empty(heap, np.int64) for _ in range(3)]
+    def grow(self, size: int) -> None:
+        """A frontier of ``size`` entries, float32 probabilities as arctic's."""
+        self.heap = size
+        self.heaps = Heap(np.empty(size, np.float32), *(np.empty(size, np.int64) for _ in range(3)),
+                          np.empty(0, np.int32), np.empty(0, np.int32))
 
 
 def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec,
              scratch: _Scratch) -> SuffixDecodingDraft:
     """arctic's speculation over one tree (``suffixspec.native.arctic``)."""
-    factor, offset, min_prob = (np.float32(k) for k in knobs)
-    out = scratch.out(limit)
+    knobs = tuple(np.float32(k) for k in knobs)
+    out, cand = scratch.out(limit)
     while True:
-        n, score, length = rule.arctic_speculate(
-            index.nodes, index.hkeys, index.hvals, index.arena, index.seqs, index.roots[tree],
-            ctx, limit, factor, offset, min_prob, tree_spec, *out, *scratch.heaps)
+        n, score, length = rule.speculate(index.arrays(), index.roots[tree], ctx, limit, knobs,
+                                          tree_spec, out, cand, scratch.heaps)
         if n >= 0:
-            return _draft(out[0][:n], out[1][:n], out[2][:n], score, length)
+            return _draft(out.tokens[:n], out.parents[:n], out.probs[:n], score, length)
         scratch.grow(4 * scratch.heap)  # a tree draft's frontier outgrew the heap
 
 
@@ -324,10 +328,11 @@ class _ProposerTries:
             other = _best_of(pool.delta, pool.trees[next(iter(pool.trees))], ctx, limit, knobs,
                              tree_spec, self.scratch)
             return mine if mine.score >= other.score else other
-        prop.max_spec_factor, prop.max_spec_offset, prop.min_token_prob = (
-            default if given == arctic else given
-            for given, arctic, default in zip(knobs, _ARCTIC_DEFAULTS, self.defaults))
-        prop.tree = tree_spec
+        factor, offset, min_prob = (default if given == arctic else given
+                                    for given, arctic, default in zip(knobs, _ARCTIC_DEFAULTS,
+                                                                      self.defaults))
+        prop.knobs = prop.knobs._replace(factor=factor, offset=offset, min_prob=min_prob,
+                                         tree=tree_spec)
         draft = prop.propose([req_id], limit)[0]
         return _draft(draft.token_ids, draft.parents, draft.probs, draft.score, draft.match_len)
 

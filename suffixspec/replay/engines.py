@@ -11,6 +11,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from suffixspec.config import ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR
 from suffixspec.draft import Draft
 from suffixspec.native.ngram import ngram_propose
 from suffixspec.proposer import SuffixProposer
@@ -69,8 +70,8 @@ class ArcticProposer:
     """arctic-inference's SuffixDecodingCache behind the proposer protocol."""
 
     def __init__(self, max_depth: int = 64, max_spec_tokens: int = 16,
-                 max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                 min_token_prob: float = 0.1, tree: bool = False,
+                 max_spec_factor: float = ARCTIC_SPEC_FACTOR, max_spec_offset: float = 0.0,
+                 min_token_prob: float = ARCTIC_MIN_TOKEN_PROB, tree: bool = False,
                  max_cached_requests: int = -1):
         try:
             from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -191,7 +192,7 @@ def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_toke
     """Build the proposer named ``engine`` with the shared knobs.
 
     Unset ``max_spec_factor`` and ``min_token_prob`` take each engine's own
-    defaults (arctic: 1.0 and 0.1; suffixspec: see ``SuffixProposer``).
+    defaults (arctic's: ``config.ARCTIC_*``; suffixspec: see ``ProposerConfig``).
     """
     if engine == "suffixspec":
         return SuffixProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
@@ -199,8 +200,9 @@ def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_toke
                               min_token_prob=min_token_prob, tree=tree, **suffixspec_options)
     if engine == "arctic":
         return ArcticProposer(max_depth, max_spec_tokens,
-                              1.0 if max_spec_factor is None else max_spec_factor,
-                              max_spec_offset, 0.1 if min_token_prob is None else min_token_prob,
+                              ARCTIC_SPEC_FACTOR if max_spec_factor is None else max_spec_factor,
+                              max_spec_offset,
+                              ARCTIC_MIN_TOKEN_PROB if min_token_prob is None else min_token_prob,
                               tree)
     if engine == "ngram":
         return NgramProposer(max_spec_tokens, ngram_min, ngram_max)

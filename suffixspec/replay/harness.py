@@ -24,7 +24,9 @@ METRIC_KEYS = ("requests", "output_tokens", "steps", "mean_tokens_per_step", "ac
                "start_us_mean", "index_bytes_per_token", "est",
                "first_step_accepted_mean", "first_step_drafted_mean",
                "no_draft_rate", "first_token_miss_rate")
-DRAFT_COST = 0.03  # verification cost of one drafted token, as a share of a step, in ``est``
+#: est's discount: verification cost of one drafted token, as a share of a step.  Fixed,
+#: so est stays comparable across runs whatever draft cost a proposer drafts with.
+EST_TOKEN_COST = 0.03
 
 
 @dataclass
@@ -65,7 +67,7 @@ class ReplayResult:
             "index_bytes_per_token": (round(self.index_bytes / self.indexed_tokens, 1)
                                       if self.indexed_tokens > 0 else None),
             # Tokens per step discounted for verifying the drafted tokens.
-            "est": round(mts / (1 + DRAFT_COST * self.drafted / steps), 4),
+            "est": round(mts / (1 + EST_TOKEN_COST * self.drafted / steps), 4),
             "first_step_accepted_mean": round(self.first_accepted / first, 4),
             "first_step_drafted_mean": round(self.first_drafted / first, 4),
             "no_draft_rate": round(self.no_draft / steps, 4),

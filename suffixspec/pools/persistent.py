@@ -27,12 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from suffixspec.anchors import anchor_count
+from suffixspec.config import DEFAULT_NAMESPACE
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
-from suffixspec.native import suffix_index as nat
-from suffixspec.pools import CrossPool
-from suffixspec.store import CorruptPoolError, PoolStore, StoredSequence
+from suffixspec.native import layout as lay
+from suffixspec.pools.memory import CrossPool
+from suffixspec.pools.store import CorruptPoolError, PoolStore, StoredSequence
 
 
 WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
@@ -77,28 +78,6 @@ def build_index(sequences, max_depth: int, progress=None
     if progress is not None:
         progress(done)
     return ix, trees, watermark, tokens
-
-
-def snapshot_arrays(ix: SuffixIndex) -> dict[str, np.ndarray]:
-    """The arrays of a fully closed index, trimmed to what is in use."""
-    nat.compact_arena(ix.arena, ix.seqs, ix.meta)
-    return {"meta": ix.meta, "nodes": ix.nodes[: ix.meta[nat.META_TOP]],
-            "hkeys": ix.hkeys, "hvals": ix.hvals,
-            "arena": ix.arena[: ix.meta[nat.META_ARENA_TOP]],
-            "seqs": ix.seqs[: ix._next_seq], "roots": ix.roots[: ix._next_tree]}
-
-
-def frozen_index(arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
-    """A query-only ``SuffixIndex`` over (read-only) snapshot arrays."""
-    ix = SuffixIndex.__new__(SuffixIndex)
-    ix.max_depth = max_depth
-    for name in ("meta", "nodes", "hkeys", "hvals", "arena", "seqs", "roots"):
-        setattr(ix, name, arrays[name])
-    ix.active = np.zeros((1, max_depth), np.int32)  # no open sequences
-    # Read-only like the other arrays: one compiled variant of the kernels
-    # (the one ``warmup`` builds) serves every snapshot.
-    ix.active.setflags(write=False)
-    return ix
 
 
 class PersistentPool(CrossPool):
@@ -148,7 +127,7 @@ class PersistentPool(CrossPool):
     # ----------------------------------------------------------- cross pool
     @property
     def tokens(self) -> int:
-        base = int(self.base.meta[nat.META_LIVE_TOKENS]) if self.base is not None else 0
+        base = int(self.base.meta[lay.META_LIVE_TOKENS]) if self.base is not None else 0
         return base + self.delta.live_tokens
 
     def roots(self, namespaces) -> tuple[list[int], list[int]]:
@@ -169,7 +148,7 @@ class PersistentPool(CrossPool):
             self._stale = True
 
     @locked
-    def begin(self, namespace: str = "default", anchors: np.ndarray | None = None) -> int:
+    def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
         seq = super().begin(namespace, anchors)
         self._open[seq] = namespace
         return seq
@@ -198,7 +177,7 @@ class PersistentPool(CrossPool):
         self.delta.remove(seq)
 
     @locked
-    def add(self, tokens: np.ndarray, namespace: str = "default",
+    def add(self, tokens: np.ndarray, namespace: str = DEFAULT_NAMESPACE,
             anchors: np.ndarray | None = None) -> int:
         seq = self.begin(namespace, anchors)
         self.delta.extend(seq, tokens)
@@ -269,7 +248,7 @@ class PersistentPool(CrossPool):
         ix, trees, watermark, tokens = build_index(self.store.sequences(), self.max_depth,
                                                    progress)
         generation = self.store.write_snapshot(
-            snapshot_arrays(ix), {"watermark": watermark, "tokens": tokens,
+            ix.to_arrays(), {"watermark": watermark, "tokens": tokens,
                                   "namespaces": trees, "max_depth": self.max_depth})
         self._load()
         return generation
@@ -369,7 +348,7 @@ class PersistentPool(CrossPool):
             txn.abort()
             self.base, self.base_trees, watermark, self._snapshot_generation = None, {}, 0, 0
         else:
-            self.base = frozen_index(arrays, self.max_depth)
+            self.base = SuffixIndex.from_arrays(arrays, self.max_depth)
             self.base_trees = dict(info["namespaces"])
             watermark = info["watermark"]
             self._snapshot_generation = info["generation"]
@@ -378,7 +357,7 @@ class PersistentPool(CrossPool):
         old, self.delta, self.trees = self.delta, SuffixIndex(
             self.max_depth, node_capacity=1 << 14, token_capacity=1 << 16), {}
         for seq, namespace in sorted(self._open.items()):
-            self.delta._open_seq(seq, self.tree(namespace), max(old.seq_len(seq), 1))
+            self.delta.add_sequence(self.tree(namespace), max(old.seq_len(seq), 1), seq=seq)
             self.delta.extend(seq, old.sequence(seq))
         self._committed.clear()
         self._seen = watermark

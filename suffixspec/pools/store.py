@@ -37,13 +37,13 @@ import numpy as np
 
 from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
-from suffixspec.gate import Gate
+from suffixspec.config import check_namespace
+from suffixspec.pools.gate import Gate
 
 # Version 2 added output-start anchors.  A version 1 pool is read as one whose
 # outputs have none, and is marked version 2 on its first write.
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-_MAX_NAMESPACE = 128
 # How a refused write reads in LMDB's errors: ENOSPC, EFBIG, EDQUOT, and EIO,
 # which LMDB reports for a short write (a disk that filled up mid-write).
 _NO_SPACE = ("No space left", "File too large", "Disk quota exceeded", "Input/output error")
@@ -84,17 +84,6 @@ class StoredSequence:
 
 def _key(seq_id: int) -> bytes:
     return seq_id.to_bytes(8, "big")
-
-
-def check_namespace(namespace) -> str:
-    if not isinstance(namespace, str) or not 0 < len(namespace) <= _MAX_NAMESPACE:
-        raise ValueError(f"namespace must be a non-empty string of at most {_MAX_NAMESPACE} "
-                         f"characters, got {namespace!r}")
-    try:
-        namespace.encode("utf-8")  # it is stored as UTF-8
-    except UnicodeEncodeError:
-        raise ValueError(f"namespace must be valid text, got {namespace!r}") from None
-    return namespace
 
 
 class PoolStore:
@@ -468,7 +457,7 @@ class PoolStore:
         """Rewrite the file without free pages, so deleted data is gone from disk.
 
         The new file replaces the old one only while no other process has it
-        open (see ``suffixspec.gate``): processes let go at their next pool
+        open (see ``suffixspec.pools.gate``): processes let go at their next pool
         operation and reopen the new file.  Returns False, leaving the file
         as it was and the compaction pending, when some process held on for
         ``timeout`` seconds.

@@ -298,7 +298,7 @@ def build_proposer(spec_config, model_config, settings: Settings):
     if settings.pool is None:
         return SuffixProposer(cross_pool_tokens=settings.cross_tokens,
                               cross_pool_requests=max_cached, **kwargs)
-    from suffixspec.persistent import PersistentPool
+    from suffixspec.pools.persistent import PersistentPool
 
     pool = PersistentPool(settings.pool, tokenizer=engine_tokenizer(model_config, settings),
                           max_depth=depth, max_tokens=settings.cross_tokens,

@@ -40,58 +40,16 @@ stops early and returns the number of tokens consumed when a capacity would
 run out; the caller grows and calls again.
 """
 
+
 import numpy as np
 from numba import njit
 
-# Node fields: rows of ``nodes`` (int32, shape [capacity, NODE_FIELDS]).
-PARENT = 0
-TOKEN = 1
-COUNT = 2
-LEN = 3
-REF_SEQ = 4
-REF_POS = 5
-BEST = 6
-FIRST = 7
-NEXT = 8
-PREV = 9
-NODE_FIELDS = 10
-
-# Sequence fields: rows of ``seqs`` (int64, shape [capacity, SEQ_FIELDS]).
-SEQ_OFF = 0     # start of the sequence's region in token storage
-SEQ_LEN = 1     # tokens in the sequence
-SEQ_CAP = 2     # size of its region
-SEQ_ROOT = 3    # root node of its tree
-SEQ_SLOT = 4    # row of ``active`` while open, else -1
-SEQ_STATE = 5   # one of the SEQ_* states below
-SEQ_FRONT = 6   # open suffixes starting before this all sit in open leaves
-SEQ_FIELDS = 7
-
-SEQ_FREE = 0
-SEQ_LIVE = 1
-SEQ_REMOVED = 2  # counts removed; tokens kept while labels may point into them
-
-# Scalars of the index: ``meta`` (int64).
-META_DEPTH = 0
-META_TOP = 1          # next never-used node row
-META_FREE_HEAD = 2    # head of the free-node list (chained through NEXT)
-META_FREE_COUNT = 3
-META_HASH_FILL = 4    # used slots in the child table
-META_ARENA_TOP = 5    # end of the last allocated region in token storage
-META_LIVE_TOKENS = 6  # tokens of live sequences
-META_DEAD_TOKENS = 7  # tokens of removed sequences still in storage
-META_TIES = 8         # which of equally frequent children is BEST, see below
-META_SIZE = 9
-
-# Tie orders (``META_TIES``): which of equally frequent children is BEST.
-# NEWEST: the one whose count rose last (a new child counts as rising).
-# ARCTIC: arctic-inference's order.  The sibling list is then kept as arctic
-# keeps its children (``_arctic_rise``, ``_arctic_fall``; new children at the
-# end) and BEST is its first child, so path drafts equal arctic's.
-TIES_NEWEST = 0
-TIES_ARCTIC = 1
-
-EMPTY = -1
-FREED = -2  # COUNT of a node on the free list
+from .layout import (BEST, COUNT, EMPTY, FIRST, FREED, LEN, META_ARENA_TOP, META_DEAD_TOKENS,
+                     META_DEPTH, META_FREE_COUNT, META_FREE_HEAD, META_HASH_FILL,
+                     META_LIVE_TOKENS, META_TIES, META_TOP, NEXT, PARENT, PREV, REF_POS,
+                     REF_SEQ, SEQ_CAP, SEQ_FREE, SEQ_FRONT, SEQ_LEN, SEQ_OFF, SEQ_REMOVED,
+                     SEQ_LIVE, SEQ_ROOT, SEQ_SLOT, SEQ_STATE, TIES_ARCTIC, TIES_NEWEST, TOKEN)
+from .tokens import SYNTHETIC_BASE
 
 # Codes returned by check_integrity (0 means sound).
 CHECK_MESSAGES = {
@@ -389,13 +347,13 @@ def _rescan_best(nodes, p):
 
 
 @njit(cache=True)
-def _label(arena, seqs, nodes, x, i):
+def label(arena, seqs, nodes, x, i):
     """Token ``i`` of node ``x``'s edge label."""
     return arena[seqs[nodes[x, REF_SEQ], SEQ_OFF] + nodes[x, REF_POS] + i]
 
 
 @njit(cache=True)
-def _elen(nodes, seqs, x):
+def edge_len(nodes, seqs, x):
     """Length of node ``x``'s edge (open leaves end where their sequence does)."""
     n = nodes[x, LEN]
     if n >= 0:
@@ -423,7 +381,7 @@ def _close_leaf(nodes, seqs, x, depth):
     """
     owner = nodes[x, REF_SEQ]
     q = nodes[x, REF_POS] - (depth + nodes[x, LEN])  # start of the occurrence
-    nodes[x, LEN] = _elen(nodes, seqs, x)
+    nodes[x, LEN] = edge_len(nodes, seqs, x)
     if seqs[owner, SEQ_SLOT] != -1 and seqs[owner, SEQ_FRONT] > q:
         seqs[owner, SEQ_FRONT] = q
 
@@ -495,7 +453,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
         nodes[a, LEN] += 1
         # c is a's only child, so it has no table entry to re-key.
         _shift_front(nodes, c, 1)
-        nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
+        nodes[c, TOKEN] = label(arena, seqs, nodes, c, 0)
         return a
     if nodes[c, LEN] > 1:
         # Split c after its first token; m becomes the one-token upper part.
@@ -509,7 +467,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
         _replace_child(nodes, hkeys, hvals, meta, a, c, m)
         nodes[c, PARENT] = m
         _shift_front(nodes, c, 1)
-        nodes[c, TOKEN] = _label(arena, seqs, nodes, c, 0)
+        nodes[c, TOKEN] = label(arena, seqs, nodes, c, 0)
         nodes[c, NEXT] = -1
         nodes[c, PREV] = -1
         nodes[m, FIRST] = c
@@ -528,13 +486,14 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
 
 
 @njit(cache=True)
-def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
+def extend(index, s, tokens):
     """Append ``tokens`` to open sequence ``s`` and index them.
 
     Returns how many tokens were consumed.  Fewer than ``len(tokens)`` means a
     capacity ran short (sequence region, nodes or child table); grow it and
     call again with the rest.
     """
+    meta, nodes, hkeys, hvals, arena, seqs, active = index
     depth = meta[META_DEPTH]
     root = seqs[s, SEQ_ROOT]
     slot = seqs[s, SEQ_SLOT]
@@ -620,8 +579,7 @@ def extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens):
 
 
 @njit(cache=True)
-def extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, seq_ids, tokens,
-                 offsets, progress):
+def extend_batch(index, seq_ids, tokens, offsets, progress):
     """Append ``tokens[offsets[i]:offsets[i + 1]]`` to sequence ``seq_ids[i]``.
 
     One call for a whole engine step.  Entries with ``seq_ids[i] < 0`` are
@@ -635,7 +593,7 @@ def extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, seq_ids, tokens
         lo = offsets[i] + progress[1]
         hi = offsets[i + 1]
         if s >= 0 and lo < hi:
-            done = extend(meta, nodes, hkeys, hvals, arena, seqs, active, s, tokens[lo:hi])
+            done = extend(index, s, tokens[lo:hi])
             if lo + done < hi:
                 progress[0] = i
                 progress[1] = lo + done - offsets[i]
@@ -646,12 +604,13 @@ def extend_batch(meta, nodes, hkeys, hvals, arena, seqs, active, seq_ids, tokens
 
 
 @njit(cache=True)
-def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
+def remove_seq(index, s, path):
     """Take every suffix of sequence ``s`` out of the counts.
 
     ``path`` is scratch space of at least ``depth + 1`` int32.  The tokens stay
     in storage (state SEQ_REMOVED) because surviving labels may use them.
     """
+    meta, nodes, hkeys, hvals, arena, seqs, _ = index
     depth = meta[META_DEPTH]
     root = seqs[s, SEQ_ROOT]
     off = seqs[s, SEQ_OFF]
@@ -668,7 +627,7 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
             x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
             path[k] = x
             k += 1
-            d += _elen(nodes, seqs, x)
+            d += edge_len(nodes, seqs, x)
         for j in range(k - 1, -1, -1):
             x = path[j]
             p = nodes[x, PARENT]
@@ -693,8 +652,7 @@ def remove_seq(meta, nodes, hkeys, hvals, arena, seqs, s, path):
 
 
 @njit(cache=True)
-def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_root,
-                     nodes, hkeys, hvals, arena, seqs, root, stack):
+def copy_child_order(old, old_root, index, root, stack):
     """Give every node under ``root`` its children in the order the same
     string's children have under ``old_root``, and BEST its first child.
 
@@ -703,6 +661,8 @@ def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_r
     among equal counts comes from the old tree's history.  ``stack`` is
     scratch of shape (nodes, 3).  Returns False if the trees differ.
     """
+    _, old_nodes, old_hkeys, old_hvals, _, old_seqs, _ = old
+    _, nodes, hkeys, hvals, arena, seqs, _ = index
     top = 0
     stack[0, 0] = root
     stack[0, 1] = old_root
@@ -717,7 +677,7 @@ def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_r
         if first == -1:
             continue
         if nodes[first, NEXT] != -1:  # x branches: so must y, at its end
-            if off != _elen(old_nodes, old_seqs, y):
+            if off != edge_len(old_nodes, old_seqs, y):
                 return False
             prev = -1
             oc = old_nodes[y, FIRST]
@@ -734,9 +694,9 @@ def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_r
             # Where the string of c ends in the old tree.
             yo = y
             o = off
-            for i in range(_elen(nodes, seqs, c)):
-                t = _label(arena, seqs, nodes, c, i)
-                if o == _elen(old_nodes, old_seqs, yo):
+            for i in range(edge_len(nodes, seqs, c)):
+                t = label(arena, seqs, nodes, c, i)
+                if o == edge_len(old_nodes, old_seqs, yo):
                     yo = _find_child(old_nodes, old_hkeys, old_hvals, yo, t)
                     if yo == -1:
                         return False
@@ -754,12 +714,13 @@ def copy_child_order(old_nodes, old_hkeys, old_hvals, old_arena, old_seqs, old_r
 
 
 @njit(cache=True)
-def drop_tree(meta, nodes, hkeys, hvals, root):
+def drop_tree(index, root):
     """Free every node of the tree under ``root``, root included.
 
     Sequences of that tree are the caller's to release.  Returns the number of
     tokens the tree had indexed.
     """
+    meta, nodes, hkeys, hvals, _, _, _ = index
     tokens = nodes[root, COUNT]
     x = nodes[root, FIRST]
     # Iterative post-order walk over the sibling lists.
@@ -822,30 +783,30 @@ def compact_arena(arena, seqs, meta):
 
 
 # --------------------------------------------------------------------------
-# Matching and drafting.
+# Queries.
 # --------------------------------------------------------------------------
 
 @njit(cache=True)
-def suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, length,
-                    active, slot, own_len, own_valid=-1):
+def suffix_position(index, root, ctx, end, length, own):
     """Where ``ctx[end - length:end]`` ends in the tree, or ``(-1, 0)``.
 
-    When the tree holds the request's own open sequence (ring row ``slot``,
-    ``own_len`` tokens, of which the last ``own_valid`` are the context's last
-    tokens; -1: all), its ring of open suffixes already names the node, with
-    no walk from the root.
+    ``own`` is ``(slot, own_len, own_valid)``: when the tree holds the
+    request's own open sequence (ring row ``slot``, ``own_len`` tokens, of
+    which the last ``own_valid`` are the context's last tokens), its ring of
+    open suffixes already names the node, with no walk from the root.  Slot
+    -1: the tree does not hold it.
     """
+    _, nodes, hkeys, hvals, arena, seqs, active = index
+    slot, own_len, own_valid = own
     depth = active.shape[1]
-    if own_valid < 0:
-        own_valid = own_len
     if slot >= 0 and length <= own_valid and length < depth:
         x = active[slot, (own_len - length) % depth]
-        return x, _elen(nodes, seqs, x)
-    return _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
+        return x, edge_len(nodes, seqs, x)
+    return walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
 
 
 @njit(cache=True)
-def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
+def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     """Walk ``ctx[start:end]`` down from ``root``.
 
     Returns ``(node, offset)``: the string ends ``offset`` tokens into
@@ -856,13 +817,13 @@ def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     off = 0
     for i in range(start, end):
         t = ctx[i]
-        if off == _elen(nodes, seqs, x):
+        if off == edge_len(nodes, seqs, x):
             x = _find_child(nodes, hkeys, hvals, x, t)
             if x == -1:
                 return -1, 0
             off = 1
         else:
-            if _label(arena, seqs, nodes, x, off) != t:
+            if label(arena, seqs, nodes, x, off) != t:
                 return -1, 0
             off += 1
     return x, off
@@ -870,22 +831,22 @@ def _walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
 
 @njit(cache=True)
 def _continues(nodes, seqs, x, off):
-    return off < _elen(nodes, seqs, x) or nodes[x, FIRST] != -1
+    return off < edge_len(nodes, seqs, x) or nodes[x, FIRST] != -1
 
 
 @njit(cache=True)
-def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, end,
-                  max_len, need_continuation, slot=-1, own_len=0, own_valid=-1):
+def longest_match(index, root, ctx, start, end, max_len, need_continuation, own):
     """Longest suffix of ``ctx[start:end]`` found in the tree.
 
     Only suffixes of at most ``max_len`` tokens are tried.  With
     ``need_continuation`` the suffix must also be followed by some token in
     the index.  Both properties shrink monotonically with the suffix length,
-    so a binary search finds the longest.  ``slot``, ``own_len`` and
-    ``own_valid`` name the request's own open sequence, if the tree holds it
-    (see ``suffix_position``).  Returns ``(length, node, offset)``, length -1 when
-    not even the empty suffix qualifies.
+    so a binary search finds the longest.  ``own`` names the request's own
+    open sequence, if the tree holds it (see ``suffix_position``).  Returns
+    ``(length, node, offset)``, length -1 when not even the empty suffix
+    qualifies.
     """
+    nodes, seqs = index.nodes, index.seqs
     hi = end - start
     if hi > max_len:
         hi = max_len
@@ -896,8 +857,7 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, en
         return -1, -1, 0
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        x, off = suffix_position(nodes, hkeys, hvals, arena, seqs, root, ctx, end, mid,
-                                 active, slot, own_len, own_valid)
+        x, off = suffix_position(index, root, ctx, end, mid, own)
         if x != -1 and (not need_continuation or _continues(nodes, seqs, x, off)):
             lo = mid
             best_x = x
@@ -907,172 +867,62 @@ def longest_match(nodes, hkeys, hvals, arena, seqs, active, root, ctx, start, en
     return lo, best_x, best_off
 
 
-@njit(cache=True)
-def draft_path(nodes, arena, seqs, x, off, max_tokens, min_prob,
-               out_tokens, out_probs, discount=0):
-    """Follow the most frequent continuation from position ``(x, off)``.
+@njit(cache=True, inline="always")
+def step_best(nodes, arena, seqs, x, off, length, discount):
+    """The forced or most frequent next token at ``(x, off)``.
 
-    Each token's probability is the product of ``count(child)/count(node)``
-    along the path; drafting stops before a token whose probability would be
-    below ``min_prob``.  ``discount`` occurrences are taken out of the starting
-    node's count (the context's own occurrence, which has no continuation
-    yet).  Writes at most ``max_tokens`` tokens; returns how many, and the
-    score (the sum of the probabilities).
+    ``length`` is ``x``'s edge length; ``discount`` occurrences are taken out
+    of the count (the context's own, which has no continuation yet).  Returns
+    ``(token, c, n, next_node)``: ``c`` of the ``n`` occurrences of the
+    string continue with it; ``n <= 0`` when nothing follows.  Inside an edge
+    ``c == n`` and ``next_node == x``.
     """
-    n = 0
-    prob = 1.0
-    score = 0.0
-    length = _elen(nodes, seqs, x)
-    while n < max_tokens:
-        if off < length:
-            out_tokens[n] = _label(arena, seqs, nodes, x, off)
-            out_probs[n] = prob
-            score += prob
-            n += 1
-            off += 1
-        else:
-            b = nodes[x, BEST]
-            if b == -1:
-                break
-            total = nodes[x, COUNT]
-            if n == 0:
-                total -= discount
-            p = prob * nodes[b, COUNT] / total
-            if p < min_prob:
-                break
-            prob = p
-            x = b
-            off = 0
-            length = _elen(nodes, seqs, x)
-    return n, score
+    if off < length:
+        n = nodes[x, COUNT] - discount
+        return label(arena, seqs, nodes, x, off), n, n, x
+    b = nodes[x, BEST]
+    if b == -1:
+        return -1, 0, 0, -1
+    n = nodes[x, COUNT] - discount
+    c = nodes[b, COUNT]
+    if c > n:
+        c = n
+    return nodes[b, TOKEN], c, n, b
+
+
+@njit(cache=True, inline="always")
+def tail(index, s, length):
+    """``(start, end)`` of sequence ``s``'s last ``length`` tokens in token storage."""
+    off = index.seqs[s, SEQ_OFF]
+    end = off + index.seqs[s, SEQ_LEN]
+    start = end - length
+    if start < off:
+        start = off
+    return start, end
 
 
 @njit(cache=True)
-def draft_tree(nodes, arena, seqs, x, off, max_tokens, min_prob,
-               out_tokens, out_parents, out_probs, hp, hn, ho, hpar, hb, hd):
-    """Best-first expansion from position ``(x, off)``.
-
-    Repeatedly takes the frontier position with the highest probability, so
-    the draft holds the ``max_tokens`` most probable continuations (each at
-    least ``min_prob``) and is closed under prefixes.  ``out_parents[i]`` is
-    the index of token i's parent in the draft, -1 for a first token.  The
-    ``h*`` arrays are the frontier's scratch space (``heap_scratch``); when
-    they are full, further frontier entries are dropped.  Returns the number
-    of tokens and the score.
-    """
-    cap = hp.shape[0]
-    size = 1
-    hp[0] = 1.0
-    hn[0] = x
-    ho[0] = off
-    hpar[0] = -1
-    n = 0
-    score = 0.0
-    while n < max_tokens and size > 0:
-        prob = hp[0]
-        x = hn[0]
-        off = ho[0]
-        parent = hpar[0]
-        size -= 1
-        heap_pop(hp, hn, ho, hpar, hb, hd, size)
-        if off < _elen(nodes, seqs, x):
-            out_tokens[n] = _label(arena, seqs, nodes, x, off)
-            out_parents[n] = parent
-            out_probs[n] = prob
-            score += prob
-            if size < cap:
-                heap_push(hp, hn, ho, hpar, hb, hd, size, prob, x, off + 1, n, 0, 0)
-                size += 1
-            n += 1
-        else:
-            c = nodes[x, FIRST]
-            while c != -1:
-                p = prob * nodes[c, COUNT] / nodes[x, COUNT]
-                if p >= min_prob and size < cap:
-                    heap_push(hp, hn, ho, hpar, hb, hd, size, p, c, 0, parent, 0, 0)
-                    size += 1
-                c = nodes[c, NEXT]
-    return n, score
-
-
-def heap_scratch(max_tokens: int, min_prob: float = 0.0):
-    """Frontier arrays of a tree draft: probability, node, offset, parent, bucket, depth.
-
-    Children pushed per expansion number at most ``1/min_prob``, so this size
-    never drops an entry when ``min_prob >= 1/256``.
-    """
-    fan = 256 if min_prob <= 0 else min(256, int(np.ceil(1.0 / min_prob)))
-    size = max(max_tokens, 1) * fan + 1
-    return (np.empty(size, np.float64),) + tuple(np.empty(size, np.int32) for _ in range(5))
+def anchors(index, s):
+    """Leading synthetic tokens of sequence ``s`` (its start anchors)."""
+    arena, seqs = index.arena, index.seqs
+    off = seqs[s, SEQ_OFF]
+    n = seqs[s, SEQ_LEN]
+    a = 0
+    while a < n and arena[off + a] >= SYNTHETIC_BASE:
+        a += 1
+    return a
 
 
 @njit(cache=True)
-def heap_push(hp, hn, ho, hpar, hb, hd, size, prob, x, off, parent, fine, d):
-    """Add an entry to the max-heap on probability held in the ``h*`` arrays."""
-    i = size
-    while i > 0:
-        up = (i - 1) // 2
-        if hp[up] >= prob:
-            break
-        hp[i] = hp[up]
-        hn[i] = hn[up]
-        ho[i] = ho[up]
-        hpar[i] = hpar[up]
-        hb[i] = hb[up]
-        hd[i] = hd[up]
-        i = up
-    hp[i] = prob
-    hn[i] = x
-    ho[i] = off
-    hpar[i] = parent
-    hb[i] = fine
-    hd[i] = d
-
-
-@njit(cache=True)
-def heap_pop(hp, hn, ho, hpar, hb, hd, size):
-    """Fill the hole at the top with the last entry (index ``size``) and sift it down."""
-    if size == 0:
-        return
-    prob = hp[size]
-    x = hn[size]
-    off = ho[size]
-    parent = hpar[size]
-    fine = hb[size]
-    d = hd[size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and hp[c + 1] > hp[c]:
-            c += 1
-        if hp[c] <= prob:
-            break
-        hp[i] = hp[c]
-        hn[i] = hn[c]
-        ho[i] = ho[c]
-        hpar[i] = hpar[c]
-        hb[i] = hb[c]
-        hd[i] = hd[c]
-        i = c
-    hp[i] = prob
-    hn[i] = x
-    ho[i] = off
-    hpar[i] = parent
-    hb[i] = fine
-    hd[i] = d
-
-
-@njit(cache=True)
-def continuations(nodes, arena, seqs, x, off, out_tokens, out_counts):
+def continuations(index, x, off, out_tokens, out_counts):
     """Next tokens after position ``(x, off)`` with their counts.
 
     Returns how many; at most ``len(out_tokens)`` are written.
     """
-    if off < _elen(nodes, seqs, x):
+    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    if off < edge_len(nodes, seqs, x):
         if out_tokens.shape[0] > 0:
-            out_tokens[0] = _label(arena, seqs, nodes, x, off)
+            out_tokens[0] = label(arena, seqs, nodes, x, off)
             out_counts[0] = nodes[x, COUNT]
         return 1
     n = 0
@@ -1091,11 +941,12 @@ def continuations(nodes, arena, seqs, x, off, out_tokens, out_counts):
 # --------------------------------------------------------------------------
 
 @njit(cache=True)
-def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
+def check_integrity(index):
     """Verify every invariant of the index; returns 0 or a CHECK_MESSAGES code.
 
     Slow (it recounts every suffix); meant for tests and debugging.
     """
+    meta, nodes, hkeys, hvals, arena, seqs, active = index
     top = meta[META_TOP]
     depth = meta[META_DEPTH]
     # Free list.
@@ -1141,7 +992,7 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
             return 11
         if nodes[x, LEN] < 0 and (nodes[x, COUNT] != 1 or nodes[x, FIRST] != -1
                                   or seqs[nodes[x, REF_SEQ], SEQ_STATE] != SEQ_LIVE
-                                  or _elen(nodes, seqs, x) < 1):
+                                  or edge_len(nodes, seqs, x) < 1):
             return 13
         if _has_siblings(nodes, p):
             edges += 1
@@ -1149,7 +1000,7 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
                 return 2
         elif _child(hkeys, hvals, p, nodes[x, TOKEN]) != -1:
             return 2
-        if _label(arena, seqs, nodes, x, 0) != nodes[x, TOKEN]:
+        if label(arena, seqs, nodes, x, 0) != nodes[x, TOKEN]:
             return 3
     if edges != meta[META_HASH_FILL]:
         return 9
@@ -1181,9 +1032,9 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
                 x = _find_child(nodes, hkeys, hvals, x, arena[off + d])
                 if x == -1:
                     return 8
-                length = _elen(nodes, seqs, x)
+                length = edge_len(nodes, seqs, x)
                 for j in range(length):
-                    if d + j >= end or _label(arena, seqs, nodes, x, j) != arena[off + d + j]:
+                    if d + j >= end or label(arena, seqs, nodes, x, j) != arena[off + d + j]:
                         return 8
                 if nodes[x, LEN] < 0 and d + length != min(q + depth, n):
                     return 13
@@ -1200,7 +1051,7 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
                 # The path from the root to x must spell seq[q:n].
                 d = n
                 while nodes[x, PARENT] != -1:
-                    d -= _elen(nodes, seqs, x)
+                    d -= edge_len(nodes, seqs, x)
                     x = nodes[x, PARENT]
                 if d != q or x != root:
                     return 10
@@ -1208,3 +1059,4 @@ def check_integrity(meta, nodes, hkeys, hvals, arena, seqs, active):
         if nodes[x, COUNT] != FREED and nodes[x, COUNT] != recount[x]:
             return 8
     return 0
+

@@ -2,7 +2,7 @@
 
 ``RequestPool``: one tree per active request over its prompt and output.
 ``CrossPool``: outputs of many requests, one tree per namespace, bounded by a
-token budget with oldest-first eviction.  ``suffixspec.persistent`` adds a pool
+token budget with oldest-first eviction.  ``suffixspec.pools.persistent`` adds a pool
 kept in LMDB.  All wrap ``SuffixIndex``; the batch kernel reads their arrays.
 
 A cross pool offers the batch kernel two indexes: ``base``, a read-only
@@ -17,10 +17,9 @@ from typing import Hashable
 
 import numpy as np
 
+from suffixspec.config import (DEFAULT_CROSS_POOL_TOKENS, DEFAULT_NAMESPACE, DEFAULT_REUSE_TOKENS,
+                               check_namespace)
 from suffixspec.index import SuffixIndex
-from suffixspec.store import check_namespace
-
-DEFAULT_NAMESPACE = "default"
 
 
 KEEP_REQUESTS = 64  # finished trees ``start`` compares a prompt with, at most
@@ -37,7 +36,7 @@ class RequestPool:
     new tokens.
     """
 
-    def __init__(self, max_depth: int, keep_tokens: int = 1 << 20):
+    def __init__(self, max_depth: int, keep_tokens: int = DEFAULT_REUSE_TOKENS):
         self.index = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
                                  token_capacity=1 << 16)
         self.keep_tokens = keep_tokens
@@ -109,7 +108,7 @@ class CrossPool:
 
     base = None
 
-    def __init__(self, max_depth: int, max_tokens: int | None = 4_000_000,
+    def __init__(self, max_depth: int, max_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS,
                  max_sequences: int | None = None):
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")

@@ -24,7 +24,7 @@ over the file.
 ``SUFFIXSPEC_POLICY``           ``calibrated`` (default) or ``counts``
                                 (arctic-inference's drafting policy)
 ``SUFFIXSPEC_DRAFT_COST``       calibrated policy: verification cost of one
-                                drafted token, as a share of a step (0.03)
+                                drafted token, as a share of a step
 ==============================  ==============================================
 """
 
@@ -34,10 +34,13 @@ import importlib.util
 import json
 import os
 from dataclasses import dataclass, fields
+from typing import get_type_hints
 from pathlib import Path
 
+from suffixspec.config import (ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR, POLICIES,
+                               ProposerConfig)
+
 PREFIX = "SUFFIXSPEC_"
-POLICIES = ("calibrated", "counts")  # as suffixspec.proposer.POLICIES, without loading Numba
 TRUE = {"1", "true", "yes", "on"}
 
 
@@ -75,13 +78,13 @@ def _importable(name: str) -> bool:
 class Settings:
     pool: str | None = None
     tokenizer: str | None = None
-    namespace: str = "default"
+    namespace: str = ProposerConfig.namespace
     shared_namespace: str | None = None
-    cross_tokens: int = 4_000_000
+    cross_tokens: int = ProposerConfig.cross_pool_tokens
     snapshot_every: int | None = None
     log_interval: float = 10.0
-    policy: str = "calibrated"
-    draft_cost: float = 0.03
+    policy: str = ProposerConfig.policy
+    draft_cost: float = ProposerConfig.draft_cost
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -112,23 +115,22 @@ def _read_file(path: Path) -> dict:
 
 
 def _convert(cls, name: str, value):
+    """``value`` (text from the environment, or JSON) as field ``name``'s type."""
+    from pydantic import TypeAdapter, ValidationError
+
     known = {f.name: f for f in fields(cls)}
     if name not in known:
         raise ValueError(f"unknown suffixspec setting {name!r}; known: {', '.join(known)}")
-    kind = known[name].type.split(" |")[0]
+    kind = get_type_hints(cls)[name]
     try:
-        if kind == "int":
-            return int(value)
-        if kind == "float":
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError:
         raise ValueError(f"suffixspec setting {name}={value!r} is not {kind}") from None
 
 
 # vLLM's defaults for the length knobs: it passes them whether or not a user set them.
-VLLM_DEFAULT_SPEC_FACTOR = 1.0
-VLLM_DEFAULT_MIN_TOKEN_PROB = 0.1
+VLLM_DEFAULT_SPEC_FACTOR = ARCTIC_SPEC_FACTOR
+VLLM_DEFAULT_MIN_TOKEN_PROB = ARCTIC_MIN_TOKEN_PROB
 
 
 def length_knobs(spec_config, policy: str) -> tuple[float | None, float | None]:

@@ -30,6 +30,8 @@ drafted token must beat (``threshold``), and the prior weights and half-life
 import numpy as np
 from numba import njit
 
+from .layout import Stats
+
 # Sources of a drafted token.
 SRC_REQUEST = 0
 SRC_CROSS = 1
@@ -68,6 +70,10 @@ EMA = 0.01
 
 def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
+
+
+def new_stats(draft_cost: float) -> Stats:
+    return Stats(new_table(), new_state(draft_cost))
 
 
 def new_state(draft_cost: float) -> np.ndarray:
@@ -177,10 +183,10 @@ def _count(table, row, hit, half_life):
 
 
 @njit(cache=True)
-def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent, seq_ids,
-          tokens, offsets, depth_scratch, ok_scratch):
+def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 
+    ``stats`` is the ``Stats`` record, ``pending`` the ``Pending`` one.
     Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
     ``tokens[offsets[i]:offsets[i + 1]]``.  A draft token is *reached* when its
     parent was accepted (first tokens always are) and its depth is below the
@@ -188,6 +194,8 @@ def learn(table, state, pend_tokens, pend_parents, pend_buckets, pend_n, pend_re
     token at its depth.  Every reached token counts one try in its buckets;
     the pending draft is then cleared.
     """
+    table, state = stats
+    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
         if s < 0:

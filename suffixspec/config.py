@@ -1,0 +1,159 @@
+"""The proposer's settings, each default and range declared once.
+
+``ProposerConfig`` is what ``SuffixProposer`` runs on; the CLI, the vLLM
+plugin's settings, the arctic-compatible class and replay all build one.  No
+Numba here: the vLLM plugin reads it in processes that never draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+#: Drafting policies: calibrated probabilities and a cost-aware length, or
+#: arctic-inference's raw count ratios.
+POLICIES = ("calibrated", "counts")
+
+#: Where outputs go when no namespace is named.
+DEFAULT_NAMESPACE = "default"
+MAX_NAMESPACE = 128
+
+#: arctic-inference's defaults for the length knobs (also vLLM's for method "suffix").
+ARCTIC_SPEC_FACTOR = 1.0
+ARCTIC_MIN_TOKEN_PROB = 0.1
+
+#: Verification cost of one drafted token, as a share of a target-model step.
+DEFAULT_DRAFT_COST = 0.03
+
+#: Token budget of the cross-request pool.
+DEFAULT_CROSS_POOL_TOKENS = 4_000_000
+
+#: Tokens of finished requests' own tries kept for a conversation's next turn.
+DEFAULT_REUSE_TOKENS = 1 << 20
+
+
+def check_namespace(namespace) -> str:
+    """``namespace`` if it is a valid namespace name, else ``ValueError``."""
+    if not isinstance(namespace, str) or not 0 < len(namespace) <= MAX_NAMESPACE:
+        raise ValueError(f"namespace must be a non-empty string of at most {MAX_NAMESPACE} "
+                         f"characters, got {namespace!r}")
+    try:
+        namespace.encode("utf-8")  # it is stored as UTF-8
+    except UnicodeEncodeError:
+        raise ValueError(f"namespace must be valid text, got {namespace!r}") from None
+    return namespace
+
+
+@dataclass(frozen=True)
+class ProposerConfig:
+    """Settings of a ``SuffixProposer``; invalid values raise ``ValueError``.
+
+    max_depth:
+        Longest indexed substring, and so the longest usable context match.
+    max_spec_tokens:
+        Upper bound on draft length (engines may pass lower per-request limits
+        to ``propose``).
+    max_spec_factor, max_spec_offset:
+        A draft from a ``match_len``-token match holds at most
+        ``match_len * max_spec_factor + max_spec_offset`` tokens.  Unset: 1.0
+        for the counts policy, no cap for the calibrated one.
+    min_token_prob:
+        Drafting stops before a token whose estimated probability falls
+        below this.  Unset: 0.1 for the counts policy, none for the
+        calibrated one (its draft cost sets the bar).
+    tree:
+        Draft best-first token trees instead of single paths.
+    policy:
+        ``"calibrated"`` or ``"counts"`` (arctic-inference's policy).
+    draft_cost:
+        Calibrated policy: verification cost of one drafted token, as a share
+        of a target-model step.
+    anchors:
+        Calibrated policy: also match the start of the output against the
+        starts of past outputs (see ``suffixspec.anchors``).
+    all_match_lengths:
+        Draft from every match length and keep the best draft, instead of
+        only from the longest match.
+    self_discount:
+        Leave the context's own occurrence (which has no continuation yet) out
+        of the first token's probability.
+    long_match_bias:
+        Counts policy: rank a draft from an L-token match by ``score * (1 + L
+        / (4 * max_depth))``, a mild preference for longer matches.
+    cross_pool_tokens:
+        Token budget of the cross-request pool (oldest outputs are evicted
+        first); 0 disables the pool, None leaves it unbounded.
+    cross_pool_requests:
+        Most outputs the in-memory cross-request pool keeps; None: no limit
+        beyond the token budget.
+    namespace:
+        Where finished outputs go, and what requests draw from by default.
+    shared_namespace:
+        A namespace every request also draws from (None: none).
+    reuse_tokens:
+        Finished requests' own tries kept for the next turn of a conversation
+        (the latest 64 requests, at most this many tokens in all; 0: none).
+    """
+
+    max_depth: int = 64
+    max_spec_tokens: int = 16
+    max_spec_factor: float | None = None
+    max_spec_offset: float = 0.0
+    min_token_prob: float | None = None
+    tree: bool = False
+    policy: str = "calibrated"
+    draft_cost: float = DEFAULT_DRAFT_COST
+    anchors: bool = True
+    all_match_lengths: bool = True
+    self_discount: bool = True
+    long_match_bias: bool = True
+    cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
+    cross_pool_requests: int | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    shared_namespace: str | None = None
+    reuse_tokens: int = DEFAULT_REUSE_TOKENS
+
+    def __post_init__(self):
+        if not 2 <= self.max_depth <= 1024:
+            raise ValueError(f"max_depth must be in [2, 1024], got {self.max_depth}")
+        if self.max_spec_tokens < 0:
+            raise ValueError(f"max_spec_tokens must be >= 0, got {self.max_spec_tokens}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.max_spec_factor is not None and not 0 <= self.max_spec_factor < float("inf"):
+            raise ValueError(f"max_spec_factor must be finite and >= 0, got "
+                             f"{self.max_spec_factor}")
+        if not -float("inf") < self.max_spec_offset < float("inf"):
+            raise ValueError(f"max_spec_offset must be finite, got {self.max_spec_offset}")
+        if self.min_token_prob is not None and not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if not 0.0 <= self.draft_cost < 1.0:
+            raise ValueError(f"draft_cost must be in [0, 1), got {self.draft_cost}")
+        if self.reuse_tokens < 0:
+            raise ValueError(f"reuse_tokens must be >= 0, got {self.reuse_tokens}")
+        check_namespace(self.namespace)
+        if self.shared_namespace is not None:
+            check_namespace(self.shared_namespace)
+
+    @property
+    def counts(self) -> bool:
+        return self.policy == "counts"
+
+    @property
+    def spec_factor(self) -> float:
+        """The length cap's factor in force: -1.0 for no cap."""
+        if self.max_spec_factor is not None:
+            return float(self.max_spec_factor)
+        return ARCTIC_SPEC_FACTOR if self.counts else -1.0
+
+    @property
+    def token_prob_floor(self) -> float:
+        """The probability floor in force."""
+        if self.min_token_prob is not None:
+            return float(self.min_token_prob)
+        return ARCTIC_MIN_TOKEN_PROB if self.counts else 0.0
+
+    def replace(self, **changes) -> ProposerConfig:
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

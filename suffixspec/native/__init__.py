@@ -1,0 +1,24 @@
+"""Numba kernels of suffixspec: the only code with ``@njit``.
+
+One job per module:
+
+* ``layout``: array fields, flags and the named records kernels exchange;
+* ``trie``: the suffix trie (insert, remove, match, check);
+* ``heap``: the frontier of tree drafts;
+* ``counts``, ``calibrated``, ``arctic``: the three drafting policies, each
+  with one path drafter and one tree drafter;
+* ``calibration``: the calibrated policy's online acceptance statistics;
+* ``propose``: the batched per-step driver;
+* ``ngram`` (the prompt-lookup baseline), ``tokens`` (token-id checks);
+* ``warmup`` compiles them all, and ``cache`` keeps Numba's on-disk cache in
+  step with the sources.
+
+Kernels depend on numpy and numba only.
+"""
+
+from .cache import drop_stale_cache
+from .warmup import KERNELS, warmup
+
+drop_stale_cache()
+
+__all__ = ["KERNELS", "warmup"]

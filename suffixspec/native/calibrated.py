@@ -1,0 +1,303 @@
+"""The calibrated policy: calibrated probabilities and a cost-aware length.
+
+Each drafted token's probability is the product of calibrated acceptance
+estimates (``calibration``), and a draft grows while its next token's
+probability beats the threshold that the draft cost sets (``thr``).  Drafts
+are compared by their expected net gain, ``sum(p - thr)``.  With
+``ANCHORED`` a request also queries the cross-request trees with its
+start-anchored context ``[prompt key, prompt-start key, BOS, output so far]``
+(its own open sequence in the delta index), so the start of an output is
+matched against the starts of past outputs.
+
+``stats`` is the ``Stats`` record (calibration table and state); ``how`` is
+``(source, recent, limit, thr)``: the calibration source, how the request's
+previous draft fared, the most tokens to draft, and the threshold.
+"""
+
+import numpy as np
+from numba import njit
+
+from . import calibration as cal
+from .heap import heap_push, heap_take
+from .layout import (ALL_LENGTHS, ANCHORED, COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE,
+                     FROM_REQUEST, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT,
+                     TOKEN)
+from .tokens import SYNTHETIC_BASE
+from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
+
+
+@njit(cache=True)
+def draft_path(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand):
+    """Most frequent continuation from ``(x, off)`` while its probability beats ``thr``.
+
+    Returns ``(n, gain)``, the gain being ``sum(p - thr)``.  Gives up (gain
+    -1) as soon as the path can no longer gain more than ``beat``: no later
+    token is more probable than the current one.
+    """
+    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    table, state = stats
+    n = 0
+    prob = 1.0
+    gain = 0.0
+    length = edge_len(nodes, seqs, x)
+    while n < cap:
+        d = discount if n == 0 else 0
+        tok, c, cnt, nx = step_best(nodes, arena, seqs, x, off, length, d)
+        if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
+            break
+        fine = cal.bucket(src, match_len, n, c, cnt)
+        p = prob * cal.probability(table, state, fine, c, cnt)
+        if p <= thr:
+            break
+        prob = p
+        cand.tokens[n] = tok
+        cand.probs[n] = p
+        cand.buckets[n] = fine
+        gain += p - thr
+        n += 1
+        if gain + (cap - n) * (p - thr) <= beat:
+            return n, -1.0
+        if nx != x:
+            x = nx
+            off = 1
+            length = edge_len(nodes, seqs, x)
+        else:
+            off += 1
+    return n, gain
+
+
+@njit(cache=True)
+def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, stats, heap, size):
+    """Push the tokens that may follow position ``(x, off)``; returns the new heap size.
+
+    A heap entry is one candidate token: the token at offset ``off`` of node
+    ``x``'s edge, its probability, its parent in the draft, bucket and depth.
+    """
+    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    table, state = stats
+    cap = heap.prob.shape[0] - 1
+    if off < edge_len(nodes, seqs, x):
+        n = nodes[x, COUNT] - discount
+        tok = label(arena, seqs, nodes, x, off)
+        if n > 0 and tok < SYNTHETIC_BASE and size < cap:
+            fine = cal.bucket(src, match_len, d, n, n)
+            p = prob * cal.probability(table, state, fine, n, n)
+            if p > thr:
+                size = heap_push(heap, size, p, x, off, parent, fine, d)
+        return size
+    n = nodes[x, COUNT] - discount
+    if n <= 0:
+        return size
+    c = nodes[x, FIRST]
+    while c != -1:
+        k = nodes[c, COUNT]
+        if k > n:
+            k = n
+        if nodes[c, TOKEN] < SYNTHETIC_BASE and size < cap:
+            fine = cal.bucket(src, match_len, d, k, n)
+            p = prob * cal.probability(table, state, fine, k, n)
+            if p > thr:
+                size = heap_push(heap, size, p, c, 0, parent, fine, d)
+        c = nodes[c, NEXT]
+    return size
+
+
+@njit(cache=True)
+def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap):
+    """Best-first tree of the most probable continuations, each beating ``thr``.
+
+    Returns ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
+    """
+    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    # Typed arguments (no literals), so ``_push_next`` compiles once.
+    size = _push_next(index, np.int64(x), off, 1.0, np.int64(-1), np.int64(0),
+                      np.int64(discount), thr, src, match_len, stats, heap, np.int64(0))
+    n = 0
+    gain = 0.0
+    while n < cap and size > 0:
+        prob, y, k, parent, fine, d, size = heap_take(heap, size)
+        cand.tokens[n] = label(arena, seqs, nodes, y, k)
+        cand.parents[n] = parent
+        cand.probs[n] = prob
+        cand.buckets[n] = fine
+        gain += prob - thr
+        n += 1
+        if gain + (cap - n) * (prob - thr) <= beat:
+            return n, -1.0
+        size = _push_next(index, np.int64(y), k + 1, prob, np.int64(n - 1), np.int64(d + 1),
+                          np.int64(0), thr, src, match_len, stats, heap, np.int64(size))
+    return n, gain
+
+
+@njit(cache=True)
+def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out, work):
+    """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in one tree.
+
+    ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
+    ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
+    context is start-anchored: its last ``anchor_out`` tokens are output, the
+    ones before are anchors, and the source follows from how many anchors a
+    length spans.  Returns ``(n, gain, match_len)``, n 0 when nothing beat
+    ``best_gain``.
+    """
+    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    lo_len, hi_len, anchor_out = span
+    src, recent, limit, thr = how
+    table, state = stats
+    cand = work.cand
+    depth = index.active.shape[1]
+    best_n = 0
+    best_len = 0
+    longer = -1  # occurrences of the last length tried
+    for length in range(hi_len, lo_len - 1, -1):
+        x, off = suffix_position(index, root, ctx, end, length, own)
+        if x == -1:
+            continue
+        # As many occurrences as one token longer: every occurrence is one of
+        # the longer match, so the continuations are the same, and the longer
+        # match already drafted them unless the depth bound cut its draft.
+        occurrences = nodes[x, COUNT]
+        if anchor_out < 0 and occurrences == longer and length + 1 + limit <= depth:
+            continue
+        longer = occurrences
+        m = length
+        s = src
+        if anchor_out >= 0:
+            m = anchor_out
+            s = cal.SRC_ANCHOR + length - anchor_out - 1
+        s += cal.N_SRC * recent
+        cap = limit
+        if knobs.factor >= 0.0:
+            c2 = int(m * knobs.factor + knobs.offset + 1e-6)
+            if c2 < cap:
+                cap = c2
+        if cap <= 0:
+            continue
+        length_x = edge_len(nodes, seqs, x)
+        discount = 0
+        if knobs.flags & SELF_DISCOUNT and own[0] >= 0 and length <= own[2] and off == length_x:
+            discount = 1
+        # Every later token is at most as probable as the first.
+        tok, c, cnt, nx = step_best(nodes, arena, seqs, x, off, length_x, discount)
+        if cnt <= 0 or c <= 0:
+            continue
+        q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt)
+        if cap * (q - thr) <= best_gain:
+            continue
+        if knobs.tree:
+            n, gain = draft_tree(index, x, off, cap, thr, discount, s, m, stats, best_gain, cand,
+                                 work.heap)
+        else:
+            n, gain = draft_path(index, x, off, cap, thr, discount, s, m, stats, best_gain, cand)
+            for i in range(n):
+                cand.parents[i] = i - 1
+        # Longer matches are tried first and win ties.
+        if n > 0 and gain > best_gain:
+            best_gain = gain
+            best_n = n
+            best_len = m
+            out.tokens[:n] = cand.tokens[:n]
+            out.parents[:n] = cand.parents[:n]
+            out.probs[:n] = cand.probs[:n]
+            out.buckets[:n] = cand.buckets[:n]
+    return best_n, best_gain, best_len
+
+
+@njit(cache=True)
+def _tree_draft(index, root, ctx, start, end, anchored, own, how, knobs, stats, best, out, work):
+    """The best calibrated draft of one tree, if it beats ``best``.
+
+    Queries the ordinary context ``ctx[start:end]`` at every match length
+    and, with ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
+    (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
+    is ``(c_arena, c_end, anchors, out_len)``, at the lengths that reach into
+    the anchors.  Returns ``(n, gain, match_len, source)``, n 0 when nothing
+    beat ``best``.
+    """
+    c_arena, c_end, n_anchors, out_len = anchored
+    depth = knobs.depth
+    n_best = 0
+    m_best = 0
+    source = FROM_NONE
+    hi, x, off = longest_match(index, root, ctx, start, end, depth - 1, True, own)
+    if hi > 0:
+        lo = 1 if knobs.flags & ALL_LENGTHS else hi
+        n, gain, m = _lengths(index, root, ctx, end, (lo, hi, np.int64(-1)), own, how, knobs,
+                              stats, best, out, work)
+        if n > 0:
+            best = gain
+            n_best = n
+            m_best = m
+            source = FROM_REQUEST if how[0] == cal.SRC_REQUEST else FROM_CROSS
+    if knobs.flags & ANCHORED and n_anchors > 0 and out_len + 1 < depth:
+        hi = out_len + n_anchors
+        if hi > depth - 1:
+            hi = depth - 1
+        n, gain, m = _lengths(index, root, c_arena, c_end, (out_len + 1, hi, out_len),
+                              (own[0], own[1], own[1]), how, knobs, stats, best, out, work)
+        if n > 0:
+            best = gain
+            n_best = n
+            m_best = m
+            source = FROM_ANCHOR
+    return n_best, best, m_best, source
+
+
+@njit(cache=True)
+def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs, stats, out, work):
+    """The calibrated policy for request ``i``: the best draft of all its trees."""
+    l_seqs = local.seqs
+    s = batch.seqs[i]
+    start, end = tail(local, s, knobs.depth)
+    limit = batch.limits[i]
+    row = Candidate(out.tokens[i], out.parents[i], out.probs[i], out.buckets[i])
+    # Own open output sequence in the delta index: [anchors..., output so far].
+    cs = batch.cross_seqs[i]
+    c_end = 0
+    n_anchors = 0
+    out_len = 0
+    if cs >= 0:
+        c_end = delta.seqs[cs, SEQ_OFF] + delta.seqs[cs, SEQ_LEN]
+        n_anchors = anchors(delta, cs)
+        out_len = delta.seqs[cs, SEQ_LEN] - n_anchors
+    own_len = l_seqs[s, SEQ_LEN]
+    ctx = local.arena
+    n, best, m, source = _tree_draft(
+        local, np.int64(local_roots[batch.trees[i]]), ctx, start, end,
+        (delta.arena, c_end, np.int64(0), np.int64(0)), (l_seqs[s, SEQ_SLOT], own_len, own_len),
+        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work)
+    out.n[i] = n
+    out.match[i] = m
+    out.source[i] = source
+    anchored = (delta.arena, c_end, n_anchors, out_len)
+    cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
+    for j in range(batch.base_roots.shape[1]):
+        root = batch.base_roots[i, j]
+        if root < 0:
+            continue
+        n, gain, m, source = _tree_draft(
+            base, root, ctx, start, end, anchored, (np.int64(-1), np.int64(0), np.int64(0)),
+            cross, knobs, stats, best, row, work)
+        if n > 0:
+            best = gain
+            out.n[i] = n
+            out.match[i] = m
+            out.source[i] = source
+    for j in range(batch.delta_roots.shape[1]):
+        root = batch.delta_roots[i, j]
+        if root < 0:
+            continue
+        own = (np.int64(-1), np.int64(0), np.int64(0))
+        if cs >= 0 and delta.seqs[cs, SEQ_ROOT] == root:
+            own = (delta.seqs[cs, SEQ_SLOT], delta.seqs[cs, SEQ_LEN], out_len)
+        n, gain, m, source = _tree_draft(delta, root, ctx, start, end, anchored, own, cross,
+                                         knobs, stats, best, row, work)
+        if n > 0:
+            best = gain
+            out.n[i] = n
+            out.match[i] = m
+            out.source[i] = source
+    score = 0.0
+    for t in range(out.n[i]):
+        score += out.probs[i, t]
+    out.score[i] = score

@@ -1,0 +1,165 @@
+"""What the kernels exchange: array fields, flags, and the named records.
+
+Kernels take named records (namedtuples of arrays) instead of long lists of
+positional arrays.  Numba passes a namedtuple to a compiled function as one
+value, read-only arrays included, so a record costs nothing at run time.
+Every record is built here, in one place, for the proposer and for warm-up.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+# Node fields: rows of ``nodes`` (int32, shape [capacity, NODE_FIELDS]).
+PARENT = 0
+TOKEN = 1
+COUNT = 2
+LEN = 3
+REF_SEQ = 4
+REF_POS = 5
+BEST = 6
+FIRST = 7
+NEXT = 8
+PREV = 9
+NODE_FIELDS = 10
+
+# Sequence fields: rows of ``seqs`` (int64, shape [capacity, SEQ_FIELDS]).
+SEQ_OFF = 0     # start of the sequence's region in token storage
+SEQ_LEN = 1     # tokens in the sequence
+SEQ_CAP = 2     # size of its region
+SEQ_ROOT = 3    # root node of its tree
+SEQ_SLOT = 4    # row of ``active`` while open, else -1
+SEQ_STATE = 5   # one of the SEQ_* states below
+SEQ_FRONT = 6   # open suffixes starting before this all sit in open leaves
+SEQ_FIELDS = 7
+
+SEQ_FREE = 0
+SEQ_LIVE = 1
+SEQ_REMOVED = 2  # counts removed; tokens kept while labels may point into them
+
+# Scalars of the index: ``meta`` (int64).
+META_DEPTH = 0
+META_TOP = 1          # next never-used node row
+META_FREE_HEAD = 2    # head of the free-node list (chained through NEXT)
+META_FREE_COUNT = 3
+META_HASH_FILL = 4    # used slots in the child table
+META_ARENA_TOP = 5    # end of the last allocated region in token storage
+META_LIVE_TOKENS = 6  # tokens of live sequences
+META_DEAD_TOKENS = 7  # tokens of removed sequences still in storage
+META_TIES = 8         # which of equally frequent children is BEST, see below
+META_SIZE = 9
+
+# Tie orders (``META_TIES``): which of equally frequent children is BEST.
+# NEWEST: the one whose count rose last (a new child counts as rising).
+# ARCTIC: arctic-inference's order.  The sibling list is then kept as arctic
+# keeps its children (new children at the end) and BEST is its first child,
+# so path drafts equal arctic's.
+TIES_NEWEST = 0
+TIES_ARCTIC = 1
+
+EMPTY = -1
+FREED = -2  # COUNT of a node on the free list
+
+# Policy flags (bench/policy_bench.py measures each).
+ALL_LENGTHS = 1     # try every match length, keep the best, not just the longest
+SELF_DISCOUNT = 2   # leave the context's own occurrence out of the first probability
+LONG_BIAS = 4       # counts policy: a match of length L ranks (1 + L / (4 * depth)) times its sum
+CALIBRATED = 8      # calibrated probabilities and cost-aware length (else: counts)
+ANCHORED = 16       # also query cross trees with the start-anchored context
+DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | CALIBRATED | ANCHORED
+COUNTS_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
+
+# Draft sources (``Outputs.source``).
+FROM_NONE = -1
+FROM_REQUEST = 0
+FROM_CROSS = 1
+FROM_ANCHOR = 2
+
+# --------------------------------------------------------------------------
+# Records.
+# --------------------------------------------------------------------------
+
+#: One index: a forest of suffix tries (``trie``).
+Index = namedtuple("Index", "meta nodes hkeys hvals arena seqs active")
+
+#: Frontier of a tree draft: one entry per candidate token.
+Heap = namedtuple("Heap", "prob node off parent bucket depth")
+
+#: One draft's rows: tokens, parents, probabilities, calibration buckets.
+Candidate = namedtuple("Candidate", "tokens parents probs buckets")
+
+#: Scratch of one propose call: a tree's best draft, the draft being built, the frontier.
+Workspace = namedtuple("Workspace", "best cand heap")
+
+#: The requests of one step.  Request ``i`` reads its context from sequence
+#: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
+#: trees ``base_roots[i, :]`` and ``delta_roots[i, :]`` of the cross indexes
+#: (-1: none), has its own open output sequence ``cross_seqs[i]`` in the
+#: delta index (-1: none), and drafts at most ``limits[i]`` tokens.
+Batch = namedtuple("Batch", "seqs trees cross_seqs limits base_roots delta_roots")
+
+#: Drafting settings of a proposer (scalars).
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree flags")
+
+#: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
+Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
+
+#: Calibration statistics: the (accepted, tried) table and the state
+#: (running means, draft cost, settings); see ``calibration``.
+Stats = namedtuple("Stats", "table state")
+
+#: The latest draft of each request (row: its sequence in the request index),
+#: scored against the emitted tokens by ``calibration.learn``; ``recent`` is
+#: how the previous draft fared.
+Pending = namedtuple("Pending", "tokens parents buckets n recent")
+
+
+def heap_scratch(max_tokens: int, min_prob: float = 0.0) -> Heap:
+    """Frontier arrays of a tree draft.
+
+    Children pushed per expansion number at most ``1/min_prob``, so this size
+    never drops an entry when ``min_prob >= 1/256``.
+    """
+    fan = 256 if min_prob <= 0 else min(256, int(np.ceil(1.0 / min_prob)))
+    size = max(max_tokens, 1) * fan + 1
+    return Heap(np.empty(size, np.float64), *(np.empty(size, np.int32) for _ in range(5)))
+
+
+def candidate(k: int) -> Candidate:
+    return Candidate(np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.float32),
+                     np.empty(k, np.int32))
+
+
+def workspace(max_tokens: int, min_prob: float = 0.0) -> Workspace:
+    k = max(max_tokens, 1)
+    return Workspace(candidate(k), candidate(k), heap_scratch(k, min_prob))
+
+
+def outputs(rows: int, max_tokens: int) -> Outputs:
+    k = max(max_tokens, 1)
+    return Outputs(np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
+                   np.zeros((rows, k), np.float32), np.zeros(rows, np.int64),
+                   np.zeros(rows, np.float64), np.zeros(rows, np.int64), np.zeros(rows, np.int64),
+                   np.zeros((rows, k), np.int32))
+
+
+def pending(rows: int, max_tokens: int, old: Pending | None = None) -> Pending:
+    """Pending-draft rows; ``old``'s rows are copied in."""
+    k = max(max_tokens, 1)
+    new = Pending(np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
+                  np.zeros((rows, k), np.int32), np.zeros(rows, np.int64),
+                  np.zeros(rows, np.int64))
+    if old is not None:
+        for a, b in zip(new, old):
+            a[: b.shape[0]] = b
+    return new
+
+
+def read_only(index: Index) -> Index:
+    """Read-only views of an index's arrays."""
+    views = []
+    for a in index:
+        v = a.view()
+        v.setflags(write=False)
+        views.append(v)
+    return Index(*views)

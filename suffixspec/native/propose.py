@@ -1,0 +1,44 @@
+"""One engine step: drafts for a batch of requests, from every pool, in one call.
+
+Three indexes take part: ``local`` holds one tree per request; ``base`` and
+``delta`` hold cross-request trees (a persistent pool's read-only snapshot
+and its appendable part; either may be a stand-in with no roots).  Which
+trees each request reads is in the ``Batch`` record.  The policy is chosen
+by ``knobs.flags``: ``calibrated`` with ``CALIBRATED``, else ``counts``.
+Synthetic tokens (``tokens.SYNTHETIC_BASE`` and above) mark output starts; no
+draft ever holds one.
+"""
+
+from numba import njit
+
+from . import calibrated, calibration as cal, counts
+from .layout import CALIBRATED
+
+
+@njit(cache=True)
+def propose_batch(local, local_roots, base, delta, batch, knobs, stats, out, pending, work):
+    """Draft for every request of a step, from its own tree and cross trees.
+
+    A draft holds at most ``batch.limits[i]`` tokens.  Calibrated policy:
+    tokens while their probability beats ``max(threshold(state), min_prob)``,
+    at most ``match_len * factor + offset`` of them when ``factor >= 0``.
+    Counts policy: see ``counts``.  Drafts are rows of ``out``.  Calibrated
+    drafts are also kept as the request's pending draft (row
+    ``batch.seqs[i]``), which ``calibration.learn`` scores against the
+    emitted tokens.
+    """
+    thr = cal.threshold(stats.state)
+    if knobs.min_prob > thr:
+        thr = knobs.min_prob
+    for i in range(batch.seqs.shape[0]):
+        s = batch.seqs[i]
+        if knobs.flags & CALIBRATED:
+            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, base, delta,
+                                     batch, knobs, stats, out, work)
+            n = out.n[i]
+            pending.n[s] = n
+            pending.tokens[s, :n] = out.tokens[i, :n]
+            pending.parents[s, :n] = out.parents[i, :n]
+            pending.buckets[s, :n] = out.buckets[i, :n]
+        else:
+            counts.draft_request(i, local, local_roots, base, delta, batch, knobs, out, work)

@@ -1,0 +1,123 @@
+"""Compile every kernel once, on writeable and read-only arrays.
+
+Numba compiles on first call (or loads its on-disk cache, ``cache=True``);
+calling ``warmup()`` at start-up keeps that out of the first engine step.
+Read-only variants matter because a persistent pool hands the query kernels
+views of read-only buffers.
+"""
+
+import time
+
+import numpy as np
+
+from . import calibrated, calibration as cal, counts, layout as lay, ngram, propose, trie
+from . import tokens as token_checks
+
+_done = False
+
+
+def _tiny_index(depth=4) -> lay.Index:
+    meta = np.zeros(lay.META_SIZE, np.int64)
+    meta[lay.META_DEPTH] = depth
+    meta[lay.META_FREE_HEAD] = -1
+    return lay.Index(meta, np.full((64, lay.NODE_FIELDS), -1, np.int32),
+                     np.full(128, lay.EMPTY, np.int64), np.full(128, -1, np.int32),
+                     np.zeros(64, np.int32), np.zeros((2, lay.SEQ_FIELDS), np.int64),
+                     np.zeros((2, depth), np.int32))
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+#: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
+STEPS = ("indexing", "queries", "drafting", "learning", "maintenance", "input checks")
+
+
+def warmup(progress=None) -> float:
+    """Compile (or load) every kernel; returns the seconds it took.
+
+    ``progress(step)``, if given, is called as each of ``STEPS`` begins.
+    Idempotent: later calls return 0.0 at once.
+    """
+    global _done
+    if _done:
+        return 0.0
+
+    def step(name):
+        if progress is not None:
+            progress(name)
+
+    t0 = time.perf_counter()
+    step("indexing")
+    depth = 4
+    ix = _tiny_index(depth)
+    root = trie.new_root(ix.nodes, ix.meta)
+    ix.seqs[0, lay.SEQ_CAP] = 32
+    ix.seqs[0, lay.SEQ_ROOT] = root
+    ix.seqs[0, lay.SEQ_STATE] = lay.SEQ_LIVE
+    tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
+    trie.extend(ix, 0, tokens)
+    trie.extend(ix, 0, _readonly(tokens))
+    trie.extend_batch(ix, np.zeros(1, np.int64), tokens[:2], np.array([0, 2], np.int64),
+                      np.zeros(2, np.int64))
+    ix.meta[lay.META_ARENA_TOP] = 32
+    assert trie.check_integrity(ix) == 0
+    k = 4
+    work = lay.workspace(k)
+    ctx = np.array([1, 2], np.int32)
+    ro = lay.read_only(ix)
+    own = (np.int64(-1), np.int64(0), np.int64(0))
+    step("queries")
+    for index in (ix, ro):
+        for c in (ctx, _readonly(ctx)):
+            length, x, off = trie.longest_match(index, root, c, 0, 2, depth, True, own)
+            counts.draft_path(index, x, off, k, 0.1, work.cand.tokens, work.cand.probs, 1)
+            counts.draft_tree(index, x, off, k, 0.1, work.cand.tokens, work.cand.parents,
+                              work.cand.probs, work.heap)
+            trie.continuations(index, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
+    step("drafting")
+    # One batched step per policy.  The base index is always read-only (a
+    # persistent pool's snapshot, or the proposer's read-only stand-in).
+    b = 1
+    out = lay.outputs(b, k)
+    pending = lay.pending(b, k)
+    stats = cal.new_stats(0.03)
+    req = np.zeros(b, np.int64)
+    rows = np.zeros((b, 3), np.int64)  # as the proposer passes them: columns of one array
+    rows[:, 2] = -1
+    cross_roots = np.full((b, 1), root, np.int64)
+    batch = lay.Batch(rows[:, 1], rows[:, 0], rows[:, 2], np.full(b, k, np.int64), cross_roots,
+                      cross_roots)
+    for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
+                        (lay.COUNTS_POLICY, False)):
+        knobs = lay.Knobs(depth, 1.0, 0.0, 0.1, tree, flags)
+        propose.propose_batch(ro, np.array([root], np.int32), ro, ro, batch, knobs, stats, out,
+                              pending, work)
+    step("learning")
+    cal.learn(stats, pending, req, tokens, np.array([0, 2], np.int64), np.empty(k, np.int64),
+              np.empty(k, np.bool_))
+    step("maintenance")
+    keys2, vals2 = np.full(256, lay.EMPTY, np.int64), np.full(256, -1, np.int32)
+    trie.rehash(ix.hkeys, ix.hvals, keys2, vals2, ix.meta)
+    trie.remove_seq(ix, 0, np.zeros(depth + 1, np.int32))
+    trie.move_seq(ix.arena, ix.seqs, ix.meta, 0, 40, 8)
+    trie.compact_arena(ix.arena, ix.seqs, ix.meta)
+    trie.drop_tree(ix, root)
+    step("input checks")
+    for dtype in (np.int32, np.int64, np.uint32, np.int16, np.uint8):
+        token_checks.first_bad_token(tokens.astype(dtype))
+        token_checks.first_bad_token(_readonly(tokens.astype(dtype)))
+    lps = np.empty(4, np.int32)
+    ngram.ngram_propose(tokens, tokens.shape[0], 1, 3, k, lps, work.cand.tokens)
+    _done = True
+    return time.perf_counter() - t0
+
+
+KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
+           trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
+           counts.draft_path, counts.draft_tree, trie.continuations, trie.check_integrity,
+           propose.propose_batch, calibrated.draft_request, counts.draft_request, cal.learn,
+           ngram.ngram_propose, token_checks.first_bad_token)

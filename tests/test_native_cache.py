@@ -1,0 +1,37 @@
+"""Numba's on-disk cache follows every kernel source, not just a kernel's own file."""
+
+import json
+import os
+import subprocess
+import sys
+
+PROBE = """
+import json
+import numpy as np
+from suffixspec.native import tokens
+tokens.first_bad_token(np.zeros(3, np.int32))
+stats = tokens.first_bad_token.stats
+print(json.dumps({"hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values())}))
+"""
+
+
+def _probe(cache_dir) -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
+    from suffixspec.native.cache import STAMP, source_digest
+
+    assert _probe(tmp_path) == {"hits": 0, "misses": 1}  # compiled and cached
+    stamps = list(tmp_path.rglob(STAMP))
+    assert len(stamps) == 1 and stamps[0].read_text() == source_digest()
+    assert _probe(tmp_path) == {"hits": 1, "misses": 0}  # a fresh process loads it
+    # As if another kernel source had changed since the cache was written.
+    stamps[0].write_text("an older digest")
+    assert _probe(tmp_path) == {"hits": 0, "misses": 1}  # compiled again, not the stale copy
+    assert stamps[0].read_text() == source_digest()
+    assert _probe(tmp_path) == {"hits": 1, "misses": 0}
