@@ -30,8 +30,21 @@ def test_settings_from_file_and_environment(tmp_path):
     assert s.Settings.from_env({}) == s.Settings()
 
 
+def test_settings_take_each_field_type_and_proposer_defaults():
+    from suffixspec.config import ProposerConfig
+
+    got = s.Settings.from_env({"SUFFIXSPEC_SNAPSHOT_EVERY": "5000", "SUFFIXSPEC_DRAFT_COST": "0.1",
+                               "SUFFIXSPEC_SHARED_NAMESPACE": "shared"})
+    assert (got.snapshot_every, got.draft_cost, got.shared_namespace) == (5000, 0.1, "shared")
+    default = s.Settings()
+    assert (default.draft_cost, default.cross_tokens, default.namespace, default.policy) == (
+        ProposerConfig.draft_cost, ProposerConfig.cross_pool_tokens, ProposerConfig.namespace,
+        ProposerConfig.policy)
+
+
 @pytest.mark.parametrize("env, message", [
     ({"SUFFIXSPEC_CROSS_TOKENS": "lots"}, "cross_tokens='lots' is not int"),
+    ({"SUFFIXSPEC_SNAPSHOT_EVERY": "often"}, "snapshot_every='often' is not int | None"),
     ({"SUFFIXSPEC_CONFIG": "/nonexistent/x.json"}, "cannot read it as JSON"),
 ])
 def test_bad_settings_name_the_problem(env, message):

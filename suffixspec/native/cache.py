@@ -20,10 +20,14 @@ HERE = Path(__file__).resolve().parent
 STAMP = "suffixspec-native.digest"
 
 
+#: Modules that hold no kernel and no constant a kernel reads.
+NOT_KERNELS = ("__init__.py", "cache.py", "warmup.py")
+
+
 def source_digest() -> str:
-    """Digest of every module of this package, and of the Numba version."""
+    """Digest of the kernel modules of this package, and of the Numba version."""
     h = hashlib.sha256(numba.__version__.encode())
-    for path in sorted(HERE.glob("*.py")):
+    for path in sorted(p for p in HERE.glob("*.py") if p.name not in NOT_KERNELS):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()

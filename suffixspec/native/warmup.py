@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from . import calibrated, calibration as cal, counts, layout as lay, ngram, propose, trie
+from . import calibration as cal, counts, layout as lay, ngram, propose, trie
 from . import tokens as token_checks
 
 _done = False
@@ -119,5 +119,5 @@ def warmup(progress=None) -> float:
 KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
            trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
            counts.draft_path, counts.draft_tree, trie.continuations, trie.check_integrity,
-           propose.propose_batch, calibrated.draft_request, counts.draft_request, cal.learn,
+           propose.propose_batch, cal.learn,
            ngram.ngram_propose, token_checks.first_bad_token)

@@ -1,19 +1,25 @@
 """The drafter's counters on the server's ``/metrics`` (Prometheus).
 
 Drafters run in vLLM's worker processes, while ``/metrics`` is served by the
-API server process from its own registry.  So the first process that loads
-the plugin (the API server, or the process running ``LLM``) makes a folder
-and names it in ``SUFFIXSPEC_METRICS_DIR``, which the engine and worker
-processes it starts inherit; each drafter writes its counters there as one
-small JSON file (every second from a background thread, and at shutdown),
-and a collector in the first process's registry sums the files at every
-scrape.
+API server process.  prometheus_client's multiprocess mode does exactly this
+job: each process writes its samples to a file of its own, and a
+``MultiProcessCollector`` in the serving process sums them at every scrape.
+
+Its usual switch, ``PROMETHEUS_MULTIPROC_DIR``, is read when prometheus_client
+is first imported, and vLLM imports it before plugins load; setting it late
+would move vLLM's own metrics to a registry that no longer holds them.  So
+the drafters write prometheus_client's file format directly:
+
+* if vLLM runs in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set, as with
+  several API servers), into that folder, which vLLM's collector already reads;
+* otherwise into a folder that the first process to load the plugin makes and
+  names in ``SUFFIXSPEC_METRICS_DIR`` (inherited by the engine and worker
+  processes it starts), read by a ``MultiProcessCollector`` registered there.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import tempfile
@@ -21,6 +27,7 @@ import threading
 from pathlib import Path
 
 ENV = "SUFFIXSPEC_METRICS_DIR"
+PROMETHEUS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds between a drafter's writes
 
 # name -> (help, metrics key per pool, or a whole-drafter key)
@@ -43,30 +50,47 @@ _TOTALS = {
 
 def serve_from_this_process() -> None:
     """In the first process to load the plugin: make the folder and register
-    the collector.  Processes it starts find the folder in the environment."""
-    if os.environ.get(ENV):
+    its collector.  Processes it starts find the folder in the environment."""
+    if os.environ.get(ENV) or os.environ.get(PROMETHEUS_ENV):
         return
     folder = tempfile.mkdtemp(prefix="suffixspec-metrics-")
     os.environ[ENV] = folder
     atexit.register(shutil.rmtree, folder, True)
     try:
         from prometheus_client import REGISTRY
+        from prometheus_client.multiprocess import MultiProcessCollector
     except ImportError:
         return
-    REGISTRY.register(_Collector(Path(folder)))
+    MultiProcessCollector(REGISTRY, path=folder)
+
+
+def _folder() -> Path | None:
+    folder = os.environ.get(PROMETHEUS_ENV) or os.environ.get(ENV)
+    return Path(folder) if folder else None
 
 
 class Publisher:
-    """Writes one drafter's counters (``counters()``) into the metrics folder,
-    every ``PUBLISH_INTERVAL`` seconds from a daemon thread, and on ``close``."""
+    """Writes one drafter's counters (``counters()``) as prometheus_client's
+    multiprocess samples, every ``PUBLISH_INTERVAL`` seconds from a daemon
+    thread, and on ``close``."""
 
     def __init__(self, counters):
-        folder = os.environ.get(ENV)
-        self.path = Path(folder) / f"drafter-{os.getpid()}.json" if folder else None
         self._counters = counters
         self._stop = threading.Event()
-        if self.path is not None:
-            threading.Thread(target=self._run, name="suffixspec-metrics", daemon=True).start()
+        self._file = None
+        folder = _folder()
+        if folder is None:
+            return
+        try:
+            from prometheus_client.mmap_dict import MmapedDict
+        except ImportError:
+            return
+        try:
+            self._file = MmapedDict(str(folder / f"counter_suffixspec_{os.getpid()}.db"))
+        except OSError:
+            return
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="suffixspec-metrics", daemon=True).start()
 
     def close(self) -> None:
         self._stop.set()
@@ -77,39 +101,24 @@ class Publisher:
             self.publish()
 
     def publish(self) -> None:
-        if self.path is None:
+        if self._file is None:
             return
         try:
             counters = self._counters()
         except Exception:  # noqa: BLE001 - a torn read while the engine runs: next time
             return
-        tmp = self.path.with_suffix(f".{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(json.dumps(counters, default=float))
-            os.replace(tmp, self.path)  # a scrape never reads half a file
-        except OSError:
-            self.path = None  # the folder is gone (server shut down): stop publishing
-
-
-class _Collector:
-    def __init__(self, folder: Path):
-        self.folder = folder
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.mmap_dict import mmap_key
 
         from suffixspec.integrations.vllm.metrics import POOLS
 
-        drafters = []
-        for f in self.folder.glob("drafter-*.json"):
+        samples = [(name, ("pool",), (pool,), text, counters.get(f"{pool}_{key}", 0))
+                   for name, (text, key) in _PER_POOL.items() for pool in POOLS]
+        samples += [(name, (), (), text, counters.get(key, 0))
+                    for name, (text, key) in _TOTALS.items()]
+        with self._lock:
             try:
-                drafters.append(json.loads(f.read_text()))
+                for name, labels, values, text, value in samples:
+                    key = mmap_key(name, name + "_total", labels, values, text)
+                    self._file.write_value(key, float(value), 0.0)
             except (OSError, ValueError):
-                continue
-        for name, (text, key) in _PER_POOL.items():
-            family = CounterMetricFamily(name, text, labels=["pool"])
-            for pool in POOLS:
-                family.add_metric([pool], sum(d.get(f"{pool}_{key}", 0) for d in drafters))
-            yield family
-        for name, (text, key) in _TOTALS.items():
-            yield CounterMetricFamily(name, text, value=sum(d.get(key, 0) for d in drafters))
+                self._file = None  # the folder is gone (server shut down): stop publishing

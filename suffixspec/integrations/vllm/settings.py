@@ -125,6 +125,7 @@ def _convert(cls, name: str, value):
     try:
         return TypeAdapter(kind).validate_python(value)
     except ValidationError:
+        kind = getattr(kind, "__name__", str(kind))  # int, or "int | None"
         raise ValueError(f"suffixspec setting {name}={value!r} is not {kind}") from None
 
 
