@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import save_results  # noqa: E402
 
+from suffixspec.replay.harness import EST_TOKEN_COST  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared"
 ENGINES = {"arctic": None, "drop-in arctic mode": "arctic",
@@ -85,7 +87,7 @@ def simulate(mode: str | None, data: Path, csv: Path, args: list[str]) -> tuple[
     return summary.strip(), seconds
 
 
-COST = 0.03  # est's cost of a drafted token, relative to a target-model step
+COST = EST_TOKEN_COST  # est's cost of a drafted token, relative to a target-model step
 CONFIGS = {  # name -> simulator arguments
     "simulator defaults (tree drafts, factor 1.0, min prob 0.1)": [],
     "arctic's cost-aware best (path, factor 2.0, min prob 0.2)": [

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from suffixspec import SuffixProposer
+from suffixspec.config import DEFAULT_NAMESPACE
 from suffixspec.fingerprint import tokenizer_id
 from suffixspec.ingest import ingest
 from suffixspec.native import warmup
@@ -195,7 +196,7 @@ def section_warm(tmp: Path, tok, name: str, requests) -> dict:
     history, later = requests[:cut], requests[cut:]
     path = tmp / f"warm-{name}.lmdb"
     with PoolStore(path, tokenizer=tok, max_depth=64) as store:
-        store.add_many([(r.output, "default", "history", r.req_id) for r in history
+        store.add_many([(r.output, DEFAULT_NAMESPACE, "history", r.req_id) for r in history
                         if len(r.output)])
         with PersistentPool(store) as pool:
             pool.write_snapshot()
