@@ -74,6 +74,9 @@ class SuffixProposer:
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
                                self.min_token_prob, self.tree, policy_flags(config))
         self.stats = cal.new_stats(float(config.draft_cost))
+        # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
+        # set, each step's draft cost follows it and the size of the batch.
+        self.step_cost = None
         self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens))
         self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         cross_tokens = config.cross_pool_tokens
@@ -275,6 +278,8 @@ class SuffixProposer:
         out = self._out
         local = self.requests.index
         base, base_roots, delta, delta_roots = self._cross_args(req_ids)
+        if self.step_cost is not None:
+            self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
         batch = lay.Batch(rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
         propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self.knobs,
                       self.stats, out, self._pending, self._work)

@@ -17,6 +17,7 @@ from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
 from suffixspec.replay.traces import load_trace
 from suffixspec.replay.workload import default_workload
+from suffixspec.stepcost import StepCost
 
 # (header, metric key, format, scale) of the human table; --json keeps the raw keys.
 _COLUMNS = (("trace", "trace", "{}", None), ("requests", "requests", "{}", None),
@@ -28,10 +29,20 @@ _COLUMNS = (("trace", "trace", "{}", None), ("requests", "requests", "{}", None)
             ("µs/step p99", "proposer_us_per_step_p99", "{:.0f}", None),
             ("start ms", "start_us_mean", "{:.2f}", 1e-3),
             ("B/token", "index_bytes_per_token", "{:.0f}", None))
+_TIME_COLUMN = (("tokens/time", "tokens_per_time", "{:.3f}", None),)
 _NOTE = ("tokens/step: output tokens per target-model step (1.00 without speculation); "
          "est: the same, discounted 3% per drafted token; accepted: share of drafted tokens "
          "accepted; µs/step: proposer time per request-step; start: indexing a prompt; "
          "B/token: index memory per indexed token.")
+
+
+def _step_cost(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return StepCost.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 @click.command(name="replay")
@@ -73,10 +84,15 @@ _NOTE = ("tokens/step: output tokens per target-model step (1.00 without specula
                    "requests are added to it.")
 @click.option("--namespace", default=DEFAULT_NAMESPACE, show_default=True,
               help="Pool namespace the replayed requests use.")
+@click.option("--step-cost", callback=_step_cost, metavar="FIXED,PER_TOKEN",
+              help="Price an engine step at FIXED + PER_TOKEN x verified tokens: suffixspec's "
+                   "length rule drafts for it (in place of --draft-cost) and tokens/time reports "
+                   "output tokens per unit of that time (e.g. 1,0.1 for a CPU, 1,0.01 for a GPU "
+                   "at small batch).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
 def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, draft_cost,
                max_spec_factor, min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
-               pool, namespace, as_json):
+               pool, namespace, step_cost, as_json):
     """Replay recorded requests and report what speculation would save.
 
     With no TRACE, replays a built-in synthetic agent workload (byte tokens).
@@ -130,10 +146,12 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
                                      max_spec_factor=max_spec_factor,
                                      min_token_prob=min_token_prob, tree=tree,
                                      ngram_min=ngram_min, ngram_max=ngram_max, **options)
+            if step_cost is not None and engine == "suffixspec":
+                proposer.step_cost = step_cost
             with tqdm(total=len(requests), desc=name, unit="req", file=sys.stderr, delay=2,
                       leave=False) as bar:
                 result = replay(requests, proposer, concurrency=concurrency,
-                                progress=bar.update)
+                                progress=bar.update, step_cost=step_cost)
             row = {"trace": name, **{k: v for k, v in result.metrics().items()
                                      if k in METRIC_KEYS}}
             if as_json:
@@ -143,7 +161,7 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
         if pool_obj is not None:
             pool_obj.close()
     if not as_json:
-        click.echo(_table(rows))
+        click.echo(_table(rows, _COLUMNS + (_TIME_COLUMN if step_cost is not None else ())))
         click.echo(click.wrap_text(_NOTE, width=100))
 
 
@@ -154,12 +172,12 @@ def _trace_name(path: str) -> str:
     return name
 
 
-def _table(rows: list[dict]) -> str:
-    cells = [[header for header, *_ in _COLUMNS]]
+def _table(rows: list[dict], columns) -> str:
+    cells = [[header for header, *_ in columns]]
     for row in rows:
         cells.append([fmt.format(row[key] * scale if scale else row[key])
-                      if row[key] is not None else "-" for _, key, fmt, scale in _COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+                      if row[key] is not None else "-" for _, key, fmt, scale in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     # Trace names left-aligned, figures right-aligned.
     return "\n".join("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in
                                                           zip(r[1:], widths[1:])])

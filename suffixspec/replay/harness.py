@@ -18,12 +18,13 @@ import numpy as np
 
 from suffixspec.draft import Draft, Proposer
 from suffixspec.replay.traces import Request
+from suffixspec.stepcost import StepCost
 
 METRIC_KEYS = ("requests", "output_tokens", "steps", "mean_tokens_per_step", "acceptance_rate",
                "drafted_per_step", "proposer_us_per_step_p50", "proposer_us_per_step_p99",
                "start_us_mean", "index_bytes_per_token", "est",
                "first_step_accepted_mean", "first_step_drafted_mean",
-               "no_draft_rate", "first_token_miss_rate")
+               "no_draft_rate", "first_token_miss_rate", "tokens_per_time")
 #: est's discount: verification cost of one drafted token, as a share of a step.  Fixed,
 #: so est stays comparable across runs whatever draft cost a proposer drafts with.
 EST_TOKEN_COST = 0.03
@@ -47,6 +48,7 @@ class ReplayResult:
     finish_us: list = field(default_factory=list)
     index_bytes: int = 0
     indexed_tokens: int = 0
+    model_time: float = 0.0   # engine time under the replay's step cost model, if any
 
     def metrics(self) -> dict:
         """The per-trace figures, under ``METRIC_KEYS``."""
@@ -72,6 +74,9 @@ class ReplayResult:
             "first_step_drafted_mean": round(self.first_drafted / first, 4),
             "no_draft_rate": round(self.no_draft / steps, 4),
             "first_token_miss_rate": round(self.first_token_miss / steps, 4),
+            # Output tokens per unit of engine time under the step cost model.
+            "tokens_per_time": (round(self.output_tokens / self.model_time, 4)
+                                if self.model_time > 0 else None),
         }
 
     def engine_step_summary(self) -> dict:
@@ -109,10 +114,13 @@ def accepted_length(draft: Draft, target: np.ndarray) -> int:
 
 
 def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
-           progress=None) -> ReplayResult:
+           progress=None, step_cost: StepCost | None = None) -> ReplayResult:
     """Replay ``requests`` in order through ``proposer``; returns the counts.
 
     ``progress`` (optional) is called with the number of requests finished.
+    With ``step_cost``, each engine step is priced at ``step_cost.seconds``
+    of the tokens it verifies (one per request plus the drafted ones), which
+    gives ``tokens_per_time``.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -160,7 +168,9 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
         drafts = proposer.propose(ids)
         t1 = clock()
         emits = []
+        verified = len(ids)
         for req_id, draft in zip(ids, drafts):
+            verified += len(draft)
             req, pos = active[req_id]
             target = req.output[pos:]
             acc = accepted_length(draft, target)
@@ -182,6 +192,8 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
         res.engine_step_us.append(us)
         res.step_us.extend([us / len(ids)] * len(ids))
         res.steps += len(ids)
+        if step_cost is not None:
+            res.model_time += step_cost.seconds(verified)
         for req_id, emit in zip(ids, emits):
             entry = active[req_id]
             entry[1] += emit.shape[0]

@@ -1,0 +1,122 @@
+"""What a target-model step costs, and what one more drafted token costs it.
+
+An engine step that verifies ``n`` tokens (one per request, plus every drafted
+token) takes about ``fixed + per_token * n`` seconds.  Drafting one more token
+for one request adds ``per_token`` to a step that all ``b`` requests of the
+batch wait for, so it raises the batch's emitted tokens per second exactly
+when its probability of being accepted beats::
+
+    per_token * emitted_per_step_of_the_batch / step_seconds
+
+The length rule (``calibration.threshold``) prices a drafted token at
+``cost * e / (1 + cost * d)`` with ``e`` and ``d`` the emitted and drafted
+tokens per request-step; with ``cost = per_token * b / (fixed + per_token *
+b)`` (``StepCost.draft_cost``) that is this goodput bar for the whole batch.
+At ``b = 1`` the cost is the share of a one-token step that a drafted token
+adds, the meaning ``draft_cost`` always had.
+
+``StepCostEstimator`` learns ``fixed`` and ``per_token`` online from an
+engine's step timings: a least-squares fit whose older steps weigh less
+(half-life ``half_life`` steps), with the prior given as pseudo-steps so a
+fresh estimator answers with the prior until enough steps disagree with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Step time ``fixed + per_token * tokens`` (seconds, or any unit)."""
+
+    fixed: float
+    per_token: float
+
+    def __post_init__(self):
+        if not (self.fixed > 0 and self.per_token >= 0 and math.isfinite(self.fixed)
+                and math.isfinite(self.per_token)):
+            raise ValueError(f"a step cost needs fixed > 0 and per_token >= 0, got "
+                             f"{self.fixed}, {self.per_token}")
+
+    @classmethod
+    def parse(cls, text: str) -> StepCost:
+        """``"FIXED,PER_TOKEN"``, e.g. ``"1,0.1"``."""
+        try:
+            fixed, per_token = (float(x) for x in text.split(","))
+        except ValueError:
+            raise ValueError(f"step cost {text!r}: expected FIXED,PER_TOKEN, e.g. 1,0.1") from None
+        return cls(fixed, per_token)
+
+    @classmethod
+    def from_draft_cost(cls, draft_cost: float) -> StepCost:
+        """The step whose one drafted token costs ``draft_cost`` of a one-token step."""
+        return cls(1.0 - draft_cost, draft_cost)
+
+    def seconds(self, tokens: float) -> float:
+        return self.fixed + self.per_token * tokens
+
+    def draft_cost(self, batch: int = 1) -> float:
+        """The length rule's cost for a batch of ``batch`` requests (see the module)."""
+        load = self.per_token * max(batch, 1)
+        return load / (self.fixed + load)
+
+
+class StepCostEstimator:
+    """Online fit of ``StepCost`` from ``observe(tokens, seconds)`` per engine step."""
+
+    def __init__(self, prior: StepCost, prior_steps: float = 50.0, half_life: float = 2000.0,
+                 prior_tokens: float = 1.0):
+        if prior_steps <= 0 or half_life <= 0:
+            raise ValueError("prior_steps and half_life must be positive")
+        self.prior = prior
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.steps = 0
+        # Weighted sums: weight, tokens, seconds, tokens², tokens × seconds.
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        # The prior as pseudo-steps at two loads, so it pins both coefficients.
+        for x in (prior_tokens, prior_tokens + 16.0):
+            self._add(x, prior.seconds(x), prior_steps / 2)
+        self._scale = None  # seconds of the first observed step: the prior's unit
+
+    def _add(self, x: float, y: float, w: float = 1.0) -> None:
+        self._w += w
+        self._x += w * x
+        self._y += w * y
+        self._xx += w * x * x
+        self._xy += w * x * y
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One engine step that verified ``tokens`` tokens in ``seconds``."""
+        if not (seconds > 0 and math.isfinite(seconds)) or tokens <= 0:
+            return
+        if self._scale is None:
+            # The prior is unit-free (a share of a step): put it in this engine's seconds.
+            self._scale = seconds / self.prior.seconds(tokens)
+            for name in ("_y", "_xy"):
+                setattr(self, name, getattr(self, name) * self._scale)
+        d = self.decay
+        self._w *= d
+        self._x *= d
+        self._y *= d
+        self._xx *= d
+        self._xy *= d
+        self._add(float(tokens), float(seconds))
+        self.steps += 1
+
+    def estimate(self) -> StepCost:
+        """The current fit (the prior, in the engine's unit once a step was seen)."""
+        var = self._w * self._xx - self._x * self._x
+        if var <= 0:
+            return self.prior
+        per_token = (self._w * self._xy - self._x * self._y) / var
+        fixed = (self._y - per_token * self._x) / self._w
+        scale = self._scale or 1.0
+        per_token = max(per_token, 0.0)
+        if fixed <= 0:  # more than the data can say: keep the prior's shape
+            fixed = self.prior.fixed * scale
+        return StepCost(fixed, per_token)
+
+    def draft_cost(self, batch: int = 1) -> float:
+        return self.estimate().draft_cost(batch)
