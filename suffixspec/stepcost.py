@@ -24,6 +24,7 @@ fresh estimator answers with the prior until enough steps disagree with it.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -79,6 +80,7 @@ class StepCostEstimator:
         for x in (prior_tokens, prior_tokens + 16.0):
             self._add(x, prior.seconds(x), prior_steps / 2)
         self._scale = None  # seconds of the first observed step: the prior's unit
+        self.recent: deque[tuple[int, float]] = deque(maxlen=4096)  # (tokens, seconds)
 
     def _add(self, x: float, y: float, w: float = 1.0) -> None:
         self._w += w
@@ -104,6 +106,7 @@ class StepCostEstimator:
         self._xy *= d
         self._add(float(tokens), float(seconds))
         self.steps += 1
+        self.recent.append((int(tokens), float(seconds)))
 
     def estimate(self) -> StepCost:
         """The current fit (the prior, in the engine's unit once a step was seen)."""

@@ -131,6 +131,10 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
     assert "suffixspec drafter: calibrated policy, up to 8 tokens, depth 32" in log
     assert 'suffixspec serves method "suffix": arctic-inference is not installed' in log
+    # No SUFFIXSPEC_DRAFT_COST: the draft cost comes from the engine's own step times.
+    assert "draft cost measured from step times" in log
+    assert stats["step_cost_steps"] > 20
+    assert stats["step_fixed_seconds"] > 0 and stats["step_token_seconds"] > 0
     assert result["drafter_class"] == "SuffixSpecDrafter"
 
 

@@ -17,7 +17,7 @@ import sys
 from suffixspec.integrations.vllm.prometheus import Publisher
 steps = int(sys.argv[1])
 Publisher(lambda: {"request_drafted_tokens": 10 * steps, "anchor_drafted_tokens": steps,
-                   "steps": steps}).close()
+                   "steps": steps, "draft_cost": steps / 100}).close()
 """
 
 
@@ -51,6 +51,8 @@ def test_counters_of_every_drafter_process_are_summed(tmp_path):
     assert got['suffixspec_drafted_tokens_total{pool="anchor"}'] == 7
     assert got['suffixspec_drafted_tokens_total{pool="cross"}'] == 0
     assert got["suffixspec_proposer_steps_total"] == 7
+    assert got["suffixspec_draft_cost"] == 0.04  # a gauge: the highest of the processes
+    assert "suffixspec_step_token_seconds" not in got  # not measured: not published
 
 
 def test_vllm_multiprocess_mode_reads_them_from_its_own_folder(tmp_path):

@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
+from suffixspec.config import DEFAULT_DRAFT_COST
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.settings import Settings, length_knobs
+from suffixspec.native.calibration import ST_COST
+from suffixspec.stepcost import StepCost, StepCostEstimator
 
 logger = logging.getLogger("vllm.suffixspec")
 
@@ -66,6 +69,13 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
             return
         _load_kernels()
         self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
+        # The draft cost: set by the user, or measured from the engine's step times.
+        self.step_cost = None
+        if self.settings.draft_cost is None and self.proposer.policy == "calibrated":
+            self.step_cost = StepCostEstimator(StepCost.from_draft_cost(DEFAULT_DRAFT_COST))
+            self.proposer.step_cost = self.step_cost
+        self.metrics.step_cost = self.step_cost
+        self._step_end = None  # when the last propose returned: the next step starts
         self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
         prop = self.proposer
@@ -85,6 +95,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         if self.leader:
             n = len(sampled_token_ids)
             start = time.perf_counter()
+            if self.step_cost is not None:
+                self._time_step(start, input_batch, sampled_token_ids)
             try:
                 drafts = self._propose(min(int(num_speculative_tokens),
                                            self.num_speculative_tokens),
@@ -93,11 +105,29 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 self._failed(exc, input_batch.req_ids[:n])
                 drafts = [[] for _ in range(n)]
             self.metrics.steps += 1
-            self.metrics.seconds += time.perf_counter() - start
+            self._step_end = time.perf_counter()
+            self.metrics.seconds += self._step_end - start
             self.metrics.maybe_log(logger)
         if self.tp is not None:
             drafts = self.tp.broadcast_object(drafts, src=0)
         return drafts
+
+    def _time_step(self, now: float, batch, sampled_token_ids) -> None:
+        """Feed the step that just ran to the cost estimator: the time since the
+        last draft was handed over, against the tokens the step verified (one
+        per request plus its scheduled draft).  Only steps where every request
+        was decoding count: prefill chunks cost differently."""
+        if self._step_end is None:
+            return
+        n = len(sampled_token_ids)
+        req_ids, spec = batch.req_ids, batch.spec_token_ids
+        verified = n
+        for i in range(n):
+            if not sampled_token_ids[i] or req_ids[i] not in self.indexed:
+                return
+            verified += len(spec[i])
+        if n:
+            self.step_cost.observe(verified, now - self._step_end)
 
     def _propose(self, k: int, batch, sampled_token_ids) -> list[list[int]]:
         n = len(sampled_token_ids)
@@ -220,6 +250,11 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
             return out
         cross = self.proposer.cross
         out["cross_tokens"] = 0 if cross is None else int(cross.tokens)
+        out["draft_cost"] = float(self.proposer.stats.state[ST_COST])  # last step's, its batch's
+        if self.step_cost is not None:
+            cost = self.step_cost.estimate()
+            out["step_fixed_seconds"], out["step_token_seconds"] = cost.fixed, cost.per_token
+            out["step_cost_steps"] = self.step_cost.steps
         out["reused_prompt_tokens"] = self.proposer.reused_tokens
         return out
 
@@ -277,7 +312,9 @@ def _length_rule(prop, settings: Settings) -> str:
                      if prop.max_spec_factor >= 0 else "",
                      f", min token prob {prop.min_token_prob:.2f}"
                      if prop.min_token_prob > 0 else ""])
-    return f"draft cost {settings.draft_cost:.3f}{extra}"
+    cost = (f"draft cost {settings.draft_cost:.3f}" if settings.draft_cost is not None
+            else f"draft cost measured from step times (prior {DEFAULT_DRAFT_COST})")
+    return cost + extra
 
 
 def build_proposer(spec_config, model_config, settings: Settings):
@@ -291,7 +328,8 @@ def build_proposer(spec_config, model_config, settings: Settings):
     factor, min_prob = length_knobs(spec_config, settings.policy)
     kwargs = dict(max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
                   max_spec_factor=factor, min_token_prob=min_prob, policy=settings.policy,
-                  draft_cost=settings.draft_cost,
+                  draft_cost=(DEFAULT_DRAFT_COST if settings.draft_cost is None
+                              else settings.draft_cost),
                   namespace=settings.namespace, shared_namespace=settings.shared_namespace)
     if max_cached == 0:
         return SuffixProposer(cross_pool_tokens=0, **kwargs)

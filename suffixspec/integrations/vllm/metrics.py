@@ -38,6 +38,7 @@ class DrafterMetrics:
     seconds: float = 0.0           # time inside propose
     failures: int = 0
     finished: int = 0              # requests committed to the cross pool
+    step_cost: object = None       # the drafter's StepCostEstimator, when it measures
     pools: dict[str, PoolCounts] = field(default_factory=lambda: {p: PoolCounts() for p in POOLS})
     _pending: dict = field(default_factory=dict)   # req_id -> (draft tokens, pool)
     _last_log: float = field(default_factory=time.monotonic)
@@ -86,5 +87,10 @@ class DrafterMetrics:
             rate = 100.0 * c.accepted_tokens / max(c.drafted_tokens, 1)
             parts.append(f"{name} pool: hit {100.0 * c.drafts / asked:.1f}%, accepted "
                          f"{c.accepted_tokens}/{c.drafted_tokens} drafted tokens ({rate:.1f}%)")
+        if self.step_cost is not None:
+            cost = self.step_cost.estimate()
+            parts.append(f"measured step {1e3 * cost.fixed:.1f} ms + {1e3 * cost.per_token:.2f} "
+                         f"ms/token over {self.step_cost.steps} decode steps, draft cost "
+                         f"{cost.draft_cost(1):.3f} for one request")
         parts.append(f"finished {self.finished}, failures {self.failures}")
         return "; ".join(parts)

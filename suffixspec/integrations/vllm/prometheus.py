@@ -47,6 +47,15 @@ _TOTALS = {
                                      "finished"),
 }
 
+_GAUGES = {
+    "suffixspec_draft_cost": ("Draft cost in use at the last step: one drafted token's share "
+                              "of the step, for that step's batch", "draft_cost"),
+    "suffixspec_step_fixed_seconds": ("Measured step time without drafted tokens",
+                                      "step_fixed_seconds"),
+    "suffixspec_step_token_seconds": ("Measured step time per verified token",
+                                      "step_token_seconds"),
+}
+
 
 def serve_from_this_process() -> None:
     """In the first process to load the plugin: make the folder and register
@@ -87,6 +96,8 @@ class Publisher:
             return
         try:
             self._file = MmapedDict(str(folder / f"counter_suffixspec_{os.getpid()}.db"))
+            # Gauges: the file name carries the mode (the highest value of all processes).
+            self._gauges = MmapedDict(str(folder / f"gauge_max_{os.getpid()}.db"))
         except OSError:
             return
         self._lock = threading.Lock()
@@ -120,5 +131,9 @@ class Publisher:
                 for name, labels, values, text, value in samples:
                     key = mmap_key(name, name + "_total", labels, values, text)
                     self._file.write_value(key, float(value), 0.0)
+                for name, (text, key) in _GAUGES.items():
+                    if key in counters:
+                        self._gauges.write_value(mmap_key(name, name, (), (), text),
+                                                 float(counters[key]), 0.0)
             except (OSError, ValueError):
                 self._file = None  # the folder is gone (server shut down): stop publishing

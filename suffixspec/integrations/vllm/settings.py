@@ -24,7 +24,8 @@ over the file.
 ``SUFFIXSPEC_POLICY``           ``calibrated`` (default) or ``counts``
                                 (arctic-inference's drafting policy)
 ``SUFFIXSPEC_DRAFT_COST``       calibrated policy: verification cost of one
-                                drafted token, as a share of a step
+                                drafted token, as a share of a step; unset:
+                                measured from the engine's step times
 ==============================  ==============================================
 """
 
@@ -84,7 +85,7 @@ class Settings:
     snapshot_every: int | None = None
     log_interval: float = 10.0
     policy: str = ProposerConfig.policy
-    draft_cost: float = ProposerConfig.draft_cost
+    draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
