@@ -39,11 +39,12 @@ from suffixspec.replay.traces import read_records  # noqa: E402  (loads no Numba
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
-METHODS = ("none", "ngram", "arctic", "suffixspec", "suffixspec c0.1")
-# "suffixspec c0.1": its draft cost set to 0.1 of a step per drafted token,
-# about what a drafted token costs SmolLM2 on this CPU (from the ngram and
-# arctic rows: each drafted token adds ~3 ms to a ~27 ms step).
-DRAFT_COSTS = {"suffixspec c0.1": "0.1"}
+METHODS = ("none", "ngram", "arctic", "suffixspec", "suffixspec c0.03", "suffixspec c0.1")
+# "suffixspec": its defaults, the draft cost measured from the engine's step
+# times.  "c0.03": the draft cost fixed at 0.03 of a step per drafted token
+# (the earlier default); "c0.1": fixed at about what a drafted token costs
+# SmolLM2 on this CPU (each adds ~3 ms to a ~27 ms step).
+DRAFT_COSTS = {"suffixspec c0.03": "0.03", "suffixspec c0.1": "0.1"}
 WORKLOADS = ("sql", "bfcl", "agent")
 SESSIONS = 8  # agent workload
 TURNS = 6  # agent: turns per session (48 requests, as the other workloads)
@@ -133,7 +134,7 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec) -> d
     drafts = counts.get("vllm:spec_decode_num_drafts", 0)
     return {"method": method, "seconds": seconds, "output_tokens": n_out, "requests": len(outs),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
-            "reused_prompt_tokens": reused_tokens(llm),
+            **drafter_info(llm),
             "tokens_per_s": n_out / seconds,
             "acceptance_length": 1 + counts.get("vllm:spec_decode_num_accepted_tokens", 0)
             / drafts if drafts else 1.0,
@@ -172,14 +173,27 @@ def run_sessions(llm, work, concurrency: int, params) -> list:
     return outs
 
 
-def reused_tokens(llm) -> int | None:
-    """Prompt tokens suffixspec found indexed already (None: not suffixspec)."""
-    def stats(worker):
+def drafter_info(llm) -> dict:
+    """suffixspec's reused prompt tokens and, when it measured its draft cost,
+    the online fit against an offline least-squares fit of the same steps."""
+    def info(worker):
         drafter = getattr(worker.model_runner, "drafter", None)
-        return drafter.stats() if hasattr(drafter, "stats") else None
+        if not hasattr(drafter, "stats"):
+            return {}
+        out = {"reused_prompt_tokens": drafter.stats().get("reused_prompt_tokens")}
+        est = getattr(drafter, "step_cost", None)
+        if est is not None and len(est.recent) > 10:
+            import numpy as np
 
-    found = llm.collective_rpc(stats)[0]
-    return None if found is None else found.get("reused_prompt_tokens")
+            tokens, seconds = np.asarray(est.recent, np.float64).T
+            slope, intercept = np.polyfit(tokens, seconds, 1)
+            fit = est.estimate()
+            out.update(cost_steps=est.steps, step_fixed_ms=1e3 * fit.fixed,
+                       step_token_ms=1e3 * fit.per_token, offline_fixed_ms=1e3 * intercept,
+                       offline_token_ms=1e3 * slope)
+        return out
+
+    return llm.collective_rpc(info)[0]
 
 
 def spec_counts(llm) -> dict:
@@ -272,11 +286,11 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                  if arctic and r["method"].startswith("suffixspec") else "")
         table.append([r["workload"], r["mode"], r["method"], f"{r['tokens_per_s']:.1f}", ratio,
                       f"{r['acceptance_length']:.3f}", f"{r['draft_tokens_per_draft']:.2f}",
-                      r["requests"], r["output_tokens"], reused(r),
+                      r["requests"], r["output_tokens"], reused(r), measured(r),
                       {None: "", True: "yes", False: "NO"}[r["identical"]]])
     md = tabulate(table, headers=["workload", "mode", "method", "tok/s", "vs arctic",
                                   "accept len", "drafted/draft", "requests", "out tokens",
-                                  "prompt reused", "identical"],
+                                  "prompt reused", "ms/token online / offline", "identical"],
                   tablefmt="github")
     save_results(out, "vllm", {"knobs": knobs, "prompts": prompts, "rows": slim},
                  f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128; sql and bfcl: "
@@ -284,6 +298,12 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                  f"per turn. "
                  f"Suffix knobs {knobs}. \"prompt reused\": share of prompt tokens suffixspec "
                  f"found indexed already (the earlier turn a request continues).\n\n{md}")
+
+
+def measured(row: dict) -> str:
+    if "step_token_ms" not in row:
+        return ""
+    return f"{row['step_token_ms']:.2f} / {row['offline_token_ms']:.2f}"
 
 
 def reused(row: dict) -> str:

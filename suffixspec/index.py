@@ -40,7 +40,7 @@ class Match:
 
 
 #: Which of equally frequent continuations a path draft follows (see
-#: ``suffixspec.native.suffix_index``): "newest" (suffixspec's) or "arctic"
+#: ``suffixspec.native.layout``): "newest" (suffixspec's) or "arctic"
 #: (arctic-inference's order, for drafts identical to it).
 TIES = {"newest": lay.TIES_NEWEST, "arctic": lay.TIES_ARCTIC}
 

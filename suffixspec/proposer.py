@@ -62,8 +62,8 @@ class SuffixProposer:
                  **settings):
         config = ProposerConfig(**settings) if config is None else config.replace(**settings)
         self.config = config
-        self.max_depth = config.max_depth
-        self.max_spec_tokens = config.max_spec_tokens
+        self.max_depth = int(config.max_depth)
+        self.max_spec_tokens = int(config.max_spec_tokens)
         self.policy = config.policy
         self.max_spec_factor = config.spec_factor
         self.max_spec_offset = float(config.max_spec_offset)
