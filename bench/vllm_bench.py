@@ -16,6 +16,12 @@ tokens/s, vLLM's mean acceptance length (1 + accepted / drafts), drafted
 tokens per draft, and whether every output equals the run without
 speculation token for token.  Needs vLLM (CPU build) and, for the arctic
 row, arctic-inference (bench/setup_arctic.sh).
+
+Scenarios: ``cold`` (the above: every row on a fresh server) and
+``restart`` (sql and agent: the first half of the requests is served, the
+server restarts, the second half is timed; arctic restarted starts with an
+empty cache, suffixspec reopens its pool file; against arctic never
+restarted, which serves both halves in one process).
 """
 
 from __future__ import annotations
@@ -51,6 +57,13 @@ TURNS = 6  # agent: turns per session (48 requests, as the other workloads)
 MESSAGE_CHARS = 3_000  # agent: a turn's new messages are cut to this
 AGENT_LEN = 8_192  # SmolLM2's context; other workloads run at 4,096
 MODES = {"sequential": 1, "concurrent": 8}
+PHASES = ("all", "day1", "day2", "both")
+# Restart scenario rows: (row name, method, phases run in turn on fresh servers,
+# the last one timed).  suffixspec keeps its pool in a file across the restart.
+RESTART = (("none", "none", ("day2",)),
+           ("arctic restarted", "arctic", ("day2",)),
+           ("arctic never restarted", "arctic", ("both",)),
+           ("suffixspec restarted, pool kept", "suffixspec", ("day1", "day2")))
 ROLE = re.compile(r"<\|(system|user|assistant|tool)\|>\n")
 
 
@@ -107,7 +120,17 @@ def spec_config(method: str, k: int, depth: int, factor: float, min_prob: float)
     return config
 
 
-def run_one(model: str, method: str, wl: str, work, concurrency: int, spec) -> dict:
+def halves(work: list) -> tuple[list, list]:
+    """Day 1 and day 2 of the restart scenario: the first and second half."""
+    return work[:len(work) // 2], work[len(work) // 2:]
+
+
+def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
+            phase: str = "all") -> dict:
+    """Serve ``work`` and time it.  ``phase``: ``all`` (a cold server, after one
+    warm-up request), ``day1`` / ``day2`` (one half, on a server just started:
+    a restart between the days), ``both`` (day 1, then day 2 timed on the
+    same server: never restarted)."""
     from vllm import LLM, SamplingParams
 
     multi_turn = wl == "agent"
@@ -116,16 +139,24 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec) -> d
               max_num_seqs=concurrency, speculative_config=spec, seed=0,
               kv_cache_memory_bytes=(4 if multi_turn else 1) << 30, disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=128)
-    warm = work[0][0] if multi_turn else work[0]
-    llm.chat([warm], params, use_tqdm=False)  # warm-up request, not timed
+
+    def serve(part):
+        if multi_turn:
+            return run_sessions(llm, part, concurrency, params)
+        if concurrency == 1:
+            return [llm.chat([c], params, use_tqdm=False)[0] for c in part]
+        return llm.chat(part, params, use_tqdm=False)
+
+    day1, day2 = halves(work)
+    if phase == "all":
+        warm = work[0][0] if multi_turn else work[0]
+        llm.chat([warm], params, use_tqdm=False)  # warm-up request, not timed
+    elif phase == "both":
+        serve(day1)
+    timed = {"all": work, "day1": day1, "day2": day2, "both": day2}[phase]
     before = spec_counts(llm)
     start = time.perf_counter()
-    if multi_turn:
-        outs = run_sessions(llm, work, concurrency, params)
-    elif concurrency == 1:
-        outs = [llm.chat([c], params, use_tqdm=False)[0] for c in work]
-    else:
-        outs = llm.chat(work, params, use_tqdm=False)
+    outs = serve(timed)
     seconds = time.perf_counter() - start
     after = spec_counts(llm)
     counts = {k: after[k] - before.get(k, 0) for k in after}
@@ -212,17 +243,24 @@ def spec_counts(llm) -> dict:
               help="suffix_decoding_min_token_prob (arctic).")
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+@click.option("--scenarios", default="cold,restart", show_default=True,
+              help="cold: every row on a fresh server; restart: day 1 and day 2 on "
+                   "fresh servers (see RESTART).")
+@click.option("--restart-workloads", default="sql,agent", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path),
               default=Path(__file__).parent / "results", show_default=True,
               help="Folder for vllm.json and vllm.md.")
 @click.pass_context
-def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, out):
+def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, scenarios,
+         restart_workloads, out):
     if ctx.invoked_subcommand is not None:
         return
     model = str(ensure_model())
     knobs = dict(k=k, depth=depth, factor=factor, min_prob=min_prob)
     rows = []
-    for wl in workloads.split(","):
+    if "restart" in scenarios.split(","):
+        rows += restart_rows(model, traces, prompts, knobs, restart_workloads.split(","))
+    for wl in (workloads.split(",") if "cold" in scenarios.split(",") else ()):
         for mode, conc in MODES.items():
             base = None
             for method in methods.split(","):
@@ -230,7 +268,7 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, o
                 if method == "none":
                     base = res["outputs"]
                 res["identical"] = None if base is None else res["outputs"] == base
-                res.update(workload=wl, mode=mode)
+                res.update(workload=wl, mode=mode, scenario="cold")
                 rows.append(res)
                 print(f"{wl:5s} {mode:10s} {method:10s} {res['tokens_per_s']:7.1f} tok/s  "
                       f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
@@ -238,9 +276,37 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, o
     write(rows, out, knobs, prompts)
 
 
-def child(model, method, wl, traces, prompts, conc, knobs) -> dict:
+def restart_rows(model, traces, prompts, knobs, workloads) -> list[dict]:
+    """The restart scenario: day 2 served by a restarted server (arctic starts
+    cold, suffixspec reopens its pool file) and by one never restarted."""
+    import tempfile
+
+    rows = []
+    for wl in workloads:
+        for mode, conc in MODES.items():
+            base = None
+            for name, method, phases in RESTART:
+                with tempfile.TemporaryDirectory() as tmp:
+                    pool = Path(tmp) / "pool.lmdb" if method.startswith("suffixspec") else None
+                    for phase in phases:
+                        res = child(model, method, wl, traces, prompts, conc, knobs, phase, pool)
+                if method == "none":
+                    base = res["outputs"]
+                res["identical"] = None if base is None else res["outputs"] == base
+                res.update(workload=wl, mode=mode, scenario="restart", method=name)
+                rows.append(res)
+                print(f"restart {wl:5s} {mode:10s} {name:32s} {res['tokens_per_s']:7.1f} tok/s  "
+                      f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
+                      flush=True)
+    return rows
+
+
+def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                NUMBA_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("SUFFIXSPEC_POOL", None)
+    if pool is not None:
+        env["SUFFIXSPEC_POOL"] = str(pool)
     env.pop("SUFFIXSPEC_ENABLE", None)
     if method.startswith("suffixspec"):
         env["SUFFIXSPEC_ENABLE"] = "1"
@@ -250,7 +316,7 @@ def child(model, method, wl, traces, prompts, conc, knobs) -> dict:
             env["SUFFIXSPEC_DRAFT_COST"] = DRAFT_COSTS[method]
     cmd = [sys.executable, __file__, "one", "--model", model, "--method", method, "--workload", wl,
            "--traces", str(traces), "--prompts", str(prompts), "--concurrency", str(conc),
-           "--knobs", json.dumps(knobs)]
+           "--knobs", json.dumps(knobs), "--phase", phase]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
@@ -267,10 +333,12 @@ def child(model, method, wl, traces, prompts, conc, knobs) -> dict:
 @click.option("--prompts", type=int, required=True)
 @click.option("--concurrency", type=int, required=True)
 @click.option("--knobs", required=True)
-def one(model, method, wl, traces, prompts, concurrency, knobs):
+@click.option("--phase", type=click.Choice(PHASES), default="all")
+def one(model, method, wl, traces, prompts, concurrency, knobs, phase):
     """One (method, workload, mode) in this process; prints a JSON line."""
     work = workload(wl, traces, prompts)
-    res = run_one(model, method, wl, work, concurrency, spec_config(method, **json.loads(knobs)))
+    res = run_one(model, method, wl, work, concurrency, spec_config(method, **json.loads(knobs)),
+                  phase)
     print(json.dumps(res))
 
 
@@ -278,17 +346,26 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
     from tabulate import tabulate
 
     slim = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
+
+    def ratio(r, anchor):
+        a = next((a for a in slim if a["method"] == anchor and a["workload"] == r["workload"]
+                  and a["mode"] == r["mode"] and a["scenario"] == r["scenario"]), None)
+        if a is None or not r["method"].startswith("suffixspec"):
+            return ""
+        return f"{r['tokens_per_s'] / a['tokens_per_s']:.3f}"
+
     table = []
     for r in slim:
-        arctic = next((a for a in slim if a["method"] == "arctic" and a["workload"] == r["workload"]
-                       and a["mode"] == r["mode"]), None)
-        ratio = (f"{r['tokens_per_s'] / arctic['tokens_per_s']:.3f}"
-                 if arctic and r["method"].startswith("suffixspec") else "")
-        table.append([r["workload"], r["mode"], r["method"], f"{r['tokens_per_s']:.1f}", ratio,
+        restart = r["scenario"] == "restart"
+        table.append([r["scenario"], r["workload"], r["mode"], r["method"],
+                      f"{r['tokens_per_s']:.1f}",
+                      ratio(r, "arctic restarted" if restart else "arctic"),
+                      ratio(r, "arctic never restarted") if restart else "",
                       f"{r['acceptance_length']:.3f}", f"{r['draft_tokens_per_draft']:.2f}",
                       r["requests"], r["output_tokens"], reused(r), measured(r),
                       {None: "", True: "yes", False: "NO"}[r["identical"]]])
-    md = tabulate(table, headers=["workload", "mode", "method", "tok/s", "vs arctic",
+    md = tabulate(table, headers=["scenario", "workload", "mode", "method", "tok/s",
+                                  "vs arctic (restarted)", "vs arctic never restarted",
                                   "accept len", "drafted/draft", "requests", "out tokens",
                                   "prompt reused", "ms/token online / offline", "identical"],
                   tablefmt="github")
@@ -297,7 +374,10 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                  f"{prompts} prompts each; agent: {SESSIONS} sessions of {TURNS} turns, one request "
                  f"per turn. "
                  f"Suffix knobs {knobs}. \"prompt reused\": share of prompt tokens suffixspec "
-                 f"found indexed already (the earlier turn a request continues).\n\n{md}")
+                 f"found indexed already (the earlier turn a request continues).  restart: the "
+                 f"second half of the prompts (agent: of the sessions) timed on a server "
+                 f"restarted after serving the first half; suffixspec keeps its pool in a file "
+                 f"(SUFFIXSPEC_POOL).\n\n{md}")
 
 
 def measured(row: dict) -> str:

@@ -86,7 +86,7 @@ class SuffixIndex:
     def drop_tree(self, tree: int) -> None:
         """Free a tree, its nodes and its sequences."""
         root = self._root(tree)
-        trie.drop_tree(self.arrays(), root)
+        trie.drop_tree(self._flat(), root)
         for s in self._tree_seqs.pop(tree):
             self._release_seq(s)
         self.roots[tree] = -1
@@ -115,7 +115,7 @@ class SuffixIndex:
         done = 0
         n = token_ids.shape[0]
         while True:
-            done += trie.extend(self.arrays(), seq, token_ids[done:])
+            done += trie.extend(self._flat(), seq, token_ids[done:])
             if done == n:
                 return
             self._make_room(seq, n - done)
@@ -128,7 +128,7 @@ class SuffixIndex:
         """
         progress = self._progress
         progress[:] = 0
-        while not trie.extend_batch(self.arrays(), seq_ids, tokens, offsets, progress):
+        while not trie.extend_batch(self._flat(), seq_ids, tokens, offsets, progress):
             i, done = int(progress[0]), int(progress[1])
             self._make_room(int(seq_ids[i]), int(offsets[i + 1] - offsets[i]) - done)
 
@@ -142,7 +142,7 @@ class SuffixIndex:
     def remove(self, seq: int) -> None:
         """Take ``seq`` out of the index (its tokens are reclaimed by ``rebuild``)."""
         self.close(seq)
-        trie.remove_seq(self.arrays(), seq, self._path)
+        trie.remove_seq(self._flat(), seq, self._path)
 
     def sequence(self, seq: int) -> np.ndarray:
         """A copy of the tokens of ``seq``."""
@@ -150,9 +150,15 @@ class SuffixIndex:
         return self.arena[off:off + n].copy()
 
     def arrays(self) -> lay.Index:
-        """The index's arrays as the kernels take them (valid until an array grows)."""
-        return lay.Index(self.meta, self.nodes, self.hkeys, self.hvals, self.arena, self.seqs,
-                         self.active)
+        """The index's arrays as the kernels take them (valid until an array grows).
+
+        Kernels that change the index only unpack it and are called per step,
+        so they get it as a plain tuple (typed faster, see ``native.layout``).
+        """
+        return lay.Index(*self._flat())
+
+    def _flat(self) -> tuple:
+        return (self.meta, self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active)
 
     def read_only_arrays(self) -> lay.Index:
         """Read-only views of the index's arrays.
@@ -264,7 +270,7 @@ class SuffixIndex:
     # ------------------------------------------------------------ maintenance
     def check_integrity(self) -> None:
         """Raise ``IndexCorruptError`` if any invariant is broken (slow)."""
-        code = trie.check_integrity(self.arrays())
+        code = trie.check_integrity(self._flat())
         if code:
             raise IndexCorruptError(trie.CHECK_MESSAGES[code])
 
@@ -303,8 +309,8 @@ class SuffixIndex:
         if self.ties == "arctic":  # keep arctic's order among equal counts
             stack = np.empty((fresh.nodes.shape[0], 3), np.int64)
             for tree in self._tree_seqs:
-                if not trie.copy_child_order(self.arrays(), self.roots[tree], fresh.arrays(),
-                                             fresh.roots[tree], stack):
+                if not trie.copy_child_order(self._flat(), self.roots[tree],
+                                             fresh._flat(), fresh.roots[tree], stack):
                     raise IndexCorruptError("rebuilt tree differs from the old one")
         fresh._free_trees = [t for t in range(fresh._next_tree) if t not in fresh._tree_seqs][::-1]
         used = set().union(*fresh._tree_seqs.values()) if fresh._tree_seqs else set()

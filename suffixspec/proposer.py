@@ -109,7 +109,7 @@ class SuffixProposer:
         self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
                                     token_capacity=16).read_only_arrays()
         warmup()
-        self._work = lay.workspace(self.max_spec_tokens, self.min_token_prob)
+        self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
         # pool), scored against the emitted tokens by ``extend``.
         self._pending = lay.pending(64, self.max_spec_tokens)
@@ -163,7 +163,8 @@ class SuffixProposer:
         seqs, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
-        cal.learn(self.stats, self._pending, seqs, tokens, offsets, *self._learn_scratch)
+        cal.learn(tuple(self.stats), tuple(self._pending), seqs, tokens, offsets,
+                  *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
@@ -194,7 +195,8 @@ class SuffixProposer:
         offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = np.ascontiguousarray(rows[:, 1])
-        cal.learn(self.stats, self._pending, seqs, tokens, offsets, *self._learn_scratch)
+        cal.learn(tuple(self.stats), tuple(self._pending), seqs, tokens, offsets,
+                  *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
@@ -280,9 +282,11 @@ class SuffixProposer:
         base, base_roots, delta, delta_roots = self._cross_args(req_ids)
         if self.step_cost is not None:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
-        batch = lay.Batch(rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
-        propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self.knobs,
-                      self.stats, out, self._pending, self._work)
+        # Records as plain tuples (see ``native.layout``): typed faster per call.
+        batch = (rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
+        propose_batch(tuple(local.read_only_arrays()), local.roots, tuple(base), tuple(delta),
+                      batch, tuple(self.knobs), tuple(self.stats), tuple(out),
+                      tuple(self._pending), self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
         drafts = []
         for i in range(b):

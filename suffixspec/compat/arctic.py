@@ -42,7 +42,7 @@ import numpy as np
 from suffixspec.index import IndexCorruptError, SuffixIndex
 from suffixspec.config import ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR
 from suffixspec.native import arctic as rule
-from suffixspec.native.layout import Candidate, Heap, candidate
+from suffixspec.native.layout import Candidate, Heap, candidate, flat
 from suffixspec.tokens import as_token_ids
 
 MODES = ("suffixspec", "arctic")
@@ -275,8 +275,9 @@ def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec,
     knobs = tuple(np.float32(k) for k in knobs)
     out, cand = scratch.out(limit)
     while True:
-        n, score, length = rule.speculate(index.arrays(), index.roots[tree], ctx, limit, knobs,
-                                          tree_spec, out, cand, scratch.heaps)
+        n, score, length = rule.speculate(flat(index.arrays()), index.roots[tree], ctx, limit,
+                                          knobs, tree_spec, flat(out), flat(cand),
+                                          flat(scratch.heaps))
         if n >= 0:
             return _draft(out.tokens[:n], out.parents[:n], out.probs[:n], score, length)
         scratch.grow(4 * scratch.heap)  # a tree draft's frontier outgrew the heap

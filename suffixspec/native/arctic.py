@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from .heap import std_pop, std_push
-from .layout import COUNT, FIRST, NEXT
+from .layout import COUNT, FIRST, NEXT, Candidate, Heap, Index
 from .trie import edge_len, label, step_best, walk
 
 
@@ -96,14 +96,22 @@ def draft_tree(index, x, off, max_tokens, min_prob, out, heap):
 
 
 @njit(cache=True)
-def speculate(index, root, ctx, max_spec_tokens, knobs, tree, out, cand, heap):
+def speculate(arrays, root, ctx, max_spec_tokens, knobs, tree, out_arrays, cand_arrays,
+              heap_arrays):
     """arctic's speculation over one tree; see the module docstring.
 
-    ``knobs`` is ``(factor, offset, min_prob)``, float32; ``out`` and
-    ``cand`` (``Candidate`` records) hold at least ``max_spec_tokens``.
+    ``arrays``, ``out_arrays``, ``cand_arrays`` and ``heap_arrays`` hold the
+    fields of an ``Index``, two ``Candidate`` and a ``Heap`` record; ``knobs``
+    is ``(factor, offset, min_prob)``, float32; ``out`` and ``cand`` hold at
+    least ``max_spec_tokens`` tokens.
     Returns (tokens, float32 score, match length) of the best draft; tokens
     is -1 when the heap (tree drafts) ran short.
     """
+    # Records arrive as plain tuples (see ``layout``).
+    index = Index(*arrays)
+    out = Candidate(*out_arrays)
+    cand = Candidate(*cand_arrays)
+    heap = Heap(*heap_arrays)
     factor, offset, min_prob = knobs
     best_n = 0
     best_score = np.float32(0.0)

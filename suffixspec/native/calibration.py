@@ -186,7 +186,8 @@ def _count(table, row, hit, half_life):
 def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 
-    ``stats`` is the ``Stats`` record, ``pending`` the ``Pending`` one.
+    ``stats`` and ``pending`` hold the fields of the ``Stats`` and ``Pending``
+    records (plain tuples or the records).
     Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
     ``tokens[offsets[i]:offsets[i + 1]]``.  A draft token is *reached* when its
     parent was accepted (first tokens always are) and its depth is below the

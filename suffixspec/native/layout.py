@@ -1,8 +1,11 @@
 """What the kernels exchange: array fields, flags, and the named records.
 
 Kernels take named records (namedtuples of arrays) instead of long lists of
-positional arrays.  Numba passes a namedtuple to a compiled function as one
-value, read-only arrays included, so a record costs nothing at run time.
+positional arrays.  Inside compiled code a record costs nothing.  At the
+Python boundary, though, Numba types a namedtuple argument several times
+slower than a plain tuple on every call, so entry kernels called per engine
+step take their records as plain tuples in the same field order (``flat``)
+and name them again inside (``propose.propose_batch``), or only unpack them.
 Every record is built here, in one place, for the proposer and for warm-up.
 """
 
@@ -153,6 +156,11 @@ def pending(rows: int, max_tokens: int, old: Pending | None = None) -> Pending:
         for a, b in zip(new, old):
             a[: b.shape[0]] = b
     return new
+
+
+def flat(record) -> tuple:
+    """A record, and the records in it, as plain tuples (for an entry kernel)."""
+    return tuple(flat(x) if isinstance(x, tuple) else x for x in record)
 
 
 def read_only(index: Index) -> Index:

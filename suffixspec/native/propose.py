@@ -12,11 +12,25 @@ draft ever holds one.
 from numba import njit
 
 from . import calibrated, calibration as cal, counts
-from .layout import CALIBRATED
+from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Outputs, Pending, Stats,
+                     Workspace)
 
 
 @njit(cache=True)
 def propose_batch(local, local_roots, base, delta, batch, knobs, stats, out, pending, work):
+    """``propose`` with its records passed as plain tuples in the records' field order.
+
+    Numba types a plain tuple of arrays several times faster than a
+    namedtuple on every call, so records cross the Python boundary plain and
+    are named again here (``work`` is ``(best, cand, heap)``, each plain).
+    """
+    propose(Index(*local), local_roots, Index(*base), Index(*delta), Batch(*batch),
+            Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
+            Workspace(Candidate(*work[0]), Candidate(*work[1]), Heap(*work[2])))
+
+
+@njit(cache=True)
+def propose(local, local_roots, base, delta, batch, knobs, stats, out, pending, work):
     """Draft for every request of a step, from its own tree and cross trees.
 
     A draft holds at most ``batch.limits[i]`` tokens.  Calibrated policy:

@@ -59,12 +59,13 @@ def warmup(progress=None) -> float:
     ix.seqs[0, lay.SEQ_ROOT] = root
     ix.seqs[0, lay.SEQ_STATE] = lay.SEQ_LIVE
     tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
-    trie.extend(ix, 0, tokens)
-    trie.extend(ix, 0, _readonly(tokens))
-    trie.extend_batch(ix, np.zeros(1, np.int64), tokens[:2], np.array([0, 2], np.int64),
+    flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
+    trie.extend(flat, 0, tokens)
+    trie.extend(flat, 0, _readonly(tokens))
+    trie.extend_batch(flat, np.zeros(1, np.int64), tokens[:2], np.array([0, 2], np.int64),
                       np.zeros(2, np.int64))
     ix.meta[lay.META_ARENA_TOP] = 32
-    assert trie.check_integrity(ix) == 0
+    assert trie.check_integrity(flat) == 0
     k = 4
     work = lay.workspace(k)
     ctx = np.array([1, 2], np.int32)
@@ -89,23 +90,24 @@ def warmup(progress=None) -> float:
     rows = np.zeros((b, 3), np.int64)  # as the proposer passes them: columns of one array
     rows[:, 2] = -1
     cross_roots = np.full((b, 1), root, np.int64)
-    batch = lay.Batch(rows[:, 1], rows[:, 0], rows[:, 2], np.full(b, k, np.int64), cross_roots,
-                      cross_roots)
+    batch = (rows[:, 1], rows[:, 0], rows[:, 2], np.full(b, k, np.int64), cross_roots,
+             cross_roots)
+    # Plain tuples, exactly as the proposer passes them (see ``layout``).
     for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
                         (lay.COUNTS_POLICY, False)):
-        knobs = lay.Knobs(depth, 1.0, 0.0, 0.1, tree, flags)
-        propose.propose_batch(ro, np.array([root], np.int32), ro, ro, batch, knobs, stats, out,
-                              pending, work)
+        knobs = (depth, 1.0, 0.0, 0.1, tree, flags)
+        propose.propose_batch(tuple(ro), np.array([root], np.int32), tuple(ro), tuple(ro), batch,
+                              knobs, tuple(stats), tuple(out), tuple(pending), lay.flat(work))
     step("learning")
-    cal.learn(stats, pending, req, tokens, np.array([0, 2], np.int64), np.empty(k, np.int64),
-              np.empty(k, np.bool_))
+    cal.learn(tuple(stats), tuple(pending), req, tokens, np.array([0, 2], np.int64),
+              np.empty(k, np.int64), np.empty(k, np.bool_))
     step("maintenance")
     keys2, vals2 = np.full(256, lay.EMPTY, np.int64), np.full(256, -1, np.int32)
     trie.rehash(ix.hkeys, ix.hvals, keys2, vals2, ix.meta)
-    trie.remove_seq(ix, 0, np.zeros(depth + 1, np.int32))
+    trie.remove_seq(flat, 0, np.zeros(depth + 1, np.int32))
     trie.move_seq(ix.arena, ix.seqs, ix.meta, 0, 40, 8)
     trie.compact_arena(ix.arena, ix.seqs, ix.meta)
-    trie.drop_tree(ix, root)
+    trie.drop_tree(flat, root)
     step("input checks")
     for dtype in (np.int32, np.int64, np.uint32, np.int16, np.uint8):
         token_checks.first_bad_token(tokens.astype(dtype))
