@@ -160,16 +160,17 @@ class SuffixIndex:
     def _flat(self) -> tuple:
         return (self.meta, self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active)
 
-    def read_only_arrays(self) -> lay.Index:
-        """Read-only views of the index's arrays.
+    def read_only_arrays(self) -> tuple:
+        """Read-only views of the index's arrays, a plain tuple in ``Index`` field
+        order (how the drafting kernel takes it, see ``native.layout``).
 
         The drafting kernel takes every index read-only (a snapshot is), so it
         is compiled once.  The views are made again only after an array grew.
         """
-        arrays = self.arrays()
+        arrays = self._flat()
         src, views = getattr(self, "_read_only", ((), None))
-        if len(src) != len(arrays) or any(a is not b for a, b in zip(src, arrays)):
-            views = lay.read_only(arrays)
+        if any(a is not b for a, b in zip(src, arrays)) or not src:
+            views = tuple(lay.read_only(lay.Index(*arrays)))
             self._read_only = (arrays, views)
         return views
 

@@ -74,6 +74,7 @@ class SuffixProposer:
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
                                self.min_token_prob, self.tree, policy_flags(config))
         self.stats = cal.new_stats(float(config.draft_cost))
+        self._stats_flat = tuple(self.stats)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
         # set, each step's draft cost follows it and the size of the batch.
         self.step_cost = None
@@ -112,11 +113,11 @@ class SuffixProposer:
         self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
         # pool), scored against the emitted tokens by ``extend``.
-        self._pending = lay.pending(64, self.max_spec_tokens)
+        self.pending = lay.pending(64, self.max_spec_tokens)
         k = max(self.max_spec_tokens, 1)
         self._learn_scratch = (np.empty(k, np.int64), np.empty(k, np.bool_))
         self._one = (np.zeros(1, np.int64), np.zeros(2, np.int64))
-        self._out = lay.outputs(8, self.max_spec_tokens)
+        self.outputs = lay.outputs(8, self.max_spec_tokens)
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
     # ----------------------------------------------------------- lifecycle
@@ -146,7 +147,7 @@ class SuffixProposer:
         self.reused_tokens += self.requests.start(req_id, prompt)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending.n.shape[0]:
-            self._pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
+            self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
@@ -163,7 +164,7 @@ class SuffixProposer:
         seqs, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
-        cal.learn(tuple(self.stats), tuple(self._pending), seqs, tokens, offsets,
+        cal.learn(self._stats_flat, self._pending_flat, seqs, tokens, offsets,
                   *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
@@ -195,7 +196,7 @@ class SuffixProposer:
         offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = np.ascontiguousarray(rows[:, 1])
-        cal.learn(tuple(self.stats), tuple(self._pending), seqs, tokens, offsets,
+        cal.learn(self._stats_flat, self._pending_flat, seqs, tokens, offsets,
                   *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
@@ -276,7 +277,7 @@ class SuffixProposer:
         rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
         limits = self._limits(max_spec_tokens, b)
         if self._out.n.shape[0] < b:
-            self._out = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
+            self.outputs = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
         out = self._out
         local = self.requests.index
         base, base_roots, delta, delta_roots = self._cross_args(req_ids)
@@ -284,9 +285,8 @@ class SuffixProposer:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
         # Records as plain tuples (see ``native.layout``): typed faster per call.
         batch = (rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
-        propose_batch(tuple(local.read_only_arrays()), local.roots, tuple(base), tuple(delta),
-                      batch, tuple(self.knobs), tuple(self.stats), tuple(out),
-                      tuple(self._pending), self._work_flat)
+        propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self._knobs_flat,
+                      self._stats_flat, self._out_flat, self._pending_flat, self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
         drafts = []
         for i in range(b):
@@ -300,6 +300,32 @@ class SuffixProposer:
         return drafts
 
     # ------------------------------------------------------------ internals
+    # Records the kernels take, with their plain tuples (see ``native.layout``)
+    # kept beside them so a step builds none.
+    @property
+    def knobs(self) -> lay.Knobs:
+        return self._knobs
+
+    @knobs.setter
+    def knobs(self, knobs: lay.Knobs) -> None:
+        self._knobs, self._knobs_flat = knobs, tuple(knobs)
+
+    @property
+    def pending(self) -> lay.Pending:
+        return self._pending
+
+    @pending.setter
+    def pending(self, pending: lay.Pending) -> None:
+        self._pending, self._pending_flat = pending, tuple(pending)
+
+    @property
+    def outputs(self) -> lay.Outputs:
+        return self._out
+
+    @outputs.setter
+    def outputs(self, out: lay.Outputs) -> None:
+        self._out, self._out_flat = out, tuple(out)
+
     def _cross_args(self, req_ids):
         """Arrays of the cross pool's two indexes and each request's roots in them.
 

@@ -108,7 +108,7 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree):
     checked = 0
     while pos < text.shape[0] - 8:
         d = p.propose(["r"])[0]
-        buckets = p._pending.buckets[p.requests.requests["r"][1], :len(d)].copy()
+        buckets = p.pending.buckets[p.requests.requests["r"][1], :len(d)].copy()
         emitted = text[pos:pos + int(rng.integers(1, 5))]
         expect = _reference_update(p.stats.table, d, emitted, buckets)
         p.extend("r", emitted)

@@ -867,7 +867,7 @@ def longest_match(index, root, ctx, start, end, max_len, need_continuation, own)
     return lo, best_x, best_off
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def step_best(nodes, arena, seqs, x, off, length, discount):
     """The forced or most frequent next token at ``(x, off)``.
 
@@ -890,7 +890,7 @@ def step_best(nodes, arena, seqs, x, off, length, discount):
     return nodes[b, TOKEN], c, n, b
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def tail(index, s, length):
     """``(start, end)`` of sequence ``s``'s last ``length`` tokens in token storage."""
     off = index.seqs[s, SEQ_OFF]
