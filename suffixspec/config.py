@@ -7,7 +7,7 @@ Numba here: the vLLM plugin reads it in processes that never draft.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 #: Drafting policies: calibrated probabilities and a cost-aware length, or
 #: arctic-inference's raw count ratios.
@@ -160,6 +160,3 @@ class ProposerConfig:
 
     def replace(self, **changes) -> ProposerConfig:
         return replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
