@@ -92,7 +92,7 @@ def _reference_update(table, draft, emitted, buckets):
             continue
         hit = int(draft.token_ids[t]) == int(emitted[d])
         ok.append(hit)
-        for row in (buckets[t], cal.coarse_of(buckets[t])):
+        for row in (buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])):
             table[row, 1] += 1
             table[row, 0] += hit
     return table
@@ -188,6 +188,36 @@ def test_bad_policy_settings_are_refused():
 
 
 def test_table_rows_cover_every_bucket():
-    top = cal.bucket(cal.N_SRC - 1, 10_000, 10_000, 5, 10_000)
-    assert top < cal.TABLE_ROWS and cal.coarse_of(top) < cal.N_COARSE
-    assert cal.bucket(0, 0, 0, 1, 1) >= cal.N_COARSE
+    top = cal.bucket(cal.N_SRC * cal.N_RECENT - 1, 10_000, 10_000, 10_000, 10_000)
+    assert top == cal.TABLE_ROWS - 1
+    assert cal.coarse_of(top) == cal.N_SHARED + cal.N_COARSE - 1
+    assert cal.shared_of(top) == cal.N_SHARED - 1
+    low = cal.bucket(0, 0, 0, 0, 1)
+    assert low == cal.N_SHARED + cal.N_COARSE
+    assert cal.coarse_of(low) == cal.N_SHARED and cal.shared_of(low) == 0
+
+
+def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
+    table, state = cal.new_table(), cal.new_state(0.03)
+
+    def p(c, n, match):
+        return cal.probability(table, state, cal.bucket(cal.SRC_CROSS, match, 0, c, n), c, n,
+                               match)
+
+    assert p(1, 1, 1) == pytest.approx(0.5)  # seen once after one matching token
+    assert p(1, 1, 1) < p(1, 1, 4) < p(1, 1, 30)
+    assert p(1, 1, 30) > 0.8
+    assert p(9, 9, 1) == pytest.approx(0.9)  # seen 9 times in 9
+    assert p(1, 2, 30) < 0.5  # two continuations seen once each
+
+
+def test_outcomes_in_one_source_inform_another_at_the_same_match():
+    table, state = cal.new_table(), cal.new_state(0.03)
+    request = cal.bucket(cal.SRC_REQUEST, 2, 0, 1, 1)
+    cross = cal.bucket(cal.SRC_CROSS, 2, 0, 1, 1)
+    before = cal.probability(table, state, cross, 1, 1, 2)
+    for row in (request, cal.coarse_of(request), cal.shared_of(request)):
+        table[row] = (0.0, 50.0)  # 50 request-tree tries, none accepted
+    after = cal.probability(table, state, cross, 1, 1, 2)
+    assert cal.shared_of(request) == cal.shared_of(cross)
+    assert after < 0.5 * before

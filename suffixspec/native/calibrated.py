@@ -46,7 +46,7 @@ def draft_path(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
         fine = cal.bucket(src, match_len, n, c, cnt)
-        p = prob * cal.probability(table, state, fine, c, cnt)
+        p = prob * cal.probability(table, state, fine, c, cnt, match_len)
         if p <= thr:
             break
         prob = p
@@ -81,7 +81,7 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
         tok = label(arena, seqs, nodes, x, off)
         if n > 0 and tok < SYNTHETIC_BASE and size < cap:
             fine = cal.bucket(src, match_len, d, n, n)
-            p = prob * cal.probability(table, state, fine, n, n)
+            p = prob * cal.probability(table, state, fine, n, n, match_len)
             if p > thr:
                 size = heap_push(heap, size, p, x, off, parent, fine, d)
         return size
@@ -95,7 +95,7 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
             k = n
         if nodes[c, TOKEN] < SYNTHETIC_BASE and size < cap:
             fine = cal.bucket(src, match_len, d, k, n)
-            p = prob * cal.probability(table, state, fine, k, n)
+            p = prob * cal.probability(table, state, fine, k, n, match_len)
             if p > thr:
                 size = heap_push(heap, size, p, c, 0, parent, fine, d)
         c = nodes[c, NEXT]
@@ -181,7 +181,7 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
         tok, c, cnt, nx = step_best(nodes, arena, seqs, x, off, length_x, discount)
         if cnt <= 0 or c <= 0:
             continue
-        q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt)
+        q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
         if cap * (q - thr) <= best_gain:
             continue
         if knobs.tree:

@@ -9,17 +9,26 @@ length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
 ``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
-two levels: a coarse bucket (source, count, ratio) and a fine one that adds
-how the previous draft fared, match length and depth.  The estimate shrinks the fine rate towards the coarse
-one, and the coarse rate towards the prior ``c / (n + 1)``::
+three levels: a *shared* bucket (count, ratio, match length) that pools every
+source, a *coarse* one that adds the source, and a *fine* one that adds how the
+previous draft fared and the depth.  Each level's rate shrinks towards the
+level above, and the shared rate towards a prior::
 
-    coarse = (acc_c + W_COARSE * c / (n + 1)) / (tried_c + W_COARSE)
+    shared = (acc_s + W_SHARED * prior) / (tried_s + W_SHARED)
+    coarse = (acc_c + W_COARSE * shared) / (tried_c + W_COARSE)
     p      = (acc_f + W_FINE * coarse) / (tried_f + W_FINE)
 
-so an empty table drafts like the raw counts, a little more cautiously, and a
-few hundred steps move it to what the engine actually accepts.  Counts are
-halved once a bucket has been tried ``HALF_LIFE`` times, so the table follows
-a workload that changes.
+The prior is ``c / (n + 1 / m)``, ``m`` the tokens matched before the drafted
+one (match length plus depth): a continuation seen once after one matching
+token is a coin toss, one seen once after 20 is nearly certain, and one
+seen 9 times in 9 is likely after any match.  So an empty table drafts like
+the raw counts, a little more cautiously, and a few hundred steps move it
+to what the engine actually accepts.  Match length
+sits in the shared level because it matters most and is learned fastest
+there: a continuation seen once after a 40-token match is far more likely
+than one seen once after a 2-token match, whichever tree it comes from.
+Counts are halved once a bucket has been tried ``HALF_LIFE`` times, so the
+table follows a workload that changes.
 
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
 and tokens drafted per step, which with the draft cost give the gain a
@@ -49,11 +58,13 @@ N_COUNT = 6   # n: 1, 2, 3-4, 5-8, 9-16, 17+
 N_RATIO = 6   # c/n: [0, .2), [.2, .4), [.4, .6), [.6, .8), [.8, 1), 1
 N_MATCH = 9   # match length: 0, 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
 N_DEPTH = 6   # depth in the draft: 0, 1, 2, 3-4, 5-8, 9+
-N_COARSE = N_SRC * N_COUNT * N_RATIO
-N_FINE = N_COARSE * N_RECENT * N_MATCH * N_DEPTH
-TABLE_ROWS = N_COARSE + N_FINE
+N_SHARED = N_COUNT * N_RATIO * N_MATCH
+N_COARSE = N_SRC * N_SHARED
+N_FINE = N_COARSE * N_RECENT * N_DEPTH
+TABLE_ROWS = N_SHARED + N_COARSE + N_FINE  # shared rows, then coarse, then fine
 
-W_COARSE = 4.0
+W_SHARED = 4.0
+W_COARSE = 8.0
 W_FINE = 16.0
 HALF_LIFE = 4096.0
 
@@ -64,7 +75,8 @@ ST_COST = 2
 ST_W_COARSE = 3
 ST_W_FINE = 4
 ST_HALF_LIFE = 5
-STATE_SIZE = 6
+ST_W_SHARED = 6
+STATE_SIZE = 7
 EMA = 0.01
 
 
@@ -84,6 +96,7 @@ def new_state(draft_cost: float) -> np.ndarray:
     state[ST_W_COARSE] = W_COARSE
     state[ST_W_FINE] = W_FINE
     state[ST_HALF_LIFE] = HALF_LIFE
+    state[ST_W_SHARED] = W_SHARED
     return state
 
 
@@ -128,7 +141,7 @@ def _depth_bucket(j):
 
 @njit(cache=True, inline="always")
 def bucket(src, match_len, depth, c, n):
-    """Fine bucket of a token chosen by ``c`` of ``n`` occurrences.
+    """Fine bucket (table row) of a token chosen by ``c`` of ``n`` occurrences.
 
     ``src`` is ``source + N_SRC * recent``.
     """
@@ -139,24 +152,38 @@ def bucket(src, match_len, depth, c, n):
         if rb > N_RATIO - 2:
             rb = N_RATIO - 2
     recent = src // N_SRC
-    coarse = ((src - N_SRC * recent) * N_COUNT + _count_bucket(n)) * N_RATIO + rb
-    return N_COARSE + (((coarse * N_RECENT + recent) * N_MATCH + _match_bucket(match_len))
-                       * N_DEPTH + _depth_bucket(depth))
+    shared = (_count_bucket(n) * N_RATIO + rb) * N_MATCH + _match_bucket(match_len)
+    coarse = (src - N_SRC * recent) * N_SHARED + shared
+    return N_SHARED + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(depth)
 
 
 @njit(cache=True, inline="always")
 def coarse_of(fine):
-    return (fine - N_COARSE) // (N_RECENT * N_MATCH * N_DEPTH)
+    """Table row of the coarse bucket above fine row ``fine``."""
+    return N_SHARED + (fine - N_SHARED - N_COARSE) // (N_RECENT * N_DEPTH)
 
 
 @njit(cache=True, inline="always")
-def probability(table, state, fine, c, n):
-    """Estimated chance that a token of bucket ``fine`` is accepted once reached."""
+def shared_of(fine):
+    """Table row of the shared bucket above fine row ``fine``."""
+    return (coarse_of(fine) - N_SHARED) % N_SHARED
+
+
+@njit(cache=True, inline="always")
+def probability(table, state, fine, c, n, matched):
+    """Estimated chance that a token of bucket ``fine`` is accepted once reached.
+
+    ``matched`` is how many tokens before it match the context: the match
+    length plus its depth in the draft.
+    """
     coarse = coarse_of(fine)
-    prior = c / (n + 1.0)
+    shared = shared_of(fine)
+    prior = c / (n + 1.0 / np.sqrt(max(matched, 1)))
+    ws = state[ST_W_SHARED]
     wc = state[ST_W_COARSE]
     wf = state[ST_W_FINE]
-    pc = (table[coarse, 0] + wc * prior) / (table[coarse, 1] + wc)
+    ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
+    pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
     return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
 
 
@@ -226,6 +253,7 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
             fine = pend_buckets[s, t]
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
+            _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
         pend_n[s] = 0
         if n == 0:
             pend_recent[s] = RECENT_NONE
