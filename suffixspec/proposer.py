@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from itertools import accumulate
 from typing import Hashable, Sequence
@@ -18,10 +19,15 @@ from suffixspec.native import layout as lay
 from suffixspec.native import warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.pools.memory import CrossPool, RequestPool
+from suffixspec.pools.store import PoolError
 from suffixspec.tokens import as_token_ids
 
 
 _SOURCES = ("request", "cross", "anchor")
+#: Finished requests between two saves of the calibration table to a persistent pool.
+CALIBRATION_SAVE_EVERY = 16
+
+logger = logging.getLogger(__name__)
 
 
 def _distinct(req_ids) -> None:
@@ -105,6 +111,9 @@ class SuffixProposer:
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._roots_cache: dict = {}
         self._no_roots = np.full((8, 1), -1, np.int64)
+        self._finished = 0
+        self._calibration_failed = False
+        self._load_calibration()
         # Stands in for a pool without a snapshot.  Read-only like a snapshot,
         # so the drafting kernel is compiled for one kind of base index only.
         self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
@@ -209,6 +218,42 @@ class SuffixProposer:
         seq = self._end(req_id, keep=True)
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
+        self._finished += 1
+        if self._finished % CALIBRATION_SAVE_EVERY == 0:
+            self.save_calibration()
+
+    @locked
+    def save_calibration(self) -> bool:
+        """Keep the calibration table in a persistent pool, so that an engine
+        opening the pool next (after a restart, or a replica) drafts with what
+        this one learned instead of learning it again.  Done every
+        ``CALIBRATION_SAVE_EVERY`` finished requests; the last process to save
+        wins.  Returns whether it was kept; a pool that cannot take it is
+        logged once and drafting goes on."""
+        save = getattr(self.cross, "save_calibration", None)
+        if save is None:
+            return False
+        try:
+            save(self.stats.table)
+        except PoolError as e:
+            if not self._calibration_failed:
+                logger.warning("suffixspec: calibration not kept in the pool: %s", e)
+            self._calibration_failed = True
+            return False
+        return True
+
+    def _load_calibration(self) -> None:
+        load = getattr(self.cross, "load_calibration", None)
+        if load is None:
+            return
+        try:
+            table = load(self.stats.table.shape)
+        except PoolError as e:
+            logger.warning("suffixspec: the pool's calibration is not used (%s); it is "
+                           "learned again", e)
+            return
+        if table is not None:
+            self.stats.table[:] = table  # in place: the kernels hold this array
 
     @locked
     def abort_request(self, req_id: Hashable) -> None:

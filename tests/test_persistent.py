@@ -299,3 +299,47 @@ def test_memory_stays_within_the_budget_without_snapshots(tmp_path):
     assert pool.store.stats()["tokens"] == 40 * 50 + 100 * 100  # the store keeps them all
     pool.delta.check_integrity()
     pool.close()
+
+
+def _learn(prop, n):
+    """Finish ``n`` requests repeating PATTERN, drafting and verifying as an engine does."""
+    for i in range(n):
+        prop.start_request(f"r{i}", [1, 2])
+        for tok in PATTERN:
+            prop.propose([f"r{i}"])
+            prop.extend(f"r{i}", [tok])
+        prop.finish_request(f"r{i}")
+
+
+def test_calibration_survives_restart_and_is_refused_when_damaged(tmp_path, caplog):
+    from suffixspec.proposer import CALIBRATION_SAVE_EVERY
+
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    _learn(prop, CALIBRATION_SAVE_EVERY)  # the last finish saves the table
+    learned = prop.stats.table.copy()
+    assert learned[:, 1].sum() > 0
+    _learn(prop, 1)  # learned after the save: not in the file
+    pool.close()
+
+    pool = pool_at(path)
+    again = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    assert np.array_equal(again.stats.table, learned)
+    assert pool.load_calibration((3, 2)) is None  # another layout: not used
+    pool.close()
+
+    store = PoolStore(path)  # damage the kept table: one flipped byte
+    with store.env.begin(write=True) as txn:
+        raw = bytearray(txn.get(b"table:calibration", db=store.db("meta")))
+        raw[-5] ^= 0xFF
+        txn.put(b"table:calibration", bytes(raw), db=store.db("meta"))
+    store.close()
+    pool = pool_at(path)
+    with caplog.at_level("WARNING"):
+        fresh = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    assert fresh.stats.table[:, 1].sum() == 0
+    assert sum("calibration is not used" in r.getMessage() for r in caplog.records) == 1
+    fresh.start_request("x", [1, 2])  # drafts from the pool all the same
+    assert fresh.propose(["x"])[0].token_ids.tolist()[:2] == PATTERN[:2]
+    pool.close()

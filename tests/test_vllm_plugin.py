@@ -243,6 +243,25 @@ def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
     assert from_past(second) > from_past(first)
 
 
+def test_two_engines_at_once_share_a_pool_and_outputs_stay_identical(model, prompts, baseline,
+                                                                     tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from suffixspec.native import calibration as cal
+    from suffixspec.pools.store import PoolStore
+
+    pool = str(tmp_path / "pool.lmdb")
+    with ThreadPoolExecutor(2) as ex:  # two engine processes at the same time
+        runs = list(ex.map(lambda _: generate(model, prompts, "--modes", "batch",
+                                              SUFFIXSPEC_POOL=pool)[0], range(2)))
+    for result in runs:
+        assert result["batch"] == baseline["batch"]
+    assert_committed_once(stored_outputs(pool), runs[0]["batch"] + runs[1]["batch"])
+    with PoolStore(pool) as store:  # the engines' calibration was kept at shutdown
+        kept = store.load_table("calibration", (cal.TABLE_ROWS, 2))
+    assert kept is not None and kept[:, 1].sum() > 0
+
+
 def test_preempted_requests_resume_and_are_committed_once(model, prompts, baseline, tmp_path):
     pool = str(tmp_path / "pool.lmdb")
     # 576 tokens of KV cache in 32-token blocks: three 160-token prompts fit,

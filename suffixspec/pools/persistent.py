@@ -302,6 +302,16 @@ class PersistentPool(CrossPool):
         self.compacted = self.store.compact(timeout)
         self._load()
 
+    def save_calibration(self, table: np.ndarray) -> None:
+        """Keep the proposer's calibration table, for the next process to open the pool."""
+        with self._lock:
+            self.store.save_table("calibration", table)
+
+    def load_calibration(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The calibration table last kept here, if it has this ``shape``."""
+        with self._lock:
+            return self.store.load_table("calibration", shape)
+
     def close(self) -> None:
         self._watch_stop.set()
         with self._lock:

@@ -9,6 +9,8 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   many of the tokens are leading output-start anchors (``suffixspec.anchors``),
   CRC-32 of the token bytes, and the int32 tokens.  Ids only grow, so every insert is
   a sorted append.
+  ``b"table:<name>"`` -> msgpack ``{shape, crc, saved, data}``: a float64
+  table kept beside the sequences (the proposer's calibration).
 * ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
   namespaces, arrays}`` and ``b"a:<name>"`` -> raw bytes of one index array.
 
@@ -352,6 +354,36 @@ class PoolStore:
     def last_id(self) -> int:
         with self.read() as txn:
             return int.from_bytes(txn.get(b"next_id", db=self.db("meta")), "big") - 1
+
+    # ----------------------------------------------------------------- tables
+    def save_table(self, name: str, table: np.ndarray) -> None:
+        """Keep a float64 ``table`` under ``name``, replacing the one there."""
+        data = np.ascontiguousarray(table, np.float64)
+        value = msgpack.packb({"shape": list(data.shape), "crc": zlib.crc32(data),
+                               "saved": time.time(), "data": data.tobytes()})
+        self.write(lambda txn: txn.put(b"table:" + name.encode(), value, db=self.db("meta")))
+
+    def load_table(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The table kept under ``name``; None when there is none or it has
+        another shape (kept by another version).  A damaged one raises
+        ``CorruptPoolError``."""
+        with self.read() as txn, self._damage_is_corruption():
+            raw = txn.get(b"table:" + name.encode(), db=self.db("meta"))
+            raw = None if raw is None else bytes(raw)
+        if raw is None:
+            return None
+        try:
+            info = msgpack.unpackb(raw)
+            stored = tuple(info["shape"])
+            table = np.frombuffer(info["data"], np.float64)
+            intact = zlib.crc32(table) == info["crc"] and table.size == int(np.prod(stored))
+        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+            raise CorruptPoolError(f"{self.path}: unreadable table {name!r} ({e})") from e
+        if not intact:
+            raise CorruptPoolError(f"{self.path}: table {name!r} fails its checksum")
+        if stored != tuple(shape):
+            return None
+        return table.reshape(shape).copy()
 
     # --------------------------------------------------------------- snapshot
     def snapshot_info(self, txn=None) -> dict | None:

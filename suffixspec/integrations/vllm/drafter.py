@@ -223,7 +223,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
             self._failed(exc, [])
 
     def close(self) -> None:
-        """Engine shutdown: keep what in-flight requests emitted, close the pool.
+        """Engine shutdown: keep what in-flight requests emitted and the
+        calibration, close the pool.
 
         Their outputs so far are genuine model output, so they join the
         cross-request pool like finished requests.
@@ -237,6 +238,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         close = getattr(self.proposer.cross, "close", None)
         if close is not None:
             try:
+                self.proposer.save_calibration()
                 close()
             except Exception as exc:
                 self._failed(exc, [])
