@@ -21,11 +21,17 @@ Scenarios: ``cold`` (the above: every row on a fresh server) and
 ``restart`` (sql and agent: the first half of the requests is served, the
 server restarts, the second half is timed; arctic restarted starts with an
 empty cache, suffixspec reopens its pool file; against arctic never
-restarted, which serves both halves in one process).
+restarted, which serves both halves in one process) and ``replicas`` (sql:
+two servers at once, one core each, every other request to each; arctic
+keeps a cache per server, suffixspec's share one pool file).
+
+``python bench/vllm_bench.py record`` keeps the outputs without speculation
+for ``bench/engine_replay.py``.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -38,7 +44,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import save_results  # noqa: E402
+from bench_common import CACHE, save_results  # noqa: E402
 from smollm2 import ensure_model  # noqa: E402
 
 from suffixspec.replay.traces import read_records  # noqa: E402  (loads no Numba)
@@ -64,6 +70,7 @@ RESTART = (("none", "none", ("day2",)),
            ("arctic restarted", "arctic", ("day2",)),
            ("arctic never restarted", "arctic", ("both",)),
            ("suffixspec restarted, pool kept", "suffixspec", ("day1", "day2")))
+REPLICA_METHODS = ("none", "arctic", "suffixspec")
 ROLE = re.compile(r"<\|(system|user|assistant|tool)\|>\n")
 
 
@@ -120,17 +127,27 @@ def spec_config(method: str, k: int, depth: int, factor: float, min_prob: float)
     return config
 
 
+def modes(baseline_once: bool) -> list[tuple[str, int]]:
+    """The modes in the order they run.  With ``baseline_once`` the run without
+    speculation is made once per workload and scenario, in the concurrent mode
+    (the quickest), and its outputs are what every row of both modes must
+    equal: greedy outputs do not depend on the batch, which earlier runs of
+    both modes checked token for token."""
+    return sorted(MODES.items(), key=lambda m: -m[1]) if baseline_once else list(MODES.items())
+
+
 def halves(work: list) -> tuple[list, list]:
     """Day 1 and day 2 of the restart scenario: the first and second half."""
     return work[:len(work) // 2], work[len(work) // 2:]
 
 
 def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
-            phase: str = "all") -> dict:
+            phase: str = "all", barrier: Path | None = None) -> dict:
     """Serve ``work`` and time it.  ``phase``: ``all`` (a cold server, after one
     warm-up request), ``day1`` / ``day2`` (one half, on a server just started:
     a restart between the days), ``both`` (day 1, then day 2 timed on the
-    same server: never restarted)."""
+    same server: never restarted).  With ``barrier`` (replicas), the timed
+    part starts once every replica has touched a file in that folder."""
     from vllm import LLM, SamplingParams
 
     multi_turn = wl == "agent"
@@ -154,7 +171,10 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
     elif phase == "both":
         serve(day1)
     timed = {"all": work, "day1": day1, "day2": day2, "both": day2}[phase]
+    if barrier is not None:
+        wait_for_replicas(barrier)
     before = spec_counts(llm)
+    started = time.time()
     start = time.perf_counter()
     outs = serve(timed)
     seconds = time.perf_counter() - start
@@ -163,7 +183,8 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     n_out = sum(len(t) for t in tokens)
     drafts = counts.get("vllm:spec_decode_num_drafts", 0)
-    return {"method": method, "seconds": seconds, "output_tokens": n_out, "requests": len(outs),
+    return {"method": method, "seconds": seconds, "started": started, "ended": time.time(),
+            "output_tokens": n_out, "requests": len(outs),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
             **drafter_info(llm),
             "tokens_per_s": n_out / seconds,
@@ -171,12 +192,24 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
             / drafts if drafts else 1.0,
             "draft_tokens_per_draft": counts.get("vllm:spec_decode_num_draft_tokens", 0)
             / drafts if drafts else 0.0,
-            "outputs": tokens}
+            "outputs": tokens, "prompt_ids": [list(o.prompt_token_ids) for o in outs]}
+
+
+def wait_for_replicas(barrier: Path, timeout: float = 600.0) -> None:
+    """Touch this replica's file in ``barrier``, then wait for all of them."""
+    me, total = os.environ["BENCH_REPLICA"].split("/")
+    (barrier / me).touch()
+    deadline = time.monotonic() + timeout
+    while len(list(barrier.iterdir())) < int(total):
+        if time.monotonic() > deadline:
+            raise SystemExit("the other replicas never started")
+        time.sleep(0.05)
 
 
 def run_sessions(llm, work, concurrency: int, params) -> list:
     """Play the sessions turn by turn, ``concurrency`` sessions at a time; a
-    session ends when its next prompt would not leave room for the answer."""
+    session ends when its next prompt would not leave room for the answer.
+    Returns the answers session by session, turns in order."""
     tokenizer = llm.get_tokenizer()
     outs = []
     for first in range(0, len(work), concurrency):
@@ -200,8 +233,8 @@ def run_sessions(llm, work, concurrency: int, params) -> list:
             answers = llm.chat([m for _, m in asked], params, use_tqdm=False)
             for (i, messages), answer in zip(asked, answers):
                 history[i] = messages + [{"role": "assistant", "content": answer.outputs[0].text}]
-                outs.append(answer)
-    return outs
+                outs.append((first + i, turn, answer))
+    return [answer for *_, answer in sorted(outs, key=lambda o: o[:2])]  # session by session
 
 
 def drafter_info(llm) -> dict:
@@ -243,27 +276,38 @@ def spec_counts(llm) -> dict:
               help="suffix_decoding_min_token_prob (arctic).")
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
-@click.option("--scenarios", default="cold,restart", show_default=True,
+@click.option("--scenarios", default="cold,restart,replicas", show_default=True,
               help="cold: every row on a fresh server; restart: day 1 and day 2 on "
-                   "fresh servers (see RESTART).")
+                   "fresh servers (see RESTART); replicas: two servers at once, "
+                   "requests shared round-robin (see replica_rows).")
 @click.option("--restart-workloads", default="sql,agent", show_default=True)
+@click.option("--replica-workloads", default="sql", show_default=True)
+@click.option("--baseline-once/--baseline-per-mode", default=True, show_default=True,
+              help="Serve without speculation once per workload and scenario (concurrent) "
+                   "and check both modes' outputs against it.")
 @click.option("--out", type=click.Path(path_type=Path),
               default=Path(__file__).parent / "results", show_default=True,
               help="Folder for vllm.json and vllm.md.")
 @click.pass_context
 def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, scenarios,
-         restart_workloads, out):
+         restart_workloads, replica_workloads, baseline_once, out):
     if ctx.invoked_subcommand is not None:
         return
     model = str(ensure_model())
     knobs = dict(k=k, depth=depth, factor=factor, min_prob=min_prob)
     rows = []
+    if "replicas" in scenarios.split(","):  # first: it needs both cores
+        rows += replica_rows(model, traces, prompts, knobs, replica_workloads.split(","),
+                             baseline_once)
     if "restart" in scenarios.split(","):
-        rows += restart_rows(model, traces, prompts, knobs, restart_workloads.split(","))
+        rows += restart_rows(model, traces, prompts, knobs, restart_workloads.split(","),
+                             baseline_once)
     for wl in (workloads.split(",") if "cold" in scenarios.split(",") else ()):
-        for mode, conc in MODES.items():
-            base = None
+        base = None
+        for mode, conc in modes(baseline_once):
             for method in methods.split(","):
+                if method == "none" and base is not None:
+                    continue
                 res = child(model, method, wl, traces, prompts, conc, knobs)
                 if method == "none":
                     base = res["outputs"]
@@ -276,16 +320,18 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, s
     write(rows, out, knobs, prompts)
 
 
-def restart_rows(model, traces, prompts, knobs, workloads) -> list[dict]:
+def restart_rows(model, traces, prompts, knobs, workloads, baseline_once) -> list[dict]:
     """The restart scenario: day 2 served by a restarted server (arctic starts
     cold, suffixspec reopens its pool file) and by one never restarted."""
     import tempfile
 
     rows = []
     for wl in workloads:
-        for mode, conc in MODES.items():
-            base = None
+        base = None
+        for mode, conc in modes(baseline_once):
             for name, method, phases in RESTART:
+                if method == "none" and base is not None:
+                    continue
                 with tempfile.TemporaryDirectory() as tmp:
                     pool = Path(tmp) / "pool.lmdb" if method.startswith("suffixspec") else None
                     for phase in phases:
@@ -302,6 +348,13 @@ def restart_rows(model, traces, prompts, knobs, workloads) -> list[dict]:
 
 
 def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None) -> dict:
+    """One row on a fresh server in a child process."""
+    return collect(start_child(model, method, wl, traces, prompts, conc, knobs, phase, pool),
+                   method, wl)
+
+
+def start_child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None,
+                replica: str | None = None, barrier: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                NUMBA_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env.pop("SUFFIXSPEC_POOL", None)
@@ -317,12 +370,74 @@ def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=Non
     cmd = [sys.executable, __file__, "one", "--model", model, "--method", method, "--workload", wl,
            "--traces", str(traces), "--prompts", str(prompts), "--concurrency", str(conc),
            "--knobs", json.dumps(knobs), "--phase", phase]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if replica is not None:
+        env["BENCH_REPLICA"] = replica
+        cmd += ["--barrier", str(barrier)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def collect(proc: subprocess.Popen, method: str, wl: str) -> dict:
+    stdout, stderr = proc.communicate()
+    lines = [l for l in stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{method} {wl} failed:\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"{method} {wl} failed:\n{stderr[-4000:]}")
     return json.loads(lines[-1])
+
+
+def replica_rows(model, traces, prompts, knobs, workloads, baseline_once,
+                 replicas: int = 2) -> list[dict]:
+    """The replicas scenario: ``replicas`` servers on this host, each taking
+    every ``replicas``-th request (agent: session) as a round-robin client
+    would, with the timed parts started together.  arctic keeps a cache per
+    server; suffixspec's servers share one pool file (SUFFIXSPEC_POOL), so
+    each drafts from the other's outputs too.  Each server keeps 1 (sequential)
+    or 8 / ``replicas`` (concurrent) requests in flight."""
+    import tempfile
+
+    rows = []
+    for wl in workloads:
+        base = None
+        for mode, conc in modes(baseline_once):
+            for method in REPLICA_METHODS:
+                if method == "none" and base is not None:
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    barrier = Path(tmp) / "barrier"
+                    barrier.mkdir()
+                    pool = Path(tmp) / "pool.lmdb" if method == "suffixspec" else None
+                    procs = [start_child(model, method, wl, traces, prompts,
+                                         max(conc // replicas, 1), knobs, "all", pool,
+                                         f"{i}/{replicas}", barrier) for i in range(replicas)]
+                    parts = [collect(p, method, wl) for p in procs]
+                res = merge_replicas(parts)
+                if method == "none":
+                    base = res["outputs"]
+                res["identical"] = None if base is None else res["outputs"] == base
+                res.update(workload=wl, mode=mode, scenario="replicas")
+                rows.append(res)
+                print(f"replicas {wl:5s} {mode:10s} {method:10s} {res['tokens_per_s']:7.1f} tok/s  "
+                      f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
+                      flush=True)
+    return rows
+
+
+def merge_replicas(parts: list[dict]) -> dict:
+    """One row from the replicas' rows: tokens over the wall time from the
+    first start to the last end; acceptance and drafted tokens per draft
+    weighted by each replica's drafts (approximated by its output tokens)."""
+    seconds = max(p["ended"] for p in parts) - min(p["started"] for p in parts)
+    out = sum(p["output_tokens"] for p in parts)
+    weights = [p["output_tokens"] / out for p in parts]
+    row = {k: v for k, v in parts[0].items() if k not in ("outputs", "prompt_ids")}
+    row.update(seconds=seconds, output_tokens=out, tokens_per_s=out / seconds,
+               requests=sum(p["requests"] for p in parts),
+               prompt_tokens=sum(p["prompt_tokens"] for p in parts),
+               acceptance_length=sum(w * p["acceptance_length"] for w, p in zip(weights, parts)),
+               draft_tokens_per_draft=sum(w * p["draft_tokens_per_draft"]
+                                          for w, p in zip(weights, parts)),
+               outputs=[o for p in parts for o in p["outputs"]])
+    return row
 
 
 @main.command()
@@ -334,18 +449,46 @@ def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=Non
 @click.option("--concurrency", type=int, required=True)
 @click.option("--knobs", required=True)
 @click.option("--phase", type=click.Choice(PHASES), default="all")
-def one(model, method, wl, traces, prompts, concurrency, knobs, phase):
+@click.option("--barrier", type=click.Path(path_type=Path), default=None,
+              help="Replicas: start timing together (BENCH_REPLICA=I/N serves every N-th).")
+def one(model, method, wl, traces, prompts, concurrency, knobs, phase, barrier):
     """One (method, workload, mode) in this process; prints a JSON line."""
     work = workload(wl, traces, prompts)
-    res = run_one(model, method, wl, work, concurrency, spec_config(method, **json.loads(knobs)),
-                  phase)
+    if barrier is not None:
+        me, total = (int(x) for x in os.environ["BENCH_REPLICA"].split("/"))
+        work = work[me::total]
+    spec = spec_config(method, **json.loads(knobs)) if method != "none" else None
+    res = run_one(model, method, wl, work, concurrency, spec,
+                  phase, barrier)
     print(json.dumps(res))
+
+
+@main.command()
+@click.option("--traces", type=click.Path(path_type=Path), default=TRACES, show_default=True)
+@click.option("--prompts", default=48, show_default=True)
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+def record(traces, prompts, workloads):
+    """Serve each workload without speculation (8 in flight) and keep the
+    prompt and output token ids in bench/cache/, for bench/engine_replay.py."""
+    model = str(ensure_model())
+    for wl in workloads.split(","):
+        res = child(model, "none", wl, traces, prompts, 8, {})
+        path = recorded_path(wl, prompts)
+        path.parent.mkdir(exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            json.dump({"workload": wl, "prompts": res["prompt_ids"],
+                       "outputs": res["outputs"]}, f)
+        print(f"{wl}: {res['requests']} requests, {res['output_tokens']} output tokens -> {path}")
+
+
+def recorded_path(wl: str, prompts: int) -> Path:
+    return CACHE / f"vllm-outputs-{wl}-{prompts}.json.gz"
 
 
 def write(rows, out: Path, knobs: dict, prompts: int) -> None:
     from tabulate import tabulate
 
-    slim = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
+    slim = [{k: v for k, v in r.items() if k not in ("outputs", "prompt_ids")} for r in rows]
 
     def ratio(r, anchor):
         a = next((a for a in slim if a["method"] == anchor and a["workload"] == r["workload"]
@@ -377,7 +520,9 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                  f"found indexed already (the earlier turn a request continues).  restart: the "
                  f"second half of the prompts (agent: of the sessions) timed on a server "
                  f"restarted after serving the first half; suffixspec keeps its pool in a file "
-                 f"(SUFFIXSPEC_POOL).\n\n{md}")
+                 f"(SUFFIXSPEC_POOL).  replicas: two servers at once on this host, every other "
+                 f"request (agent: session) to each, tok/s over the wall time of both; "
+                 f"suffixspec's servers share one pool file.\n\n{md}")
 
 
 def measured(row: dict) -> str:
