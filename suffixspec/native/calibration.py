@@ -18,15 +18,15 @@ level above, and the shared rate towards a prior::
     coarse = (acc_c + W_COARSE * shared) / (tried_c + W_COARSE)
     p      = (acc_f + W_FINE * coarse) / (tried_f + W_FINE)
 
-The prior is ``c / (n + 1 / m)``, ``m`` the tokens matched before the drafted
-one (match length plus depth): a continuation seen once after one matching
-token is a coin toss, one seen once after 20 is nearly certain, and one
-seen 9 times in 9 is likely after any match.  So an empty table drafts like
-the raw counts, a little more cautiously, and a few hundred steps move it
-to what the engine actually accepts.  Match length
-sits in the shared level because it matters most and is learned fastest
-there: a continuation seen once after a 40-token match is far more likely
-than one seen once after a 2-token match, whichever tree it comes from.
+The prior is ``c / (n + 1 / sqrt(m))``, ``m`` the length of the match the
+draft starts from: a continuation seen once after one matching token is a
+coin toss, one seen once after 30 is nearly certain, and one seen 9 times in
+9 is likely after any match.  So an empty table drafts like the raw counts,
+trusting long matches, and a few hundred steps move it to what the engine
+actually accepts.  Match length sits in the shared level because it matters
+most and is learned fastest there: a continuation seen once after a 40-token
+match is far more likely than one seen once after a 2-token match, whichever
+tree it comes from.
 Counts are halved once a bucket has been tried ``HALF_LIFE`` times, so the
 table follows a workload that changes.
 
@@ -173,8 +173,7 @@ def shared_of(fine):
 def probability(table, state, fine, c, n, matched):
     """Estimated chance that a token of bucket ``fine`` is accepted once reached.
 
-    ``matched`` is how many tokens before it match the context: the match
-    length plus its depth in the draft.
+    ``matched`` is the length of the match the draft starts from.
     """
     coarse = coarse_of(fine)
     shared = shared_of(fine)
