@@ -49,10 +49,11 @@ def load(traces_dir: str | Path, name: str, encode, tokenizer: str | Path | None
     return requests
 
 
-def save_results(out: str | Path, name: str, data, md: str) -> None:
-    """Write ``name``.json and ``name``.md under ``out`` and print the table."""
+def save_results(out: str | Path, name: str, data, md: str, show: bool = True) -> None:
+    """Write ``name``.json and ``name``.md under ``out`` and print the table (``show``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(data, indent=1))
     (out / f"{name}.md").write_text(md + "\n")
-    print(md)
+    if show:
+        print(md)

@@ -282,6 +282,9 @@ def spec_counts(llm) -> dict:
                    "requests shared round-robin (see replica_rows).")
 @click.option("--restart-workloads", default="sql,agent", show_default=True)
 @click.option("--replica-workloads", default="sql", show_default=True)
+@click.option("--repeats", default=1, show_default=True,
+              help="Cold scenario: rounds per workload and mode, the methods interleaved; "
+                   "each ratio is taken within a round and reported as the median of rounds.")
 @click.option("--baseline-once/--baseline-per-mode", default=True, show_default=True,
               help="Serve without speculation once per workload and scenario (concurrent) "
                    "and check both modes' outputs against it.")
@@ -290,37 +293,43 @@ def spec_counts(llm) -> dict:
               help="Folder for vllm.json and vllm.md.")
 @click.pass_context
 def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, scenarios,
-         restart_workloads, replica_workloads, baseline_once, out):
+         restart_workloads, replica_workloads, repeats, baseline_once, out):
     if ctx.invoked_subcommand is not None:
         return
     model = str(ensure_model())
     knobs = dict(k=k, depth=depth, factor=factor, min_prob=min_prob)
     rows = []
+
+    def save(part):  # after every row, so a stopped run keeps what it measured
+        write(rows + part, out, knobs, prompts, show=False)
+
     if "replicas" in scenarios.split(","):  # first: it needs both cores
         rows += replica_rows(model, traces, prompts, knobs, replica_workloads.split(","),
-                             baseline_once)
+                             baseline_once, save)
     if "restart" in scenarios.split(","):
         rows += restart_rows(model, traces, prompts, knobs, restart_workloads.split(","),
-                             baseline_once)
+                             baseline_once, save)
     for wl in (workloads.split(",") if "cold" in scenarios.split(",") else ()):
         base = None
         for mode, conc in modes(baseline_once):
-            for method in methods.split(","):
-                if method == "none" and base is not None:
-                    continue
-                res = child(model, method, wl, traces, prompts, conc, knobs)
-                if method == "none":
-                    base = res["outputs"]
-                res["identical"] = None if base is None else res["outputs"] == base
-                res.update(workload=wl, mode=mode, scenario="cold")
-                rows.append(res)
-                print(f"{wl:5s} {mode:10s} {method:10s} {res['tokens_per_s']:7.1f} tok/s  "
-                      f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
-                      flush=True)
+            for rnd in range(repeats):  # rounds interleave the methods: A B A B ...
+                for method in methods.split(","):
+                    if method == "none" and base is not None:
+                        continue
+                    res = child(model, method, wl, traces, prompts, conc, knobs)
+                    if method == "none":
+                        base = res["outputs"]
+                    res["identical"] = None if base is None else res["outputs"] == base
+                    res.update(workload=wl, mode=mode, scenario="cold", round=rnd)
+                    rows.append(res)
+                    save([])
+                    print(f"{wl:5s} {mode:10s} {method:10s} round {rnd} "
+                          f"{res['tokens_per_s']:7.1f} tok/s  accept {res['acceptance_length']:.2f}"
+                          f"  identical {res['identical']}", flush=True)
     write(rows, out, knobs, prompts)
 
 
-def restart_rows(model, traces, prompts, knobs, workloads, baseline_once) -> list[dict]:
+def restart_rows(model, traces, prompts, knobs, workloads, baseline_once, save) -> list[dict]:
     """The restart scenario: day 2 served by a restarted server (arctic starts
     cold, suffixspec reopens its pool file) and by one never restarted."""
     import tempfile
@@ -341,6 +350,7 @@ def restart_rows(model, traces, prompts, knobs, workloads, baseline_once) -> lis
                 res["identical"] = None if base is None else res["outputs"] == base
                 res.update(workload=wl, mode=mode, scenario="restart", method=name)
                 rows.append(res)
+                save(rows)
                 print(f"restart {wl:5s} {mode:10s} {name:32s} {res['tokens_per_s']:7.1f} tok/s  "
                       f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
                       flush=True)
@@ -385,7 +395,7 @@ def collect(proc: subprocess.Popen, method: str, wl: str) -> dict:
     return json.loads(lines[-1])
 
 
-def replica_rows(model, traces, prompts, knobs, workloads, baseline_once,
+def replica_rows(model, traces, prompts, knobs, workloads, baseline_once, save,
                  replicas: int = 2) -> list[dict]:
     """The replicas scenario: ``replicas`` servers on this host, each taking
     every ``replicas``-th request (agent: session) as a round-robin client
@@ -416,6 +426,7 @@ def replica_rows(model, traces, prompts, knobs, workloads, baseline_once,
                 res["identical"] = None if base is None else res["outputs"] == base
                 res.update(workload=wl, mode=mode, scenario="replicas")
                 rows.append(res)
+                save(rows)
                 print(f"replicas {wl:5s} {mode:10s} {method:10s} {res['tokens_per_s']:7.1f} tok/s  "
                       f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
                       flush=True)
@@ -485,17 +496,20 @@ def recorded_path(wl: str, prompts: int) -> Path:
     return CACHE / f"vllm-outputs-{wl}-{prompts}.json.gz"
 
 
-def write(rows, out: Path, knobs: dict, prompts: int) -> None:
+def write(rows, out: Path, knobs: dict, prompts: int, show: bool = True) -> None:
     from tabulate import tabulate
 
     slim = [{k: v for k, v in r.items() if k not in ("outputs", "prompt_ids")} for r in rows]
 
-    def ratio(r, anchor):
-        a = next((a for a in slim if a["method"] == anchor and a["workload"] == r["workload"]
-                  and a["mode"] == r["mode"] and a["scenario"] == r["scenario"]), None)
+    def same(a, r):
+        return all(a.get(k) == r.get(k) for k in ("workload", "mode", "scenario", "round"))
+
+    def ratio(r, anchor, text=True):
+        a = next((a for a in slim if a["method"] == anchor and same(a, r)), None)
         if a is None or not r["method"].startswith("suffixspec"):
-            return ""
-        return f"{r['tokens_per_s'] / a['tokens_per_s']:.3f}"
+            return "" if text else None
+        value = r["tokens_per_s"] / a["tokens_per_s"]
+        return f"{value:.3f}" if text else value
 
     table = []
     for r in slim:
@@ -512,6 +526,19 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                                   "accept len", "drafted/draft", "requests", "out tokens",
                                   "prompt reused", "ms/token online / offline", "identical"],
                   tablefmt="github")
+    rounds = {}
+    for r in slim:
+        value = ratio(r, "arctic", text=False) if r["scenario"] == "cold" else None
+        if value is not None:
+            rounds.setdefault((r["workload"], r["mode"], r["method"]), []).append(value)
+    if any(len(v) > 1 for v in rounds.values()):
+        import statistics
+
+        md += "\n\nCold, vs arctic in the same round: median (min-max) over rounds\n\n" + tabulate(
+            [[*key, len(v), f"{statistics.median(v):.3f}", f"{min(v):.3f}-{max(v):.3f}"]
+             for key, v in rounds.items()],
+            headers=["workload", "mode", "method", "rounds", "median", "range"],
+            tablefmt="github")
     save_results(out, "vllm", {"knobs": knobs, "prompts": prompts, "rows": slim},
                  f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128; sql and bfcl: "
                  f"{prompts} prompts each; agent: {SESSIONS} sessions of {TURNS} turns, one request "
@@ -522,7 +549,7 @@ def write(rows, out: Path, knobs: dict, prompts: int) -> None:
                  f"restarted after serving the first half; suffixspec keeps its pool in a file "
                  f"(SUFFIXSPEC_POOL).  replicas: two servers at once on this host, every other "
                  f"request (agent: session) to each, tok/s over the wall time of both; "
-                 f"suffixspec's servers share one pool file.\n\n{md}")
+                 f"suffixspec's servers share one pool file.\n\n{md}", show=show)
 
 
 def measured(row: dict) -> str:
