@@ -89,7 +89,10 @@ def main(prompts, workloads, step_cost, setting, out):
     settings = {}
     for item in setting:
         name, _, value = item.partition("=")
-        settings[name] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
+        try:
+            settings[name] = json.loads(value)  # numbers, true/false, null
+        except ValueError:
+            settings[name] = value  # text, e.g. policy=counts
     cost = StepCost.parse(step_cost)
     rows, results = [], []
     for wl in workloads.split(","):

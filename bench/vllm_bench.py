@@ -142,12 +142,13 @@ def halves(work: list) -> tuple[list, list]:
 
 
 def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
-            phase: str = "all", barrier: Path | None = None) -> dict:
+            phase: str = "all", replica: tuple[int, int, Path] | None = None) -> dict:
     """Serve ``work`` and time it.  ``phase``: ``all`` (a cold server, after one
     warm-up request), ``day1`` / ``day2`` (one half, on a server just started:
     a restart between the days), ``both`` (day 1, then day 2 timed on the
-    same server: never restarted).  With ``barrier`` (replicas), the timed
-    part starts once every replica has touched a file in that folder."""
+    same server: never restarted).  With ``replica`` (index, count, barrier
+    folder), the timed part starts once every replica has touched a file in
+    that folder."""
     from vllm import LLM, SamplingParams
 
     multi_turn = wl == "agent"
@@ -171,8 +172,8 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
     elif phase == "both":
         serve(day1)
     timed = {"all": work, "day1": day1, "day2": day2, "both": day2}[phase]
-    if barrier is not None:
-        wait_for_replicas(barrier)
+    if replica is not None:
+        wait_for_replicas(*replica)
     before = spec_counts(llm)
     started = time.time()
     start = time.perf_counter()
@@ -195,12 +196,11 @@ def run_one(model: str, method: str, wl: str, work, concurrency: int, spec,
             "outputs": tokens, "prompt_ids": [list(o.prompt_token_ids) for o in outs]}
 
 
-def wait_for_replicas(barrier: Path, timeout: float = 600.0) -> None:
+def wait_for_replicas(me: int, total: int, barrier: Path, timeout: float = 600.0) -> None:
     """Touch this replica's file in ``barrier``, then wait for all of them."""
-    me, total = os.environ["BENCH_REPLICA"].split("/")
-    (barrier / me).touch()
+    (barrier / str(me)).touch()
     deadline = time.monotonic() + timeout
-    while len(list(barrier.iterdir())) < int(total):
+    while len(list(barrier.iterdir())) < total:
         if time.monotonic() > deadline:
             raise SystemExit("the other replicas never started")
         time.sleep(0.05)
@@ -381,8 +381,7 @@ def start_child(model, method, wl, traces, prompts, conc, knobs, phase="all", po
            "--traces", str(traces), "--prompts", str(prompts), "--concurrency", str(conc),
            "--knobs", json.dumps(knobs), "--phase", phase]
     if replica is not None:
-        env["BENCH_REPLICA"] = replica
-        cmd += ["--barrier", str(barrier)]
+        cmd += ["--replica", replica, "--barrier", str(barrier)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=Path(__file__).resolve().parents[1])
 
@@ -460,17 +459,20 @@ def merge_replicas(parts: list[dict]) -> dict:
 @click.option("--concurrency", type=int, required=True)
 @click.option("--knobs", required=True)
 @click.option("--phase", type=click.Choice(PHASES), default="all")
+@click.option("--replica", default=None, metavar="I/N",
+              help="Serve every N-th request from the I-th (replicas scenario).")
 @click.option("--barrier", type=click.Path(path_type=Path), default=None,
-              help="Replicas: start timing together (BENCH_REPLICA=I/N serves every N-th).")
-def one(model, method, wl, traces, prompts, concurrency, knobs, phase, barrier):
+              help="Replicas: the folder where they meet to start timing together.")
+def one(model, method, wl, traces, prompts, concurrency, knobs, phase, replica, barrier):
     """One (method, workload, mode) in this process; prints a JSON line."""
     work = workload(wl, traces, prompts)
-    if barrier is not None:
-        me, total = (int(x) for x in os.environ["BENCH_REPLICA"].split("/"))
+    if replica is not None:
+        me, total = (int(x) for x in replica.split("/"))
         work = work[me::total]
+        replica = (me, total, barrier)
     spec = spec_config(method, **json.loads(knobs)) if method != "none" else None
     res = run_one(model, method, wl, work, concurrency, spec,
-                  phase, barrier)
+                  phase, replica)
     print(json.dumps(res))
 
 
