@@ -195,7 +195,7 @@ class SuffixProposer:
                 self.extend(req_ids[0], token_ids[0])
             return
         _distinct(req_ids)
-        rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
+        rows = _fields(self._row(r) for r in req_ids)
         # One check of all the tokens at once: per-array checks cost more than the indexing.
         arrays = [t if isinstance(t, np.ndarray) else np.asarray(t) for t in token_ids]
         for a in arrays:
@@ -204,12 +204,12 @@ class SuffixProposer:
         arrays = [a for a in arrays if a.shape[0]] or [np.empty(0, np.int32)]
         offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
         tokens = as_token_ids(np.concatenate(arrays))
-        seqs = np.ascontiguousarray(rows[:, 1])
+        seqs = rows[1]
         cal.learn(self._stats_flat, self._pending_flat, seqs, tokens, offsets,
                   *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
-            self.cross.delta.extend_many(rows[:, 2], tokens, offsets)
+            self.cross.delta.extend_many(rows[2], tokens, offsets)
 
     @locked
     def finish_request(self, req_id: Hashable) -> None:
@@ -319,7 +319,7 @@ class SuffixProposer:
             return []
         if b > 1:
             _distinct(req_ids)
-        rows = np.array([self._row(r) for r in req_ids], np.int64).reshape(b, 3)
+        rows = _fields(self._row(r) for r in req_ids)
         limits = self._limits(max_spec_tokens, b)
         if self._out.n.shape[0] < b:
             self.outputs = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
@@ -329,7 +329,7 @@ class SuffixProposer:
         if self.step_cost is not None:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
         # Records as plain tuples (see ``native.layout``): typed faster per call.
-        batch = (rows[:, 1], rows[:, 0], rows[:, 2], limits, base_roots, delta_roots)
+        batch = (rows[1], rows[0], rows[2], limits, base_roots, delta_roots)
         propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self._knobs_flat,
                       self._stats_flat, self._out_flat, self._pending_flat, self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
@@ -428,6 +428,16 @@ class SuffixProposer:
         if b and limits.min() < 0:
             raise ValueError("max_spec_tokens must not be negative")
         return np.minimum(limits, self.max_spec_tokens).astype(np.int64)
+
+
+def _fields(rows) -> np.ndarray:
+    """Per-request ``(tree, seq, cross seq)`` rows as one contiguous array per field.
+
+    A column of a ``(b, 3)`` array is strided, which Numba types apart from a
+    single request's (contiguous) one: kernels would compile a second time
+    at the first step with two requests.
+    """
+    return np.array(list(rows), np.int64).reshape(-1, 3).T.copy()
 
 
 def _matrix(rows: list[list[int]]) -> np.ndarray:

@@ -19,10 +19,10 @@ def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
     nested lists, negative or too-large ids).
     """
     if (type(values) is np.ndarray and values.dtype is _INT32 and values.ndim == 1
-            and values.flags.c_contiguous):
-        # The engine's own arrays: one range check, no copy.
-        bad = first_bad_token(values)
-        if bad < 0:
+            and values.flags.c_contiguous and values.flags.writeable):
+        # The engine's own arrays: one range check in the kernel, no copy.
+        # Other arrays take numpy's check, so the kernel has one specialization.
+        if first_bad_token(values) < 0:
             return values
     arr = values if isinstance(values, np.ndarray) else np.asarray(values)
     if arr.ndim != 1:
@@ -31,14 +31,8 @@ def as_token_ids(values, name: str = "token_ids") -> np.ndarray:
         return np.empty(0, np.int32)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64:
-        # The kernel compares in int64; uint64 values above that range first.
-        if arr.max() > MAX_TOKEN_ID:
-            raise ValueError(f"{name} holds {arr.max()}, outside the token id range [0, {MAX_TOKEN_ID}]")
-        arr = arr.astype(np.int64)
-    bad = first_bad_token(arr)
-    if bad >= 0:
-        raise ValueError(f"{name} holds {arr[bad]}, outside the token id range [0, {MAX_TOKEN_ID}]")
-    if arr.dtype != np.int32:
-        arr = arr.astype(np.int32)
-    return np.ascontiguousarray(arr)
+    bad = np.flatnonzero((arr < 0) | (arr > MAX_TOKEN_ID))
+    if bad.size:
+        raise ValueError(f"{name} holds {arr[bad[0]]}, outside the token id range "
+                         f"[0, {MAX_TOKEN_ID}]")
+    return np.ascontiguousarray(arr, np.int32)

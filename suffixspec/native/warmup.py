@@ -82,16 +82,15 @@ def warmup(progress=None) -> float:
     step("drafting")
     # One batched step per policy.  The base index is always read-only (a
     # persistent pool's snapshot, or the proposer's read-only stand-in).
-    b = 1
+    b = 2
     out = lay.outputs(b, k)
     pending = lay.pending(b, k)
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     req = np.zeros(b, np.int64)
-    rows = np.zeros((b, 3), np.int64)  # as the proposer passes them: columns of one array
-    rows[:, 2] = -1
+    rows = np.zeros((3, b), np.int64)  # as the proposer passes them: rows of one array
+    rows[2] = -1
     cross_roots = np.full((b, 1), root, np.int64)
-    batch = (rows[:, 1], rows[:, 0], rows[:, 2], np.full(b, k, np.int64), cross_roots,
-             cross_roots)
+    batch = (rows[1], rows[0], rows[2], np.full(b, k, np.int64), cross_roots, cross_roots)
     # Plain tuples, exactly as the proposer passes them (see ``layout``).
     for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
                         (lay.COUNTS_POLICY, False)):
@@ -109,9 +108,7 @@ def warmup(progress=None) -> float:
     trie.compact_arena(ix.arena, ix.seqs, ix.meta)
     trie.drop_tree(flat, root)
     step("input checks")
-    for dtype in (np.int32, np.int64, np.uint32, np.int16, np.uint8):
-        token_checks.first_bad_token(tokens.astype(dtype))
-        token_checks.first_bad_token(_readonly(tokens.astype(dtype)))
+    token_checks.first_bad_token(tokens)  # writeable int32 only (see ``suffixspec.tokens``)
     lps = np.empty(4, np.int32)
     ngram.ngram_propose(tokens, tokens.shape[0], 1, 3, k, lps, work.cand.tokens)
     _done = True

@@ -1,0 +1,65 @@
+"""Compilation happens once, before serving: nothing compiles after ``warmup``."""
+
+import json
+import subprocess
+import sys
+
+# Serving as engines do it, after ``warmup``: batches of one and several
+# requests, read-only and int64 token arrays, every policy, a cross pool in
+# memory and a persistent pool with a snapshot.  Prints the kernels that
+# gained a specialization (compiled, or loaded from Numba's cache) meanwhile.
+SERVE = """
+import json, sys, tempfile
+import numpy as np
+from suffixspec.native import warmup
+from suffixspec.native.cache import cached_kernels
+
+warmup()
+before = {k: len(k.signatures) for k in cached_kernels()}
+
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.pools.persistent import PersistentPool
+
+rng = np.random.default_rng(0)
+text = rng.integers(0, 50, 400)
+
+def serve(prop, rounds=3):
+    for r in range(rounds):
+        ids = [f"{r}-{i}" for i in range(r + 1)]  # batches of 1, 2 and 3
+        for i, rid in enumerate(ids):
+            prompt = text[i:i + 40]
+            if i % 2:
+                prompt = prompt.astype(np.int32)
+                prompt.setflags(write=False)
+            prop.start_request(rid, prompt)
+        for step in range(6):
+            prop.propose(ids)
+            prop.propose(ids, max_spec_tokens=[4] * len(ids))
+            prop.extend_batch(ids, [text[40 + 3 * step:43 + 3 * step] for _ in ids])
+            prop.extend(ids[0], [int(text[60 + step])])
+        for rid in ids[:-1]:
+            prop.finish_request(rid)
+        prop.abort_request(ids[-1])
+
+for settings in ({}, {"tree": True}, {"policy": "counts"}, {"cross_pool_tokens": 0}):
+    serve(SuffixProposer(**settings))
+folder = tempfile.mkdtemp()
+for day in range(2):
+    pool = PersistentPool(folder + "/pool.lmdb", tokenizer=BYTES, max_depth=64)
+    prop = SuffixProposer(pool=pool, shared_namespace="shared" if day else None)
+    serve(prop)
+    pool.write_snapshot()
+    prop.save_calibration()
+    pool.close()
+grew = {f"{k.py_func.__module__}.{k.__name__}": len(k.signatures) - n
+        for k, n in before.items() if len(k.signatures) > n}
+print(json.dumps(grew))
+"""
+
+
+def test_serving_after_warmup_compiles_no_kernel_again():
+    out = subprocess.run([sys.executable, "-c", SERVE], capture_output=True, text=True,
+                         check=True).stdout
+    grew = json.loads(out.strip().splitlines()[-1])
+    assert grew == {}, f"kernels specialized again while serving: {grew}"
