@@ -7,6 +7,7 @@ import pytest
 
 from suffixspec import Draft, SuffixProposer
 from suffixspec.native import KERNELS, warmup
+from suffixspec.tokens import as_token_ids
 
 PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
 
@@ -323,3 +324,25 @@ def test_small_input_mistakes_are_refused():
     with pytest.raises(ValueError, match="valid text"):
         p.start_request("d", [1], namespace="\ud800")
     assert set(p.active_requests) == {"a", "b"}
+
+
+@pytest.mark.parametrize("values, message", [
+    ([1, -1], "holds -1, outside the token id range"),
+    (np.array([3, 1 << 30], np.int64), "holds 1073741824, outside"),
+    (np.array([2 ** 64 - 1], np.uint64), "holds 18446744073709551615, outside"),
+    (np.array([1.0, 2.0]), "must hold integers"),
+    ([[1, 2]], "must be one-dimensional"),
+])
+def test_bad_token_ids_are_named(values, message):
+    with pytest.raises(ValueError, match=message):
+        as_token_ids(values)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.uint64])
+@pytest.mark.parametrize("writeable", [True, False])
+def test_token_ids_of_any_integer_type_become_int32(dtype, writeable):
+    values = np.array([0, 5, (1 << 30) - 1 if np.iinfo(dtype).max >= 1 << 30 else 7], dtype)
+    values.setflags(write=writeable)
+    out = as_token_ids(values)
+    assert out.dtype == np.int32 and out.flags.c_contiguous
+    assert out.tolist() == values.astype(np.int64).tolist()
