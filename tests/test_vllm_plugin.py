@@ -356,3 +356,26 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
     assert code == 0, text[-6000:]
     assert "suffixspec drafter: calibrated policy, up to 8 tokens" in text  # the engine process used the plugin
     assert "suffixspec metrics at shutdown" in text
+
+
+def test_with_an_empty_kernel_cache_the_engine_serves_at_once_and_drafts_once_compiled(
+        model, prompts, baseline, tmp_path):
+    cache = tmp_path / "numba-cache"
+    result, log = generate(model, prompts, "--then-wait-for-drafts", "400",
+                           NUMBA_CACHE_DIR=str(cache))
+    # Served while the kernels compiled in the background: no drafts, same outputs.
+    before = result["before_ready"]
+    assert result["single"] == baseline["single"] and result["batch"] == baseline["batch"]
+    assert before["drafter"]["steps_before_ready"] > 0
+    assert before["counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
+    assert "suffixspec: compiling kernels in the background" in log
+    # Then drafting starts, and outputs stay the target model's.
+    assert re.search(r"suffixspec: kernels ready in \d+ s; drafting from engine step \d+", log)
+    assert result["after_ready"] == baseline["batch"]
+    assert accepted(result) > 0
+    # The compile filled the cache: a fresh process loads every kernel, compiling none.
+    warm = subprocess.run([str(Path(sys.executable).with_name("suffixspec")), "warmup", "--json"],
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}, capture_output=True,
+                          text=True, check=True)
+    loaded = json.loads(warm.stdout)
+    assert loaded["compiled"] == 0 and loaded["not_cached"] == [] and loaded["kernels"] > 10

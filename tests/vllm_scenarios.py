@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -51,6 +52,13 @@ def drafter_stats(llm):
         return drafter.stats() if hasattr(drafter, "stats") else None
 
     return llm.collective_rpc(stats)[0]
+
+
+def drafter_ready(llm) -> bool:
+    def ready(worker):
+        return getattr(worker.model_runner.drafter, "proposer", None) is not None
+
+    return llm.collective_rpc(ready)[0]
 
 
 def _rank_stats(worker):
@@ -114,8 +122,12 @@ def main() -> None:
 @click.option("--tp", default=1, help="Tensor-parallel ranks.")
 @click.option("--unknown-runner", is_flag=True,
               help="Make the plugin's runner contract check fail, as on an unknown vLLM.")
+@click.option("--then-wait-for-drafts", default=0.0,
+              help="After the modes, wait up to this many seconds for the drafter to be "
+                   "ready (kernels compiling), then run the batch again as 'after_ready'.")
 def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_bytes,
-             max_num_seqs, block_size, fault_every, no_arctic, tp, unknown_runner):
+             max_num_seqs, block_size, fault_every, no_arctic, tp, unknown_runner,
+             then_wait_for_drafts):
     """Greedy outputs for the prompts, one at a time and/or as one batch."""
     if no_arctic:
         block_arctic()
@@ -137,6 +149,13 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
         else:
             outs = llm.generate(prompts, params, use_tqdm=False)
         result[mode] = [list(o.outputs[0].token_ids) for o in outs]
+    if then_wait_for_drafts:
+        result["before_ready"] = {"counters": counters(llm), "drafter": drafter_stats(llm)}
+        deadline = time.monotonic() + then_wait_for_drafts
+        while not drafter_ready(llm) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        result["after_ready"] = [list(o.outputs[0].token_ids) for o in outs]
     result["counters"] = counters(llm)
     result["drafter"] = drafter_stats(llm)
     result["drafter_class"] = drafter_class(llm)

@@ -7,6 +7,7 @@ import click
 
 from suffixspec.cli.pool import export_cmd, forget_cmd, ingest_cmd, prune_cmd, snapshot_cmd, stats_cmd
 from suffixspec.cli.replay import replay_cmd
+from suffixspec.cli.warmup import warmup_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +17,7 @@ def main():
 
 
 for command in (replay_cmd, ingest_cmd, stats_cmd, prune_cmd, forget_cmd, export_cmd,
-                snapshot_cmd):
+                snapshot_cmd, warmup_cmd):
     main.add_command(command)
 
 __all__ = ["main"]

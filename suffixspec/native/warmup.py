@@ -7,8 +7,10 @@ views of read-only buffers.
 """
 
 import time
+from contextlib import nullcontext
 
 import numpy as np
+from numba.core import event
 
 from . import calibration as cal, counts, layout as lay, ngram, propose, trie
 from . import tokens as token_checks
@@ -36,15 +38,40 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 STEPS = ("indexing", "queries", "drafting", "learning", "maintenance", "input checks")
 
 
-def warmup(progress=None) -> float:
+class NotCached(Exception):
+    """A kernel is missing from Numba's on-disk cache (``warmup(cached_only=True)``)."""
+
+
+class _RefuseCompiles(event.Listener):
+    """Stops a compile of one of this package's kernels before it begins."""
+
+    def on_start(self, ev):
+        func = ev.data["dispatcher"].py_func
+        if func.__module__.startswith(__package__ + "."):
+            raise NotCached(f"{func.__module__}.{func.__qualname__} is not cached")
+
+    def on_end(self, ev):
+        pass
+
+
+def warmup(progress=None, cached_only: bool = False) -> float:
     """Compile (or load) every kernel; returns the seconds it took.
 
     ``progress(step)``, if given, is called as each of ``STEPS`` begins.
+    ``cached_only``: load from Numba's on-disk cache only, and raise
+    ``NotCached`` (at once, compiling nothing) when a kernel is not there;
+    the kernels loaded so far stay loaded.
     Idempotent: later calls return 0.0 at once.
     """
-    global _done
     if _done:
         return 0.0
+    with event.install_listener("numba:compile", _RefuseCompiles()) if cached_only \
+            else nullcontext():
+        return _warmup(progress)
+
+
+def _warmup(progress) -> float:
+    global _done
 
     def step(name):
         if progress is not None:

@@ -20,6 +20,7 @@ from suffixspec.config import DEFAULT_DRAFT_COST
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.settings import Settings, length_knobs
+from suffixspec.kernels import BackgroundStart, from_cache
 from suffixspec.native.calibration import ST_COST
 from suffixspec.stepcost import StepCost, StepCostEstimator
 
@@ -63,26 +64,50 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         # pool); the others take its drafts, one broadcast per step.
         self.tp = _tensor_parallel_group()
         self.leader = self.tp is None or self.tp.rank_in_group == 0
+        # Until the kernels are ready there is no proposer, and steps get no draft.
+        self.proposer = None
+        self.step_cost = None
+        self._step_end = None  # when the last propose returned: the next step starts
+        self._start = None
         if not self.leader:
-            self.proposer = None
             self.publisher = None
             return
-        _load_kernels()
-        self.proposer = build_proposer(config, vllm_config.model_config, self.settings)
-        # The draft cost: set by the user, or measured from the engine's step times.
-        self.step_cost = None
-        if self.settings.draft_cost is None and self.proposer.policy == "calibrated":
-            self.step_cost = StepCostEstimator(StepCost.from_draft_cost(DEFAULT_DRAFT_COST))
-            self.proposer.step_cost = self.step_cost
-        self.metrics.step_cost = self.step_cost
-        self._step_end = None  # when the last propose returned: the next step starts
         self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
-        pool = self.settings.pool or ("in memory" if self.proposer.cross is not None else "off")
-        prop = self.proposer
+        # A pool that cannot serve (another tokenizer's, damaged) stops the
+        # engine's start now, whether or not the kernels are ready.
+        tokenizer = None
+        if self.settings.pool is not None and config.suffix_decoding_max_cached_requests != 0:
+            tokenizer = engine_tokenizer(vllm_config.model_config, self.settings)
+            check_pool(self.settings.pool, tokenizer, config)
+
+        def build():
+            return build_proposer(config, vllm_config.model_config, self.settings, tokenizer)
+
+        if from_cache():
+            self._start_drafting(build())
+            return
+        logger.info("suffixspec: compiling kernels in the background (first run with this "
+                    "Numba cache, about a minute); the engine serves without drafts meanwhile")
+
+        def then(seconds: float) -> None:
+            self._start_drafting(build())
+            logger.info("suffixspec: kernels ready in %.0f s; drafting from engine step %d on",
+                        seconds, self.metrics.steps + 1)
+
+        self._start = BackgroundStart(then, logger).start()
+
+    def _start_drafting(self, prop) -> None:
+        # The draft cost: set by the user, or measured from the engine's step times.
+        if self.settings.draft_cost is None and prop.policy == "calibrated":
+            self.step_cost = StepCostEstimator(StepCost.from_draft_cost(DEFAULT_DRAFT_COST))
+            prop.step_cost = self.step_cost
+        self.metrics.step_cost = self.step_cost
+        pool = self.settings.pool or ("in memory" if prop.cross is not None else "off")
         ranks = "" if self.tp is None else f", drafting for {self.tp.world_size} ranks"
         logger.info("suffixspec drafter: %s policy, up to %d tokens, depth %d, %s, "
                     "cross-request pool %s%s", prop.policy, self.num_speculative_tokens,
                     prop.max_depth, _length_rule(prop, self.settings), pool, ranks)
+        self.proposer = prop  # last: a step sees a proposer only once it is complete
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load: drafts come from the tries."""
@@ -92,7 +117,11 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                 slot_mappings=None) -> list[list[int]]:
         """One draft per batch row; rows still in prefill (no sampled token) get none."""
         drafts = None
-        if self.leader:
+        if self.leader and self.proposer is None:  # kernels still compiling
+            drafts = [[] for _ in sampled_token_ids]
+            self.metrics.steps += 1
+            self.metrics.steps_before_ready += 1
+        elif self.leader:
             n = len(sampled_token_ids)
             start = time.perf_counter()
             if self.step_cost is not None:
@@ -231,6 +260,12 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         """
         if not self.leader:
             return
+        if self._start is not None:
+            self._start.stop()
+        if self.proposer is None:
+            logger.info("suffixspec metrics at shutdown: %s", self.metrics.summary())
+            self.publisher.close()
+            return
         for req_id in list(self.indexed):
             self.request_removed(req_id)
         logger.info("suffixspec metrics at shutdown: %s", self.metrics.summary())
@@ -290,22 +325,6 @@ def _tensor_parallel_group():
     return group if group.world_size > 1 else None
 
 
-def _load_kernels() -> None:
-    """Compile (first run) or load the kernels, saying so when it takes a while."""
-    import threading
-
-    from suffixspec.native import warmup
-
-    note = threading.Timer(2.0, logger.info, ("suffixspec: compiling kernels, first run only "
-                                              "(about a minute); later runs load them",))
-    note.daemon = True
-    note.start()
-    seconds = warmup()
-    note.cancel()
-    if seconds > 2.0:
-        logger.info("suffixspec: kernels ready in %.0f s", seconds)
-
-
 def _length_rule(prop, settings: Settings) -> str:
     if prop.policy == "counts":
         return (f"spec factor {prop.max_spec_factor:.2f}, "
@@ -319,7 +338,18 @@ def _length_rule(prop, settings: Settings) -> str:
     return cost + extra
 
 
-def build_proposer(spec_config, model_config, settings: Settings):
+def check_pool(path: str, tokenizer, spec_config) -> None:
+    """Open the pool file and close it: refuses another tokenizer's pool, a
+    damaged one or another trie depth, as opening it for drafting would."""
+    from suffixspec.pools.store import PoolStore
+
+    depth = max(spec_config.suffix_decoding_max_tree_depth, 2)
+    PoolStore(path, tokenizer, depth).close()
+
+
+def build_proposer(spec_config, model_config, settings: Settings, tokenizer=None):
+    """The proposer; ``tokenizer``, the engine's, checks a persistent pool
+    (found from ``model_config`` when not given)."""
     from suffixspec.proposer import SuffixProposer
 
     depth = spec_config.suffix_decoding_max_tree_depth
@@ -340,7 +370,9 @@ def build_proposer(spec_config, model_config, settings: Settings):
                               cross_pool_requests=max_cached, **kwargs)
     from suffixspec.pools.persistent import PersistentPool
 
-    pool = PersistentPool(settings.pool, tokenizer=engine_tokenizer(model_config, settings),
+    if tokenizer is None:
+        tokenizer = engine_tokenizer(model_config, settings)
+    pool = PersistentPool(settings.pool, tokenizer=tokenizer,
                           max_depth=depth, max_tokens=settings.cross_tokens,
                           snapshot_every=settings.snapshot_every)
     return SuffixProposer(pool=pool, **kwargs)

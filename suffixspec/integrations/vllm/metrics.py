@@ -34,6 +34,7 @@ class PoolCounts:
 class DrafterMetrics:
     log_interval: float = 10.0
     steps: int = 0                 # propose calls
+    steps_before_ready: int = 0    # of them, while the kernels were compiling (no drafts)
     request_steps: int = 0         # requests asked for a draft
     seconds: float = 0.0           # time inside propose
     failures: int = 0
@@ -66,7 +67,8 @@ class DrafterMetrics:
         self._pending.pop(req_id, None)
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "request_steps": self.request_steps,
+        return {"steps": self.steps, "steps_before_ready": self.steps_before_ready,
+                "request_steps": self.request_steps,
                 "seconds": self.seconds, "failures": self.failures, "finished": self.finished,
                 **{f"{p}_{k}": v for p, c in self.pools.items() for k, v in vars(c).items()}}
 
@@ -81,8 +83,11 @@ class DrafterMetrics:
 
     def summary(self) -> str:
         asked = max(self.request_steps, 1)
-        parts = [f"{self.request_steps} draft requests in {self.steps} steps, "
-                 f"{1e6 * self.seconds / max(self.steps, 1):.0f} us/step"]
+        drafting = self.steps - self.steps_before_ready
+        parts = [f"{self.request_steps} draft requests in {drafting} steps, "
+                 f"{1e6 * self.seconds / max(drafting, 1):.0f} us/step"]
+        if self.steps_before_ready:
+            parts.append(f"{self.steps_before_ready} steps without drafts while compiling")
         for name, c in self.pools.items():
             rate = 100.0 * c.accepted_tokens / max(c.drafted_tokens, 1)
             parts.append(f"{name} pool: hit {100.0 * c.drafts / asked:.1f}%, accepted "

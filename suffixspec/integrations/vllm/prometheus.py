@@ -40,6 +40,8 @@ _PER_POOL = {
 }
 _TOTALS = {
     "suffixspec_proposer_steps": ("Engine steps the drafter proposed for", "steps"),
+    "suffixspec_proposer_steps_before_ready": ("Engine steps without drafts while the "
+                                               "kernels compiled", "steps_before_ready"),
     "suffixspec_proposer_seconds": ("Seconds spent drafting", "seconds"),
     "suffixspec_proposer_failures": ("Drafting failures (those steps got no draft)",
                                      "failures"),
