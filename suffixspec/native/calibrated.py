@@ -196,10 +196,11 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
             best_gain = gain
             best_n = n
             best_len = m
-            out.tokens[:n] = cand.tokens[:n]
-            out.parents[:n] = cand.parents[:n]
-            out.probs[:n] = cand.probs[:n]
-            out.buckets[:n] = cand.buckets[:n]
+            for j in range(n):  # loops, not slice copies: those compile a costly error path
+                out.tokens[j] = cand.tokens[j]
+                out.parents[j] = cand.parents[j]
+                out.probs[j] = cand.probs[j]
+                out.buckets[j] = cand.buckets[j]
     return best_n, best_gain, best_len
 
 

@@ -146,9 +146,10 @@ def _tree_best(index, root, ctx, start, end, limit, knobs, own, out, work):
             best_score = score
             best_rank = rank
             best_len = length
-            out.tokens[:n] = cand.tokens[:n]
-            out.parents[:n] = cand.parents[:n]
-            out.probs[:n] = cand.probs[:n]
+            for j in range(n):  # loops, not slice copies: those compile a costly error path
+                out.tokens[j] = cand.tokens[j]
+                out.parents[j] = cand.parents[j]
+                out.probs[j] = cand.probs[j]
     if best_n == 0:
         return 0, 0.0, 0.0, match_len
     return best_n, best_score, best_rank, best_len
@@ -166,10 +167,10 @@ def draft_request(i, local, local_roots, base, delta, batch, knobs, out, work):
     own = (l_seqs[s, SEQ_SLOT], l_seqs[s, SEQ_LEN], l_seqs[s, SEQ_LEN])
     n, score, best, m = _tree_best(local, np.int64(local_roots[batch.trees[i]]), ctx, start, end, limit,
                                    knobs, own, work.best, work)
-    if n > 0:
-        row[0][:n] = work.best.tokens[:n]
-        row[1][:n] = work.best.parents[:n]
-        row[2][:n] = work.best.probs[:n]
+    for j in range(n):
+        row[0][j] = work.best.tokens[j]
+        row[1][j] = work.best.parents[j]
+        row[2][j] = work.best.probs[j]
     out.n[i] = n
     out.score[i] = score
     out.match[i] = m
@@ -193,9 +194,10 @@ def draft_request(i, local, local_roots, base, delta, batch, knobs, out, work):
                                                    own, work.best, work)
             if n2 > 0 and rank2 > best:
                 best = rank2
-                row[0][:n2] = work.best.tokens[:n2]
-                row[1][:n2] = work.best.parents[:n2]
-                row[2][:n2] = work.best.probs[:n2]
+                for j in range(n2):
+                    row[0][j] = work.best.tokens[j]
+                    row[1][j] = work.best.parents[j]
+                    row[2][j] = work.best.probs[j]
                 out.n[i] = n2
                 out.score[i] = score2
                 out.match[i] = m2

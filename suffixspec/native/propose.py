@@ -51,8 +51,9 @@ def propose(local, local_roots, base, delta, batch, knobs, stats, out, pending, 
                                      batch, knobs, stats, out, work)
             n = out.n[i]
             pending.n[s] = n
-            pending.tokens[s, :n] = out.tokens[i, :n]
-            pending.parents[s, :n] = out.parents[i, :n]
-            pending.buckets[s, :n] = out.buckets[i, :n]
+            for j in range(n):  # loops, not slice copies: those compile a costly error path
+                pending.tokens[s, j] = out.tokens[i, j]
+                pending.parents[s, j] = out.parents[i, j]
+                pending.buckets[s, j] = out.buckets[i, j]
         else:
             counts.draft_request(i, local, local_roots, base, delta, batch, knobs, out, work)

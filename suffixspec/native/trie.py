@@ -753,7 +753,14 @@ def move_seq(arena, seqs, meta, s, new_off, new_cap):
     """Copy sequence ``s`` to a fresh region of token storage."""
     off = seqs[s, SEQ_OFF]
     n = seqs[s, SEQ_LEN]
-    arena[new_off:new_off + n] = arena[off:off + n]
+    # A loop in the direction that is safe where the regions overlap (a slice
+    # copy would compile a costly error path).
+    if new_off <= off:
+        for j in range(n):
+            arena[new_off + j] = arena[off + j]
+    else:
+        for j in range(n - 1, -1, -1):
+            arena[new_off + j] = arena[off + j]
     seqs[s, SEQ_OFF] = new_off
     seqs[s, SEQ_CAP] = new_cap
     end = new_off + new_cap
