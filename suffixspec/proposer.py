@@ -16,7 +16,7 @@ from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
-from suffixspec.native import warmup
+from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.pools.store import PoolError
@@ -118,7 +118,7 @@ class SuffixProposer:
         # so the drafting kernel is compiled for one kind of base index only.
         self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
                                     token_capacity=16).read_only_arrays()
-        warmup()
+        warmup(steps=SERVING)
         self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
         # pool), scored against the emitted tokens by ``extend``.

@@ -1,20 +1,22 @@
 """Compilation happens once, before serving: nothing compiles after ``warmup``."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
-# Serving as engines do it, after ``warmup``: batches of one and several
+# Serving as engines do it, after ``warmup`` of the serving steps: batches of one and several
 # requests, read-only and int64 token arrays, every policy, a cross pool in
 # memory and a persistent pool with a snapshot.  Prints the kernels that
 # gained a specialization (compiled, or loaded from Numba's cache) meanwhile.
 SERVE = """
 import json, sys, tempfile
 import numpy as np
-from suffixspec.native import warmup
 from suffixspec.native.cache import cached_kernels
+from suffixspec.native.warmup import SERVING, warmup
 
-warmup()
+warmup(steps=SERVING)
 before = {k: len(k.signatures) for k in cached_kernels()}
 
 from suffixspec import SuffixProposer
@@ -63,3 +65,21 @@ def test_serving_after_warmup_compiles_no_kernel_again():
                          check=True).stdout
     grew = json.loads(out.strip().splitlines()[-1])
     assert grew == {}, f"kernels specialized again while serving: {grew}"
+
+
+def _replay(cache) -> dict:
+    cli = str(Path(sys.executable).with_name("suffixspec"))
+    out = subprocess.run([cli, "replay", "--json"], env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                         capture_output=True, text=True, check=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    return {k: v for k, v in row.items() if "_us_" not in k}  # drafts, not timings
+
+
+def test_a_first_run_compiles_on_two_cores_and_fills_the_cache_for_the_next(tmp_path):
+    cold = _replay(tmp_path)  # empty cache: the drafting kernel compiles in a child process
+    probe = ("from suffixspec.kernels import from_cache; from suffixspec.native.warmup import "
+             "SERVING; print(from_cache(SERVING))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=True)
+    assert loaded.stdout.strip() == "True"  # every serving kernel is in the cache now
+    assert _replay(tmp_path) == cold

@@ -59,7 +59,10 @@ class KernelLoader:
     line on stderr says so and follows the steps.
     """
 
-    def __init__(self):
+    def __init__(self, steps=None):
+        from suffixspec.native.warmup import STEPS
+
+        self.steps = STEPS if steps is None else tuple(steps)
         self._lock = threading.Lock()
         self._bar = None
         self._step = None
@@ -91,10 +94,10 @@ class KernelLoader:
         return self.seconds
 
     def _run(self) -> None:
-        from suffixspec.native import warmup
+        from suffixspec.kernels import compile_on_two_cores
 
         try:
-            self.seconds = warmup(self._progress)
+            self.seconds = compile_on_two_cores(self.steps, self._progress)
         except BaseException as e:  # noqa: BLE001 - raised again by wait()
             self._error = e
 
@@ -111,11 +114,9 @@ class KernelLoader:
     def _show(self) -> None:
         from tqdm import tqdm
 
-        from suffixspec.native.warmup import STEPS
-
         with self._lock:
             if not self._thread.is_alive():
                 return
-            self._bar = tqdm(total=len(STEPS), initial=self._done, file=sys.stderr,
+            self._bar = tqdm(total=len(self.steps), initial=self._done, file=sys.stderr,
                              desc=_COMPILING + (self._step or ""),
                              bar_format="{desc} ({n}/{total} steps, {elapsed})")

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from suffixspec.cli.common import KernelLoader, load_tokenizer, open_pool
 from suffixspec.config import DEFAULT_DRAFT_COST, DEFAULT_NAMESPACE, POLICIES, ProposerConfig
 from suffixspec.fingerprint import BYTES
+from suffixspec.native.warmup import SERVING
 from suffixspec.replay.engines import ENGINES, make_proposer
 from suffixspec.replay.harness import METRIC_KEYS, replay
 from suffixspec.replay.traces import load_trace
@@ -110,7 +111,7 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
     if engine == "arctic" and importlib.util.find_spec("arctic_inference") is None:
         raise click.UsageError("--engine arctic needs arctic-inference (bench/setup_arctic.sh "
                                "builds it)")
-    kernels = KernelLoader().start()  # compiles (first run) while traces load
+    kernels = KernelLoader(SERVING).start()  # compiles (first run) while traces load
     workloads = []
     if not traces:
         workloads.append(("built-in", default_workload()))

@@ -1,9 +1,11 @@
-"""Compile every kernel once, on writeable and read-only arrays.
+"""Compile every kernel once, in named steps, on the arrays serving passes.
 
 Numba compiles on first call (or loads its on-disk cache, ``cache=True``);
 calling ``warmup()`` at start-up keeps that out of the first engine step.
-Read-only variants matter because a persistent pool hands the query kernels
-views of read-only buffers.
+Each step compiles the kernels of one job, for exactly the argument types
+the package passes them (read-only variants included: a persistent pool
+hands the query kernels views of read-only buffers), so serving compiles
+nothing more.  A command can ready only the steps it needs.
 """
 
 import time
@@ -15,27 +17,9 @@ from numba.core import event
 from . import calibration as cal, counts, layout as lay, ngram, propose, trie
 from . import tokens as token_checks
 
-_done = False
+_done: set[str] = set()
 
-
-def _tiny_index(depth=4) -> lay.Index:
-    meta = np.zeros(lay.META_SIZE, np.int64)
-    meta[lay.META_DEPTH] = depth
-    meta[lay.META_FREE_HEAD] = -1
-    return lay.Index(meta, np.full((64, lay.NODE_FIELDS), -1, np.int32),
-                     np.full(128, lay.EMPTY, np.int64), np.full(128, -1, np.int32),
-                     np.zeros(64, np.int32), np.zeros((2, lay.SEQ_FIELDS), np.int64),
-                     np.zeros((2, depth), np.int32))
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a = a.copy()
-    a.setflags(write=False)
-    return a
-
-
-#: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
-STEPS = ("indexing", "queries", "drafting", "learning", "maintenance", "input checks")
+DEPTH, K = 4, 4
 
 
 class NotCached(Exception):
@@ -54,91 +38,132 @@ class _RefuseCompiles(event.Listener):
         pass
 
 
-def warmup(progress=None, cached_only: bool = False) -> float:
-    """Compile (or load) every kernel; returns the seconds it took.
-
-    ``progress(step)``, if given, is called as each of ``STEPS`` begins.
-    ``cached_only``: load from Numba's on-disk cache only, and raise
-    ``NotCached`` (at once, compiling nothing) when a kernel is not there;
-    the kernels loaded so far stay loaded.
-    Idempotent: later calls return 0.0 at once.
-    """
-    if _done:
-        return 0.0
-    with event.install_listener("numba:compile", _RefuseCompiles()) if cached_only \
-            else nullcontext():
-        return _warmup(progress)
-
-
-def _warmup(progress) -> float:
-    global _done
-
-    def step(name):
-        if progress is not None:
-            progress(name)
-
-    t0 = time.perf_counter()
-    step("indexing")
-    depth = 4
-    ix = _tiny_index(depth)
+def _tiny_index() -> tuple[lay.Index, int]:
+    """An index with one empty tree and one open sequence in it, and the tree's root."""
+    meta = np.zeros(lay.META_SIZE, np.int64)
+    meta[lay.META_DEPTH] = DEPTH
+    meta[lay.META_FREE_HEAD] = -1
+    ix = lay.Index(meta, np.full((64, lay.NODE_FIELDS), -1, np.int32),
+                   np.full(128, lay.EMPTY, np.int64), np.full(128, -1, np.int32),
+                   np.zeros(64, np.int32), np.zeros((2, lay.SEQ_FIELDS), np.int64),
+                   np.zeros((2, DEPTH), np.int32))
     root = trie.new_root(ix.nodes, ix.meta)
     ix.seqs[0, lay.SEQ_CAP] = 32
     ix.seqs[0, lay.SEQ_ROOT] = root
     ix.seqs[0, lay.SEQ_STATE] = lay.SEQ_LIVE
-    tokens = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
-    flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
-    trie.extend(flat, 0, tokens)
-    trie.extend(flat, 0, _readonly(tokens))
-    trie.extend_batch(flat, np.zeros(1, np.int64), tokens[:2], np.array([0, 2], np.int64),
-                      np.zeros(2, np.int64))
     ix.meta[lay.META_ARENA_TOP] = 32
-    assert trie.check_integrity(flat) == 0
-    k = 4
-    work = lay.workspace(k)
+    return ix, root
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+TOKENS = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
+
+
+def _indexing(ix, root):
+    flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
+    trie.extend(flat, 0, TOKENS)
+    trie.extend(flat, 0, _readonly(TOKENS))
+    trie.extend_batch(flat, np.zeros(1, np.int64), TOKENS[:2], np.array([0, 2], np.int64),
+                      np.zeros(2, np.int64))
+
+
+def _queries(ix, root):
+    work = lay.workspace(K)
     ctx = np.array([1, 2], np.int32)
-    ro = lay.read_only(ix)
     own = (np.int64(-1), np.int64(0), np.int64(0))
-    step("queries")
-    for index in (ix, ro):
+    for index in (ix, lay.read_only(ix)):
         for c in (ctx, _readonly(ctx)):
-            length, x, off = trie.longest_match(index, root, c, 0, 2, depth, True, own)
-            counts.draft_path(index, x, off, k, 0.1, work.cand.tokens, work.cand.probs, 1)
-            counts.draft_tree(index, x, off, k, 0.1, work.cand.tokens, work.cand.parents,
+            length, x, off = trie.longest_match(index, root, c, 0, 2, DEPTH, True, own)
+            counts.draft_path(index, x, off, K, 0.1, work.cand.tokens, work.cand.probs, 1)
+            counts.draft_tree(index, x, off, K, 0.1, work.cand.tokens, work.cand.parents,
                               work.cand.probs, work.heap)
             trie.continuations(index, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
-    step("drafting")
-    # One batched step per policy.  The base index is always read-only (a
-    # persistent pool's snapshot, or the proposer's read-only stand-in).
+
+
+def _drafting(ix, root):
+    # One batched step per policy, for two requests, with records as plain
+    # tuples and batch fields as contiguous rows, exactly as the proposer
+    # passes them.  The base index is always read-only (a persistent pool's
+    # snapshot, or the proposer's read-only stand-in).
     b = 2
-    out = lay.outputs(b, k)
-    pending = lay.pending(b, k)
-    stats = cal.new_stats(0.0)  # any cost: this only compiles
-    req = np.zeros(b, np.int64)
-    rows = np.zeros((3, b), np.int64)  # as the proposer passes them: rows of one array
+    ro = tuple(lay.read_only(ix))
+    rows = np.zeros((3, b), np.int64)
     rows[2] = -1
     cross_roots = np.full((b, 1), root, np.int64)
-    batch = (rows[1], rows[0], rows[2], np.full(b, k, np.int64), cross_roots, cross_roots)
-    # Plain tuples, exactly as the proposer passes them (see ``layout``).
+    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots, cross_roots)
+    stats = cal.new_stats(0.0)  # any cost: this only compiles
+    out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
     for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
                         (lay.COUNTS_POLICY, False)):
-        knobs = (depth, 1.0, 0.0, 0.1, tree, flags)
-        propose.propose_batch(tuple(ro), np.array([root], np.int32), tuple(ro), tuple(ro), batch,
-                              knobs, tuple(stats), tuple(out), tuple(pending), lay.flat(work))
-    step("learning")
-    cal.learn(tuple(stats), tuple(pending), req, tokens, np.array([0, 2], np.int64),
-              np.empty(k, np.int64), np.empty(k, np.bool_))
-    step("maintenance")
+        knobs = (DEPTH, 1.0, 0.0, 0.1, tree, flags)
+        propose.propose_batch(ro, np.array([root], np.int32), ro, ro, batch, knobs,
+                              tuple(stats), tuple(out), tuple(pending), work)
+
+
+def _learning(ix, root):
+    cal.learn(tuple(cal.new_stats(0.0)), tuple(lay.pending(1, K)), np.zeros(1, np.int64),
+              TOKENS, np.array([0, 2], np.int64), np.empty(K, np.int64), np.empty(K, np.bool_))
+
+
+def _maintenance(ix, root):
+    flat = tuple(ix)
+    trie.extend(flat, 0, TOKENS)
     keys2, vals2 = np.full(256, lay.EMPTY, np.int64), np.full(256, -1, np.int32)
     trie.rehash(ix.hkeys, ix.hvals, keys2, vals2, ix.meta)
-    trie.remove_seq(flat, 0, np.zeros(depth + 1, np.int32))
+    trie.remove_seq(flat, 0, np.zeros(DEPTH + 1, np.int32))
     trie.move_seq(ix.arena, ix.seqs, ix.meta, 0, 40, 8)
     trie.compact_arena(ix.arena, ix.seqs, ix.meta)
     trie.drop_tree(flat, root)
-    step("input checks")
-    token_checks.first_bad_token(tokens)  # writeable int32 only (see ``suffixspec.tokens``)
-    lps = np.empty(4, np.int32)
-    ngram.ngram_propose(tokens, tokens.shape[0], 1, 3, k, lps, work.cand.tokens)
-    _done = True
+
+
+def _checks(ix, root):
+    flat = tuple(ix)
+    trie.extend(flat, 0, TOKENS)
+    assert trie.check_integrity(flat) == 0
+    token_checks.first_bad_token(TOKENS)  # writeable int32 only (see ``suffixspec.tokens``)
+    ngram.ngram_propose(TOKENS, TOKENS.shape[0], 1, 3, K, np.empty(4, np.int32),
+                        np.empty(K, np.int32))
+
+
+_STEPS = {"indexing": _indexing, "queries": _queries, "drafting": _drafting,
+          "learning": _learning, "maintenance": _maintenance, "checks": _checks}
+
+#: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
+STEPS = tuple(_STEPS)
+
+#: What serving (``SuffixProposer``, the CLI's replay) calls; the rest (the
+#: index's query API, integrity and input checks, the prompt-lookup baseline)
+#: compiles on first use.
+SERVING = ("indexing", "drafting", "learning", "maintenance")
+
+
+def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
+    """Compile (or load) the kernels of ``steps``; returns the seconds it took.
+
+    ``progress(step)``, if given, is called as each step begins.
+    ``cached_only``: load from Numba's on-disk cache only, and raise
+    ``NotCached`` (at once, compiling nothing) when a kernel is not there;
+    the kernels loaded so far stay loaded.  A step done once is not done
+    again.
+    """
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        raise ValueError(f"unknown warmup steps {sorted(unknown)}; they are {', '.join(STEPS)}")
+    t0 = time.perf_counter()
+    with event.install_listener("numba:compile", _RefuseCompiles()) if cached_only \
+            else nullcontext():
+        for name in STEPS:
+            if name not in steps or name in _done:
+                continue
+            if progress is not None:
+                progress(name)
+            _STEPS[name](*_tiny_index())
+            _done.add(name)
     return time.perf_counter() - t0
 
 
