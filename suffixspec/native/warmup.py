@@ -66,8 +66,7 @@ TOKENS = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
 
 def _indexing(ix, root):
     flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
-    trie.extend(flat, 0, TOKENS)
-    trie.extend(flat, 0, _readonly(TOKENS))
+    trie.extend(flat, 0, TOKENS)  # writeable tokens only (see ``SuffixIndex.extend``)
     trie.extend_batch(flat, np.zeros(1, np.int64), TOKENS[:2], np.array([0, 2], np.int64),
                       np.zeros(2, np.int64))
 
@@ -117,7 +116,7 @@ def _maintenance(ix, root):
     trie.rehash(ix.hkeys, ix.hvals, keys2, vals2, ix.meta)
     trie.remove_seq(flat, 0, np.zeros(DEPTH + 1, np.int32))
     trie.move_seq(ix.arena, ix.seqs, ix.meta, 0, 40, 8)
-    trie.compact_arena(ix.arena, ix.seqs, ix.meta)
+    trie.compact_arena(ix.arena, ix.seqs, ix.meta, np.argsort(ix.seqs[:, lay.SEQ_OFF]))
     trie.drop_tree(flat, root)
 
 
