@@ -24,10 +24,15 @@ from suffixspec.native.warmup import STEPS, NotCached
 LONGEST = "drafting"
 
 
-def _child(steps) -> list[str]:
-    """A command that compiles the kernels of ``steps`` into Numba's cache."""
-    return [sys.executable, "-c",
-            f"from suffixspec.native.warmup import warmup; warmup(steps={tuple(steps)!r})"]
+def _child(steps, stderr=subprocess.DEVNULL) -> subprocess.Popen | None:
+    """A child process compiling the kernels of ``steps`` into Numba's cache
+    (None where no process can be started)."""
+    code = f"from suffixspec.native.warmup import warmup; warmup(steps={tuple(steps)!r})"
+    try:
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    except OSError:
+        return None
 
 
 def from_cache(steps=STEPS) -> bool:
@@ -53,11 +58,7 @@ def compile_on_two_cores(steps=STEPS, progress=None) -> float:
         return time.perf_counter() - t0
     child = None
     if LONGEST in steps and not from_cache((LONGEST,)):
-        try:
-            child = subprocess.Popen(_child((LONGEST,)), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
-            child = None
+        child = _child((LONGEST,))
     warmup(progress, steps=[s for s in steps if s != LONGEST or child is None])
     if child is not None:
         if progress is not None:
@@ -114,12 +115,9 @@ class BackgroundStart:
                                "is drafted: %r", exc, exc_info=exc)
 
     def _compile_in_child(self) -> None:
-        try:
-            self._child = subprocess.Popen(_child(STEPS),
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, text=True)
-        except OSError as exc:
-            self._logger.info("suffixspec: compiling in this process (no child process: %s)", exc)
+        self._child = _child(STEPS, stderr=subprocess.PIPE)
+        if self._child is None:
+            self._logger.info("suffixspec: compiling in this process (no child process)")
             return
         _, err = self._child.communicate()
         if self._child.returncode != 0 and not self._stopped.is_set():
