@@ -367,7 +367,8 @@ def test_with_an_empty_kernel_cache_the_engine_serves_at_once_and_drafts_once_co
     before = result["before_ready"]
     assert result["single"] == baseline["single"] and result["batch"] == baseline["batch"]
     assert before["drafter"]["steps_before_ready"] > 0
-    assert before["counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
+    if not before["ready"]:  # still compiling after the first requests (the usual case)
+        assert before["counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
     assert "suffixspec: compiling kernels in the background" in log
     # Then drafting starts, and outputs stay the target model's.
     assert re.search(r"suffixspec: kernels ready in \d+ s; drafting from engine step \d+", log)

@@ -150,7 +150,8 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
             outs = llm.generate(prompts, params, use_tqdm=False)
         result[mode] = [list(o.outputs[0].token_ids) for o in outs]
     if then_wait_for_drafts:
-        result["before_ready"] = {"counters": counters(llm), "drafter": drafter_stats(llm)}
+        result["before_ready"] = {"counters": counters(llm), "drafter": drafter_stats(llm),
+                                  "ready": drafter_ready(llm)}
         deadline = time.monotonic() + then_wait_for_drafts
         while not drafter_ready(llm) and time.monotonic() < deadline:
             time.sleep(1.0)
