@@ -343,8 +343,12 @@ def check_pool(path: str, tokenizer, spec_config) -> None:
     damaged one or another trie depth, as opening it for drafting would."""
     from suffixspec.pools.store import PoolStore
 
-    depth = max(spec_config.suffix_decoding_max_tree_depth, 2)
-    PoolStore(path, tokenizer, depth).close()
+    PoolStore(path, tokenizer, trie_depth(spec_config)).close()
+
+
+def trie_depth(spec_config) -> int:
+    """vLLM's ``suffix_decoding_max_tree_depth``, at least 2 (one token matched, one drafted)."""
+    return max(int(spec_config.suffix_decoding_max_tree_depth), 2)
 
 
 def build_proposer(spec_config, model_config, settings: Settings, tokenizer=None):
@@ -352,10 +356,10 @@ def build_proposer(spec_config, model_config, settings: Settings, tokenizer=None
     (found from ``model_config`` when not given)."""
     from suffixspec.proposer import SuffixProposer
 
-    depth = spec_config.suffix_decoding_max_tree_depth
-    if depth < 2:
-        logger.warning("suffixspec: suffix_decoding_max_tree_depth %d raised to 2", depth)
-        depth = 2
+    depth = trie_depth(spec_config)
+    if depth != spec_config.suffix_decoding_max_tree_depth:
+        logger.warning("suffixspec: suffix_decoding_max_tree_depth %d raised to 2",
+                       spec_config.suffix_decoding_max_tree_depth)
     max_cached = spec_config.suffix_decoding_max_cached_requests
     factor, min_prob = length_knobs(spec_config, settings.policy)
     kwargs = dict(max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
