@@ -361,19 +361,26 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
 def test_with_an_empty_kernel_cache_the_engine_serves_at_once_and_drafts_once_compiled(
         model, prompts, baseline, tmp_path):
     cache = tmp_path / "numba-cache"
+    pool = str(tmp_path / "pool")
     result, log = generate(model, prompts, "--then-wait-for-drafts", "400",
-                           NUMBA_CACHE_DIR=str(cache))
+                           NUMBA_CACHE_DIR=str(cache), SUFFIXSPEC_POOL=pool)
     # Served while the kernels compiled in the background: no drafts, same outputs.
     before = result["before_ready"]
     assert result["single"] == baseline["single"] and result["batch"] == baseline["batch"]
     assert before["drafter"]["steps_before_ready"] > 0
     if not before["ready"]:  # still compiling after the first requests (the usual case)
         assert before["counters"].get("vllm:spec_decode_num_draft_tokens", 0) == 0
+        # Those requests' outputs joined the pool once drafting started.
+        assert result["drafter"]["finished_before_ready"] == 2 * len(baseline["batch"])
+        assert "that finished while the kernels compiled joined the cross-request pool" in log
     assert "suffixspec: compiling kernels in the background" in log
     # Then drafting starts, and outputs stay the target model's.
     assert re.search(r"suffixspec: kernels ready in \d+ s; drafting from engine step \d+", log)
     assert result["after_ready"] == baseline["batch"]
     assert accepted(result) > 0
+    # Every output is in the pool once, whether it finished before or after.
+    assert_committed_once(stored_outputs(pool),
+                          result["single"] + result["batch"] + result["after_ready"])
     # The compile filled the cache: a fresh process loads every kernel, compiling none.
     warm = subprocess.run([str(Path(sys.executable).with_name("suffixspec")), "warmup", "--json"],
                           env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}, capture_output=True,

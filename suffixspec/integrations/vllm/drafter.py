@@ -17,6 +17,7 @@ import numpy as np
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
 from suffixspec.config import DEFAULT_DRAFT_COST
+from suffixspec.integrations.vllm.early import BeforeReady
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.settings import Settings, length_knobs
@@ -64,8 +65,10 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         # pool); the others take its drafts, one broadcast per step.
         self.tp = _tensor_parallel_group()
         self.leader = self.tp is None or self.tp.rank_in_group == 0
-        # Until the kernels are ready there is no proposer, and steps get no draft.
+        # Until the kernels are ready there is no proposer, and steps get no
+        # draft; what requests emit meanwhile is kept for it.
         self.proposer = None
+        self.before_ready = None
         self.step_cost = None
         self._step_end = None  # when the last propose returned: the next step starts
         self._start = None
@@ -88,6 +91,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
             return
         logger.info("suffixspec: compiling kernels in the background (first run with this "
                     "Numba cache, about a minute); the engine serves without drafts meanwhile")
+        self.before_ready = BeforeReady()
 
         def then(seconds: float) -> None:
             self._start_drafting(build())
@@ -121,8 +125,11 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
             drafts = [[] for _ in sampled_token_ids]
             self.metrics.steps += 1
             self.metrics.steps_before_ready += 1
+            self.before_ready.see(input_batch, sampled_token_ids)
         elif self.leader:
             n = len(sampled_token_ids)
+            if self.before_ready is not None:
+                self._hand_over()
             start = time.perf_counter()
             if self.step_cost is not None:
                 self._time_step(start, input_batch, sampled_token_ids)
@@ -140,6 +147,21 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         if self.tp is not None:
             drafts = self.tp.broadcast_object(drafts, src=0)
         return drafts
+
+    def _hand_over(self) -> None:
+        """The first step with a proposer: the requests that finished while the
+        kernels compiled join the pools, as if it had seen them finish."""
+        early, self.before_ready = self.before_ready, None
+        try:
+            kept = early.hand_over(self.proposer)
+        except Exception as exc:
+            self._failed(exc, [])
+            return
+        self.metrics.finished += kept
+        self.metrics.finished_before_ready = kept
+        if kept:
+            logger.info("suffixspec: %d requests that finished while the kernels compiled "
+                        "joined the cross-request pool", kept)
 
     def _time_step(self, now: float, batch, sampled_token_ids) -> None:
         """Feed the step that just ran to the cost estimator: the time since the
@@ -242,6 +264,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
     # ------------------------------------------------------------ lifecycle
     def request_removed(self, req_id: str) -> None:
         """The runner dropped ``req_id`` (finished or aborted, never preempted)."""
+        if self.before_ready is not None:
+            self.before_ready.removed(req_id)
         if self.indexed.pop(req_id, None) is None:
             return
         self.metrics.forget(req_id)

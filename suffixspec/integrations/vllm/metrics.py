@@ -39,6 +39,7 @@ class DrafterMetrics:
     seconds: float = 0.0           # time inside propose
     failures: int = 0
     finished: int = 0              # requests committed to the cross pool
+    finished_before_ready: int = 0  # of them, requests that finished while the kernels compiled
     step_cost: object = None       # the drafter's StepCostEstimator, when it measures
     pools: dict[str, PoolCounts] = field(default_factory=lambda: {p: PoolCounts() for p in POOLS})
     _pending: dict = field(default_factory=dict)   # req_id -> (draft tokens, pool)
@@ -70,6 +71,7 @@ class DrafterMetrics:
         return {"steps": self.steps, "steps_before_ready": self.steps_before_ready,
                 "request_steps": self.request_steps,
                 "seconds": self.seconds, "failures": self.failures, "finished": self.finished,
+                "finished_before_ready": self.finished_before_ready,
                 **{f"{p}_{k}": v for p, c in self.pools.items() for k, v in vars(c).items()}}
 
     def maybe_log(self, logger: logging.Logger) -> None:
