@@ -83,8 +83,6 @@ def recording_generator(base, table: np.ndarray, counts: Counter, fallback_chain
 
 
 def run(model, tokenizer, conversations, fallback_chain: int, max_new_tokens: int) -> dict:
-    import torch
-
     import suffixspec.integrations.transformers as integration
     from suffixspec import SuffixProposer
 
@@ -96,15 +94,9 @@ def run(model, tokenizer, conversations, fallback_chain: int, max_new_tokens: in
     integration.use_suffixspec(model, SuffixProposer(max_depth=64, max_spec_tokens=16))
     calls = [0]
     hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    outputs, start = [], time.perf_counter()
+    start = time.perf_counter()
     try:
-        for messages in conversations:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                return_tensors="pt", return_dict=True)["input_ids"]
-            with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                     max_new_tokens=max_new_tokens)
-            outputs.append(out[0, ids.shape[1]:].tolist())
+        outputs = plain(model, tokenizer, conversations, max_new_tokens)
     finally:
         hook.remove()
         integration.SuffixCandidateGenerator = base
@@ -114,6 +106,7 @@ def run(model, tokenizer, conversations, fallback_chain: int, max_new_tokens: in
 
 
 def plain(model, tokenizer, conversations, max_new_tokens: int) -> list[list[int]]:
+    """Greedy outputs of ``model.generate`` (drafting as installed, if at all)."""
     import torch
 
     outs = []
