@@ -33,6 +33,8 @@ VARIANTS = [
     ("calibrated, no anchors", "suffixspec", {"anchors": False}),
     ("calibrated, longest match only", "suffixspec", {"all_match_lengths": False}),
     ("calibrated, no self-discount", "suffixspec", {"self_discount": False}),
+    ("calibrated tree (merged)", "suffixspec", {"tree": True}),
+    ("calibrated tree, best candidate's", "suffixspec", {"tree": True, "merge_trees": False}),
     ("counts (all three on)", "suffixspec", COUNTS),
     ("counts, longest match only", "suffixspec", {**COUNTS, "all_match_lengths": False}),
     ("counts, no self-discount", "suffixspec", {**COUNTS, "self_discount": False}),

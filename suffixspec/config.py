@@ -62,6 +62,10 @@ class ProposerConfig:
         calibrated one (its draft cost sets the bar).
     tree:
         Draft best-first token trees instead of single paths.
+    merge_trees:
+        Tree drafts: merge the trees of every candidate (each match length
+        in each pool) into one draft, keeping its most probable tokens,
+        instead of drafting the best candidate's tree.
     policy:
         ``"calibrated"`` or ``"counts"`` (arctic-inference's policy).
     draft_cost:
@@ -106,6 +110,7 @@ class ProposerConfig:
     max_spec_offset: float = 0.0
     min_token_prob: float | None = None
     tree: bool = False
+    merge_trees: bool = True
     policy: str = "calibrated"
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True

@@ -20,8 +20,9 @@ from numba import njit
 from . import calibration as cal
 from .heap import heap_push, heap_take
 from .layout import (ALL_LENGTHS, ANCHORED, COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE,
-                     FROM_REQUEST, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT,
-                     TOKEN)
+                     FROM_REQUEST, MERGE_TREES, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF, SEQ_ROOT,
+                     SEQ_SLOT, TOKEN)
+from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
 
@@ -146,6 +147,7 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
     table, state = stats
     cand = work.cand
     depth = index.active.shape[1]
+    merging = knobs.tree and knobs.flags & MERGE_TREES
     best_n = 0
     best_len = 0
     longer = -1  # occurrences of the last length tried
@@ -182,9 +184,13 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
         if cnt <= 0 or c <= 0:
             continue
         q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
-        if cap * (q - thr) <= best_gain:
+        if q <= thr or (not merging and cap * (q - thr) <= best_gain):
             continue
-        if knobs.tree:
+        if merging:  # every candidate's whole tree goes into the merged one
+            n, gain = draft_tree(index, x, off, cap, thr, discount, s, m, stats, -1.0, cand,
+                                 work.heap)
+            merge_in(work.merged, cand, n)
+        elif knobs.tree:
             n, gain = draft_tree(index, x, off, cap, thr, discount, s, m, stats, best_gain, cand,
                                  work.heap)
         else:
@@ -246,7 +252,14 @@ def _tree_draft(index, root, ctx, start, end, anchored, own, how, knobs, stats, 
 
 @njit(cache=True)
 def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs, stats, out, work):
-    """The calibrated policy for request ``i``: the best draft of all its trees."""
+    """The calibrated policy for request ``i``: the best draft of all its trees.
+
+    With ``MERGE_TREES`` in tree mode, the draft merges every candidate's tree
+    (``merge``); its match length and source are the best candidate's.
+    """
+    merging = knobs.tree and knobs.flags & MERGE_TREES
+    if merging:
+        merge_reset(work.merged)
     l_seqs = local.seqs
     s = batch.seqs[i]
     start, end = tail(local, s, knobs.depth)
@@ -298,6 +311,8 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
             out.n[i] = n
             out.match[i] = m
             out.source[i] = source
+    if merging and out.n[i] > 0:
+        out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0
     for t in range(out.n[i]):
         score += out.probs[i, t]

@@ -69,6 +69,7 @@ SELF_DISCOUNT = 2   # leave the context's own occurrence out of the first probab
 LONG_BIAS = 4       # counts policy: a match of length L ranks (1 + L / (4 * depth)) times its sum
 CALIBRATED = 8      # calibrated probabilities and cost-aware length (else: counts)
 ANCHORED = 16       # also query cross trees with the start-anchored context
+MERGE_TREES = 32    # tree drafts: merge every candidate's tree into one draft
 DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | CALIBRATED | ANCHORED
 COUNTS_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
 
@@ -91,8 +92,14 @@ Heap = namedtuple("Heap", "prob node off parent bucket depth")
 #: One draft's rows: tokens, parents, probabilities, calibration buckets.
 Candidate = namedtuple("Candidate", "tokens parents probs buckets")
 
-#: Scratch of one propose call: a tree's best draft, the draft being built, the frontier.
-Workspace = namedtuple("Workspace", "best cand heap")
+#: Candidates' trees merged into one (``merge``): node rows, each node's first
+#: child and next sibling, where each token of the candidate being merged went,
+#: and ``size``: nodes in use, first first-level node.
+Merged = namedtuple("Merged", "tokens parents probs buckets first next where size")
+
+#: Scratch of one propose call: a tree's best draft, the draft being built, the
+#: frontier, the merged tree.
+Workspace = namedtuple("Workspace", "best cand heap merged")
 
 #: The requests of one step.  Request ``i`` reads its context from sequence
 #: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
@@ -133,9 +140,19 @@ def candidate(k: int) -> Candidate:
                      np.empty(k, np.int32))
 
 
+#: A merged tree holds up to this many times a draft's tokens before the best are kept.
+MERGE_ROOM = 4
+
+
+def merged(k: int) -> Merged:
+    m = MERGE_ROOM * k
+    return Merged(*candidate(m), np.empty(m, np.int32), np.empty(m, np.int32),
+                  np.empty(k, np.int32), np.array([0, -1], np.int64))
+
+
 def workspace(max_tokens: int, min_prob: float = 0.0) -> Workspace:
     k = max(max_tokens, 1)
-    return Workspace(candidate(k), candidate(k), heap_scratch(k, min_prob))
+    return Workspace(candidate(k), candidate(k), heap_scratch(k, min_prob), merged(k))
 
 
 def outputs(rows: int, max_tokens: int) -> Outputs:

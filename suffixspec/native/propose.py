@@ -12,8 +12,8 @@ draft ever holds one.
 from numba import njit
 
 from . import calibrated, calibration as cal, counts
-from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Outputs, Pending, Stats,
-                     Workspace)
+from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending,
+                     Stats, Workspace)
 
 
 @njit(cache=True)
@@ -22,11 +22,12 @@ def propose_batch(local, local_roots, base, delta, batch, knobs, stats, out, pen
 
     Numba types a plain tuple of arrays several times faster than a
     namedtuple on every call, so records cross the Python boundary plain and
-    are named again here (``work`` is ``(best, cand, heap)``, each plain).
+    are named again here (``work`` is ``(best, cand, heap, merged)``, each plain).
     """
     propose(Index(*local), local_roots, Index(*base), Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
-            Workspace(Candidate(*work[0]), Candidate(*work[1]), Heap(*work[2])))
+            Workspace(Candidate(*work[0]), Candidate(*work[1]), Heap(*work[2]),
+                      Merged(*work[3])))
 
 
 @njit(cache=True)
