@@ -66,6 +66,10 @@ class ProposerConfig:
         Tree drafts: merge the trees of every candidate (each match length
         in each pool) into one draft, keeping its most probable tokens,
         instead of drafting the best candidate's tree.
+    recency:
+        Calibrated policy: also draft what followed the latest earlier
+        occurrence of the request's longest match in its own tokens, scored
+        in its own calibration source.
     policy:
         ``"calibrated"`` or ``"counts"`` (arctic-inference's policy).
     draft_cost:
@@ -111,6 +115,7 @@ class ProposerConfig:
     min_token_prob: float | None = None
     tree: bool = False
     merge_trees: bool = True
+    recency: bool = False
     policy: str = "calibrated"
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True

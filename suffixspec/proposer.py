@@ -43,7 +43,8 @@ def policy_flags(config: ProposerConfig) -> int:
             | (lay.LONG_BIAS if config.long_match_bias and counts else 0)
             | (0 if counts else lay.CALIBRATED)
             | (lay.ANCHORED if config.anchors and not counts else 0)
-            | (lay.MERGE_TREES if config.merge_trees and not counts else 0))
+            | (lay.MERGE_TREES if config.merge_trees and not counts else 0)
+            | (lay.RECENT if config.recency and not counts else 0))
 
 
 class SuffixProposer:

@@ -63,9 +63,10 @@ def test_anchored_query_finds_exactly_the_outputs_with_that_start(data):
 @given(st.lists(st.tuples(st.lists(st.integers(0, 4), max_size=20),
                           st.lists(st.integers(0, 4), min_size=1, max_size=30)),
                 min_size=1, max_size=10),
-       st.booleans(), st.sampled_from([0.0, 0.03]))
-def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
-    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=cost)
+       st.booleans(), st.sampled_from([0.0, 0.03]), st.booleans())
+def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost, recency):
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=cost,
+                       recency=recency)
     for n, (prompt, output) in enumerate(requests):
         # Every other request shares a prompt, so anchored queries match.
         p.start_request(n, prompt if n % 2 else requests[0][0])

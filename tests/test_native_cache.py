@@ -35,3 +35,19 @@ def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
     assert _probe(tmp_path) == {"hits": 0, "misses": 1}  # compiled again, not the stale copy
     assert stamps[0].read_text() == source_digest()
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}
+
+
+def test_every_cached_kernel_of_the_package_is_flushed_when_stale():
+    import importlib
+
+    from suffixspec.native.cache import HERE, NOT_KERNELS, cached_kernels
+
+    known = set(map(id, cached_kernels()))
+    for path in sorted(HERE.glob("*.py")):
+        if path.name in NOT_KERNELS:
+            continue
+        module = importlib.import_module(f"suffixspec.native.{path.stem}")
+        for name, value in vars(module).items():
+            if getattr(value, "__module__", None) == module.__name__ and hasattr(
+                    getattr(value, "_cache", None), "flush"):
+                assert id(value) in known, f"{path.stem}.{name} is not in cached_kernels()"

@@ -8,6 +8,8 @@ One job per module:
 * ``counts``, ``calibrated``, ``arctic``: the three drafting policies, each
   with one path drafter and one tree drafter;
 * ``calibration``: the calibrated policy's online acceptance statistics;
+* ``merge`` (one tree from every candidate's) and ``recency`` (the latest
+  occurrence's continuation): the calibrated policy's extra candidates;
 * ``propose``: the batched per-step driver;
 * ``ngram`` (the prompt-lookup baseline), ``tokens`` (token-id checks);
 * ``warmup`` compiles them all, and ``cache`` keeps Numba's on-disk cache in

@@ -35,9 +35,11 @@ def source_digest() -> str:
 
 def cached_kernels():
     """Every ``cache=True`` dispatcher defined in this package."""
-    from . import arctic, calibrated, calibration, counts, heap, ngram, propose, tokens, trie
+    from . import (arctic, calibrated, calibration, counts, heap, merge, ngram, propose, recency,
+                   tokens, trie)
 
-    for module in (arctic, calibrated, calibration, counts, heap, ngram, propose, tokens, trie):
+    for module in (arctic, calibrated, calibration, counts, heap, merge, ngram, propose, recency,
+                   tokens, trie):
         for value in vars(module).values():
             cache = getattr(value, "_cache", None)
             if getattr(value, "__module__", None) == module.__name__ and hasattr(cache, "flush"):

@@ -20,9 +20,10 @@ from numba import njit
 from . import calibration as cal
 from .heap import heap_push, heap_take
 from .layout import (ALL_LENGTHS, ANCHORED, COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE,
-                     FROM_REQUEST, MERGE_TREES, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF, SEQ_ROOT,
-                     SEQ_SLOT, TOKEN)
+                     FROM_REQUEST, MERGE_TREES, NEXT, RECENT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF,
+                     SEQ_ROOT, SEQ_SLOT, TOKEN)
 from .merge import merge_in, merge_out, merge_reset
+from .recency import draft_recent, latest_occurrence
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
 
@@ -251,6 +252,43 @@ def _tree_draft(index, root, ctx, start, end, anchored, own, how, knobs, stats, 
 
 
 @njit(cache=True)
+def _recent(local, root, s, start, end, own, how, knobs, stats, best, out, work):
+    """The recency candidate of request sequence ``s`` (``recency``), if it beats ``best``.
+
+    Merged into the tree draft when merging.  Returns ``(n, gain, match_len)``,
+    n 0 when nothing beat ``best``.
+    """
+    src, recent, limit, thr = how
+    hi, x, off = longest_match(local, root, local.arena, start, end, knobs.depth - 1, True, own)
+    if hi <= 0:
+        return 0, best, 0
+    e = latest_occurrence(local.arena, local.seqs[s, SEQ_OFF], end, hi)
+    if e < 0:
+        return 0, best, 0
+    cap = limit
+    if knobs.factor >= 0.0:
+        c2 = int(hi * knobs.factor + knobs.offset + 1e-6)
+        if c2 < cap:
+            cap = c2
+    discount = 0
+    if knobs.flags & SELF_DISCOUNT and off == edge_len(local.nodes, local.seqs, x):
+        discount = 1
+    cand = work.cand
+    n, gain = draft_recent(local, x, off, (e, end), cap, thr, discount,
+                           src + cal.N_SRC * recent, hi, stats, cand)
+    if knobs.tree and knobs.flags & MERGE_TREES:
+        merge_in(work.merged, cand, n)
+    if n == 0 or gain <= best:
+        return 0, best, 0
+    for j in range(n):
+        out.tokens[j] = cand.tokens[j]
+        out.parents[j] = cand.parents[j]
+        out.probs[j] = cand.probs[j]
+        out.buckets[j] = cand.buckets[j]
+    return n, gain, hi
+
+
+@njit(cache=True)
 def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs, stats, out, work):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
@@ -283,6 +321,16 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
+    if knobs.flags & RECENT:
+        n, gain, m = _recent(local, np.int64(local_roots[batch.trees[i]]), s, start, end,
+                             (l_seqs[s, SEQ_SLOT], own_len, own_len),
+                             (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs, stats, best,
+                             row, work)
+        if n > 0:
+            best = gain
+            out.n[i] = n
+            out.match[i] = m
+            out.source[i] = FROM_REQUEST
     anchored = (delta.arena, c_end, n_anchors, out_len)
     cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     for j in range(batch.base_roots.shape[1]):

@@ -3,8 +3,8 @@
 A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
-with the ordinary context, or a start-anchored query: global, prompt-start
-key, whole-prompt key), how the request's previous draft fared, the match
+with the ordinary context, a start-anchored query: global, prompt-start key,
+whole-prompt key, or the recency candidate), how the request's previous draft fared, the match
 length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
@@ -45,7 +45,8 @@ from .layout import Stats
 SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
-N_SRC = 5
+SRC_RECENT = 5  # the request's own tree, along what followed the latest occurrence (``recency``)
+N_SRC = 6
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0

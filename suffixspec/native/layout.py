@@ -70,6 +70,7 @@ LONG_BIAS = 4       # counts policy: a match of length L ranks (1 + L / (4 * dep
 CALIBRATED = 8      # calibrated probabilities and cost-aware length (else: counts)
 ANCHORED = 16       # also query cross trees with the start-anchored context
 MERGE_TREES = 32    # tree drafts: merge every candidate's tree into one draft
+RECENT = 64         # also draft what followed the latest occurrence of the request's match
 DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | CALIBRATED | ANCHORED
 COUNTS_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
 
