@@ -64,6 +64,21 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
     pool.delta.check_integrity()
 
 
+def test_own_outputs_after_the_snapshot_stay_drafted_when_the_pool_reloads(tmp_path):
+    """A reload (here: a namespace asked for anew) rebuilds the in-memory part from the file,
+    this process's own commits included."""
+    pool = pool_at(tmp_path / "pool.lmdb")
+    prop = proposer(pool)
+    run_request(prop, "a", [1, 2], [600, 601, 602, 603])
+    pool.write_snapshot()
+    run_request(prop, "b", [3], PATTERN)  # committed by this process, after the snapshot
+    pool.want(["another"])  # the next refresh reloads
+    pool.refresh()
+    prop.start_request("c", [5] + PATTERN[:3])
+    assert prop.propose(["c"])[0].token_ids.tolist() == PATTERN[3:]
+    pool.delta.check_integrity()
+
+
 def test_aborted_requests_are_not_stored(tmp_path):
     pool = pool_at(tmp_path / "pool.lmdb")
     prop = proposer(pool)

@@ -371,8 +371,8 @@ class PersistentPool(CrossPool):
             self.delta.extend(seq, old.sequence(seq))
         self._committed.clear()
         self._seen = watermark
+        self._own = set()  # the new delta holds none of them: index them from the store
         self._catch_up(None)
-        self._own = set()
         self._since_snapshot = 0
         self._last_refresh = time.monotonic()
         self._stale = False
