@@ -25,26 +25,27 @@ from .layout import (ALL_LENGTHS, ANCHORED, COUNT, Candidate, FIRST, FROM_ANCHOR
 from .merge import merge_in, merge_out, merge_reset
 from .recency import draft_recent, latest_occurrence
 from .tokens import SYNTHETIC_BASE
-from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
+from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
+from .union import advance, best_next, bound_next, position
 
 
 @njit(cache=True)
-def draft_path(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand):
-    """Most frequent continuation from ``(x, off)`` while its probability beats ``thr``.
+def draft_path(a, pa, b, pb, cap, thr, discount, src, match_len, stats, beat, cand):
+    """Most frequent continuation while its probability beats ``thr``.
 
-    Returns ``(n, gain)``, the gain being ``sum(p - thr)``.  Gives up (gain
-    -1) as soon as the path can no longer gain more than ``beat``: no later
-    token is more probable than the current one.
+    The string sits at position ``pa`` in index ``a`` and ``pb`` in ``b``
+    (``union``; a position with node -1 when an index lacks it), and counts
+    add up over both.  Returns ``(n, gain)``, the gain being ``sum(p - thr)``.
+    Gives up (gain -1) as soon as the path can no longer gain more than
+    ``beat``: no later token is more probable than the current one.
     """
-    nodes, arena, seqs = index.nodes, index.arena, index.seqs
     table, state = stats
     n = 0
     prob = 1.0
     gain = 0.0
-    length = edge_len(nodes, seqs, x)
     while n < cap:
         d = discount if n == 0 else 0
-        tok, c, cnt, nx = step_best(nodes, arena, seqs, x, off, length, d)
+        tok, c, cnt = best_next(a, pa, b, pb, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
         fine = cal.bucket(src, match_len, n, c, cnt)
@@ -59,12 +60,8 @@ def draft_path(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
         n += 1
         if gain + (cap - n) * (p - thr) <= beat:
             return n, -1.0
-        if nx != x:
-            x = nx
-            off = 1
-            length = edge_len(nodes, seqs, x)
-        else:
-            off += 1
+        pa = advance(a, pa[0], pa[1], pa[2], tok)
+        pb = advance(b, pb[0], pb[1], pb[2], tok)
     return n, gain
 
 
@@ -132,34 +129,46 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
 
 
 @njit(cache=True)
-def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out, work):
-    """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in one tree.
+def _own_end(own, length, pos):
+    """Whether the context's own occurrence ends at ``pos`` (it has no continuation yet)."""
+    return own[0] >= 0 and length <= own[2] and pos[0] >= 0 and pos[1] == pos[2]
 
-    ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
+
+@njit(cache=True)
+def _lengths(sa, sb, ctx, end, span, how, knobs, stats, best_gain, out, work):
+    """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in one tree, or two at once.
+
+    ``sa`` and ``sb`` are ``(index, root, own)``: the tree's root (-1: no
+    tree) and the request's own open sequence in it, if any (see
+    ``trie.suffix_position``).  With both, the trees are one pool's two parts
+    and a path draft adds up their counts (``union``); tree drafts take one
+    tree only.  ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
     context is start-anchored: its last ``anchor_out`` tokens are output, the
     ones before are anchors, and the source follows from how many anchors a
     length spans.  Returns ``(n, gain, match_len)``, n 0 when nothing beat
     ``best_gain``.
     """
-    nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    a, ra, own_a = sa
+    b, rb, own_b = sb
     lo_len, hi_len, anchor_out = span
     src, recent, limit, thr = how
     table, state = stats
     cand = work.cand
-    depth = index.active.shape[1]
+    depth = a.active.shape[1]
     merging = knobs.tree and knobs.flags & MERGE_TREES
     best_n = 0
     best_len = 0
     longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
-        x, off = suffix_position(index, root, ctx, end, length, own)
-        if x == -1:
+        xa, oa = suffix_position(a, ra, ctx, end, length, own_a) if ra >= 0 else (-1, 0)
+        xb, ob = suffix_position(b, rb, ctx, end, length, own_b) if rb >= 0 else (-1, 0)
+        if xa == -1 and xb == -1:
             continue
         # As many occurrences as one token longer: every occurrence is one of
         # the longer match, so the continuations are the same, and the longer
         # match already drafted them unless the depth bound cut its draft.
-        occurrences = nodes[x, COUNT]
+        occurrences = (a.nodes[xa, COUNT] if xa >= 0 else 0) + (b.nodes[xb, COUNT] if xb >= 0 else 0)
         if anchor_out < 0 and occurrences == longer and length + 1 + limit <= depth:
             continue
         longer = occurrences
@@ -176,26 +185,32 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
                 cap = c2
         if cap <= 0:
             continue
-        length_x = edge_len(nodes, seqs, x)
+        pa = position(a, xa, oa)
+        pb = position(b, xb, ob)
         discount = 0
-        if knobs.flags & SELF_DISCOUNT and own[0] >= 0 and length <= own[2] and off == length_x:
+        if knobs.flags & SELF_DISCOUNT and (_own_end(own_a, length, pa) or _own_end(own_b, length, pb)):
             discount = 1
-        # Every later token is at most as probable as the first.
-        tok, c, cnt, nx = step_best(nodes, arena, seqs, x, off, length_x, discount)
+        # Every later token is at most as probable as the first.  Where both
+        # trees hold the string, the first token's count is only bounded here
+        # (draft_path finds it, and gives up at once where it cannot win).
+        if pa[0] >= 0 and pb[0] >= 0:
+            c, cnt = bound_next(a, pa, b, pb, discount)
+        else:
+            _, c, cnt = best_next(a, pa, b, pb, discount)
         if cnt <= 0 or c <= 0:
             continue
         q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
         if q <= thr or (not merging and cap * (q - thr) <= best_gain):
             continue
         if merging:  # every candidate's whole tree goes into the merged one
-            n, gain = draft_tree(index, x, off, cap, thr, discount, s, m, stats, -1.0, cand,
+            n, gain = draft_tree(a, xa, oa, cap, thr, discount, s, m, stats, -1.0, cand,
                                  work.heap)
             merge_in(work.merged, cand, n)
         elif knobs.tree:
-            n, gain = draft_tree(index, x, off, cap, thr, discount, s, m, stats, best_gain, cand,
+            n, gain = draft_tree(a, xa, oa, cap, thr, discount, s, m, stats, best_gain, cand,
                                  work.heap)
         else:
-            n, gain = draft_path(index, x, off, cap, thr, discount, s, m, stats, best_gain, cand)
+            n, gain = draft_path(a, pa, b, pb, cap, thr, discount, s, m, stats, best_gain, cand)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -212,26 +227,35 @@ def _lengths(index, root, ctx, end, span, own, how, knobs, stats, best_gain, out
 
 
 @njit(cache=True)
-def _tree_draft(index, root, ctx, start, end, anchored, own, how, knobs, stats, best, out, work):
-    """The best calibrated draft of one tree, if it beats ``best``.
+def _tree_draft(sa, sb, ctx, start, end, anchored, how, knobs, stats, best, out, work):
+    """The best calibrated draft of one tree, or of two trees counted together, if it beats ``best``.
 
-    Queries the ordinary context ``ctx[start:end]`` at every match length
-    and, with ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
+    ``sa`` and ``sb`` are ``(index, root, own)`` as for ``_lengths``.  Queries
+    the ordinary context ``ctx[start:end]`` at every match length and, with
+    ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
     (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
     is ``(c_arena, c_end, anchors, out_len)``, at the lengths that reach into
     the anchors.  Returns ``(n, gain, match_len, source)``, n 0 when nothing
     beat ``best``.
     """
+    a, ra, own_a = sa
+    b, rb, own_b = sb
     c_arena, c_end, n_anchors, out_len = anchored
     depth = knobs.depth
     n_best = 0
     m_best = 0
     source = FROM_NONE
-    hi, x, off = longest_match(index, root, ctx, start, end, depth - 1, True, own)
+    hi = 0
+    if ra >= 0:
+        hi, _, _ = longest_match(a, ra, ctx, start, end, depth - 1, True, own_a)
+    if rb >= 0:
+        hb, _, _ = longest_match(b, rb, ctx, start, end, depth - 1, True, own_b)
+        if hb > hi:
+            hi = hb
     if hi > 0:
         lo = 1 if knobs.flags & ALL_LENGTHS else hi
-        n, gain, m = _lengths(index, root, ctx, end, (lo, hi, np.int64(-1)), own, how, knobs,
-                              stats, best, out, work)
+        n, gain, m = _lengths(sa, sb, ctx, end, (lo, hi, np.int64(-1)), how, knobs, stats, best,
+                              out, work)
         if n > 0:
             best = gain
             n_best = n
@@ -241,8 +265,9 @@ def _tree_draft(index, root, ctx, start, end, anchored, own, how, knobs, stats, 
         hi = out_len + n_anchors
         if hi > depth - 1:
             hi = depth - 1
-        n, gain, m = _lengths(index, root, c_arena, c_end, (out_len + 1, hi, out_len),
-                              (own[0], own[1], own[1]), how, knobs, stats, best, out, work)
+        n, gain, m = _lengths((a, ra, (own_a[0], own_a[1], own_a[1])),
+                              (b, rb, (own_b[0], own_b[1], own_b[1])), c_arena, c_end,
+                              (out_len + 1, hi, out_len), how, knobs, stats, best, out, work)
         if n > 0:
             best = gain
             n_best = n
@@ -289,6 +314,18 @@ def _recent(local, root, s, start, end, own, how, knobs, stats, best, out, work)
 
 
 @njit(cache=True)
+def _take(drafted, best, out, i):
+    """Keep a ``_tree_draft`` result as request ``i``'s draft if it drafted; returns the best gain."""
+    n, gain, m, source = drafted
+    if n > 0:
+        out.n[i] = n
+        out.match[i] = m
+        out.source[i] = source
+        return gain
+    return best
+
+
+@njit(cache=True)
 def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs, stats, out, work):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
@@ -314,9 +351,11 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
         out_len = delta.seqs[cs, SEQ_LEN] - n_anchors
     own_len = l_seqs[s, SEQ_LEN]
     ctx = local.arena
+    none = (np.int64(-1), np.int64(0), np.int64(0))  # no own sequence in a tree
     n, best, m, source = _tree_draft(
-        local, np.int64(local_roots[batch.trees[i]]), ctx, start, end,
-        (delta.arena, c_end, np.int64(0), np.int64(0)), (l_seqs[s, SEQ_SLOT], own_len, own_len),
+        (local, np.int64(local_roots[batch.trees[i]]), (l_seqs[s, SEQ_SLOT], own_len, own_len)),
+        (local, np.int64(-1), none), ctx, start, end,
+        (delta.arena, c_end, np.int64(0), np.int64(0)),
         (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work)
     out.n[i] = n
     out.match[i] = m
@@ -333,32 +372,26 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
             out.source[i] = FROM_REQUEST
     anchored = (delta.arena, c_end, n_anchors, out_len)
     cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
-    for j in range(batch.base_roots.shape[1]):
-        root = batch.base_roots[i, j]
-        if root < 0:
-            continue
-        n, gain, m, source = _tree_draft(
-            base, root, ctx, start, end, anchored, (np.int64(-1), np.int64(0), np.int64(0)),
-            cross, knobs, stats, best, row, work)
-        if n > 0:
-            best = gain
-            out.n[i] = n
-            out.match[i] = m
-            out.source[i] = source
-    for j in range(batch.delta_roots.shape[1]):
-        root = batch.delta_roots[i, j]
-        if root < 0:
-            continue
-        own = (np.int64(-1), np.int64(0), np.int64(0))
-        if cs >= 0 and delta.seqs[cs, SEQ_ROOT] == root:
+    # Namespace j's trees in the snapshot and the in-memory part: path drafts
+    # count both together (``union``), tree drafts take each apart.
+    for j in range(max(batch.base_roots.shape[1], batch.delta_roots.shape[1])):
+        rb = np.int64(batch.base_roots[i, j] if j < batch.base_roots.shape[1] else -1)
+        rd = np.int64(batch.delta_roots[i, j] if j < batch.delta_roots.shape[1] else -1)
+        own = none
+        if cs >= 0 and rd >= 0 and delta.seqs[cs, SEQ_ROOT] == rd:
             own = (delta.seqs[cs, SEQ_SLOT], delta.seqs[cs, SEQ_LEN], out_len)
-        n, gain, m, source = _tree_draft(delta, root, ctx, start, end, anchored, own, cross,
-                                         knobs, stats, best, row, work)
-        if n > 0:
-            best = gain
-            out.n[i] = n
-            out.match[i] = m
-            out.source[i] = source
+        if not knobs.tree:
+            best = _take(_tree_draft((delta, rd, own), (base, rb, none), ctx, start, end, anchored,
+                                     cross, knobs, stats, best, row, work), best, out, i)
+            continue
+        if rb >= 0:
+            best = _take(_tree_draft((base, rb, none), (base, np.int64(-1), none), ctx, start,
+                                     end, anchored, cross, knobs, stats, best, row, work),
+                         best, out, i)
+        if rd >= 0:
+            best = _take(_tree_draft((delta, rd, own), (delta, np.int64(-1), none), ctx, start,
+                                     end, anchored, cross, knobs, stats, best, row, work),
+                         best, out, i)
     if merging and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0

@@ -137,9 +137,13 @@ class CrossPool:
         return tree
 
     def roots(self, namespaces) -> tuple[list[int], list[int]]:
-        """Root node ids to draft from, in ``base`` and in ``delta``."""
-        return [], [int(self.delta.roots[self.trees[ns]]) for ns in namespaces
-                    if ns in self.trees]
+        """Root node ids of ``namespaces`` in ``base`` and in ``delta``, -1 where none.
+
+        Entry j of both lists is namespace j's, so its two trees are drafted
+        from together.
+        """
+        return [], [int(self.delta.roots[self.trees[ns]]) if ns in self.trees else -1
+                    for ns in namespaces]
 
     def want(self, namespaces) -> None:
         """Namespaces requests draw from; an in-memory pool indexes everything anyway."""

@@ -131,8 +131,8 @@ class PersistentPool(CrossPool):
         return base + self.delta.live_tokens
 
     def roots(self, namespaces) -> tuple[list[int], list[int]]:
-        base = [int(self.base.roots[self.base_trees[ns]]) for ns in namespaces
-                if self.base is not None and ns in self.base_trees]
+        base = [int(self.base.roots[self.base_trees[ns]])
+                if self.base is not None and ns in self.base_trees else -1 for ns in namespaces]
         return base, super().roots(namespaces)[1]
 
     @locked
