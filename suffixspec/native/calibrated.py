@@ -280,16 +280,16 @@ def _tree_draft(sa, sb, ctx, start, end, anchored, how, knobs, stats, best, out,
 def _recent(local, root, s, start, end, own, how, knobs, stats, best, out, work):
     """The recency candidate of request sequence ``s`` (``recency``), if it beats ``best``.
 
-    Merged into the tree draft when merging.  Returns ``(n, gain, match_len)``,
-    n 0 when nothing beat ``best``.
+    Merged into the tree draft when merging.  Returns ``(n, gain, match_len,
+    source)`` as ``_tree_draft`` does, n 0 when nothing beat ``best``.
     """
     src, recent, limit, thr = how
     hi, x, off = longest_match(local, root, local.arena, start, end, knobs.depth - 1, True, own)
     if hi <= 0:
-        return 0, best, 0
+        return 0, best, 0, FROM_NONE
     e = latest_occurrence(local.arena, local.seqs[s, SEQ_OFF], end, hi)
     if e < 0:
-        return 0, best, 0
+        return 0, best, 0, FROM_NONE
     cap = limit
     if knobs.factor >= 0.0:
         c2 = int(hi * knobs.factor + knobs.offset + 1e-6)
@@ -304,18 +304,18 @@ def _recent(local, root, s, start, end, own, how, knobs, stats, best, out, work)
     if knobs.tree and knobs.flags & MERGE_TREES:
         merge_in(work.merged, cand, n)
     if n == 0 or gain <= best:
-        return 0, best, 0
+        return 0, best, 0, FROM_NONE
     for j in range(n):
         out.tokens[j] = cand.tokens[j]
         out.parents[j] = cand.parents[j]
         out.probs[j] = cand.probs[j]
         out.buckets[j] = cand.buckets[j]
-    return n, gain, hi
+    return n, gain, hi, FROM_REQUEST
 
 
 @njit(cache=True)
 def _take(drafted, best, out, i):
-    """Keep a ``_tree_draft`` result as request ``i``'s draft if it drafted; returns the best gain."""
+    """Keep a candidate's result as request ``i``'s draft if it drafted; returns the best gain."""
     n, gain, m, source = drafted
     if n > 0:
         out.n[i] = n
@@ -361,15 +361,10 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
     out.match[i] = m
     out.source[i] = source
     if knobs.flags & RECENT:
-        n, gain, m = _recent(local, np.int64(local_roots[batch.trees[i]]), s, start, end,
+        best = _take(_recent(local, np.int64(local_roots[batch.trees[i]]), s, start, end,
                              (l_seqs[s, SEQ_SLOT], own_len, own_len),
                              (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs, stats, best,
-                             row, work)
-        if n > 0:
-            best = gain
-            out.n[i] = n
-            out.match[i] = m
-            out.source[i] = FROM_REQUEST
+                             row, work), best, out, i)
     anchored = (delta.arena, c_end, n_anchors, out_len)
     cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     # Namespace j's trees in the snapshot and the in-memory part: path drafts
