@@ -39,7 +39,6 @@ def draft_path(a, pa, b, pb, cap, thr, discount, src, match_len, stats, beat, ca
     Gives up (gain -1) as soon as the path can no longer gain more than
     ``beat``: no later token is more probable than the current one.
     """
-    table, state = stats
     n = 0
     prob = 1.0
     gain = 0.0
@@ -48,8 +47,8 @@ def draft_path(a, pa, b, pb, cap, thr, discount, src, match_len, stats, beat, ca
         tok, c, cnt = best_next(a, pa, b, pb, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
-        fine = cal.bucket(src, match_len, n, c, cnt)
-        p = prob * cal.probability(table, state, fine, c, cnt, match_len)
+        fine, q = cal.token_probability(stats, src, match_len, n, c, cnt)
+        p = prob * q
         if p <= thr:
             break
         prob = p

@@ -188,6 +188,14 @@ def probability(table, state, fine, c, n, matched):
 
 
 @njit(cache=True, inline="always")
+def token_probability(stats, src, match_len, depth, c, n):
+    """``(fine bucket, estimated acceptance)`` of a drafted token chosen by ``c`` of ``n``."""
+    table, state = stats
+    fine = bucket(src, match_len, depth, c, n)
+    return fine, probability(table, state, fine, c, n, match_len)
+
+
+@njit(cache=True, inline="always")
 def threshold(state):
     """Gain a drafted token must beat: draft cost times the running tokens per unit cost.
 

@@ -14,7 +14,7 @@ from numba import njit
 from . import calibration as cal
 from .layout import COUNT
 from .tokens import SYNTHETIC_BASE
-from .trie import _find_child, edge_len, label
+from .union import advance, count_next, position
 
 #: Most tokens looked back for the latest occurrence.
 WINDOW = 4096
@@ -50,34 +50,21 @@ def draft_recent(index, x, off, span, cap, thr, discount, src, match_len, stats,
     Each token's probability uses the counts of that continuation in the tree.
     Returns ``(n, gain)``, the gain being ``sum(p - thr)``.
     """
-    nodes, hkeys, hvals, arena, seqs = index.nodes, index.hkeys, index.hvals, index.arena, index.seqs
-    table, state = stats
     pos, stop = span
-    length = edge_len(nodes, seqs, x)
+    at = position(index, x, off)
     n = 0
     prob = 1.0
     gain = 0.0
-    while n < cap and pos + n < stop:
-        tok = arena[pos + n]
+    while n < cap and pos + n < stop and at[0] >= 0:
+        tok = index.arena[pos + n]
         if tok >= SYNTHETIC_BASE:
             break
-        cnt = nodes[x, COUNT] - (discount if n == 0 else 0)
-        if off < length:
-            if label(arena, seqs, nodes, x, off) != tok:
-                break
-            nx = x
-            c = cnt
-        else:
-            nx = _find_child(nodes, hkeys, hvals, x, tok)
-            if nx == -1:
-                break
-            c = nodes[nx, COUNT]
-            if c > cnt:
-                c = cnt
+        cnt = index.nodes[at[0], COUNT] - (discount if n == 0 else 0)
+        c = min(count_next(index, at[0], at[1], at[2], tok), cnt)
         if c <= 0:
             break
-        fine = cal.bucket(src, match_len, n, c, cnt)
-        p = prob * cal.probability(table, state, fine, c, cnt, match_len)
+        fine, q = cal.token_probability(stats, src, match_len, n, c, cnt)
+        p = prob * q
         if p <= thr:
             break
         prob = p
@@ -87,10 +74,5 @@ def draft_recent(index, x, off, span, cap, thr, discount, src, match_len, stats,
         cand.buckets[n] = fine
         gain += p - thr
         n += 1
-        if nx != x:
-            x = nx
-            off = 1
-            length = edge_len(nodes, seqs, x)
-        else:
-            off += 1
+        at = advance(index, at[0], at[1], at[2], tok)
     return n, gain
