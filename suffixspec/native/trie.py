@@ -485,6 +485,9 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
     return c
 
 
+_KEEP_ALL = np.zeros(0, np.bool_)
+
+
 @njit(cache=True)
 def extend(index, s, tokens):
     """Append ``tokens`` to open sequence ``s`` and index them.
@@ -493,7 +496,20 @@ def extend(index, s, tokens):
     capacity ran short (sequence region, nodes or child table); grow it and
     call again with the rest.
     """
+    return extend_part(index, s, tokens, _KEEP_ALL)
+
+
+@njit(cache=True)
+def extend_part(index, s, tokens, keep):
+    """``extend``, indexing only the suffixes whose first token ``t`` has ``keep[t]``.
+
+    An empty ``keep`` keeps every suffix.  Indexes built with complementary
+    ``keep`` arrays over the same sequences hold disjoint subtrees of the one
+    index over all suffixes (``partition``); the root's count is every token
+    in each.
+    """
     meta, nodes, hkeys, hvals, arena, seqs, active = index
+    every = keep.shape[0] == 0
     depth = meta[META_DEPTH]
     root = seqs[s, SEQ_ROOT]
     slot = seqs[s, SEQ_SLOT]
@@ -521,61 +537,74 @@ def extend(index, s, tokens):
             q0 = seqs[s, SEQ_FRONT]
         r = q0 % depth
         for q in range(q0, p + 1):
-            a = root if q == p else active[slot, r]
-            la = nodes[a, LEN]
-            if q != p and la < 0:
-                pass  # an open leaf: it grew with the sequence
-            elif q != p and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
-                # A closed leaf that only this suffix reaches (a removal left
-                # it so): re-open it on this sequence.
-                nodes[a, REF_SEQ] = s
-                nodes[a, REF_POS] = p - la
-                nodes[a, LEN] = -(depth - (p - q) + la)
+            if not every and not keep[arena[off + q]]:
+                pass  # another partition's suffix
             else:
-                c = nodes[a, BEST]
-                if c != -1 and nodes[c, TOKEN] != t:
-                    c = _find_child(nodes, hkeys, hvals, a, t)
-                lc = 0
-                if c != -1:
-                    lc = nodes[c, LEN]
-                if (lc == 1 and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
-                    # An existing one-token child continues and no edge
-                    # merges: it gains a count, and may become the most
-                    # frequent.
-                    nodes[c, COUNT] += 1
-                    if meta[META_TIES] == TIES_ARCTIC:
-                        _arctic_rise(nodes, a, c)
-                    elif nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
-                        nodes[a, BEST] = c
-                    active[slot, r] = c
-                elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
-                    # c is a's only child and every other occurrence of a
-                    # goes into it: move the boundary between them down one
-                    # token (the suffix stays at a).  a's ref is re-derived
-                    # from c's, whose occurrence is known to continue with t.
-                    nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
-                    nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
-                    nodes[a, LEN] += 1
-                    nodes[c, LEN] -= 1
-                    nodes[c, REF_POS] += 1
-                    nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
-                else:
-                    active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta, arena,
-                                                     seqs, a, t, s, p, p - q)
+                _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s,
+                            q, p, t, depth)
             r += 1
             if r == depth:
                 r = 0
-        # Advance the front over suffixes now sitting in open leaves.
+        # Advance the front over suffixes now sitting in open leaves (or not
+        # indexed here).
         front = seqs[s, SEQ_FRONT]
         lo = p + 2 - depth
         if front < lo:
             front = lo
         if front < 0:
             front = 0
-        while front <= p and nodes[active[slot, front % depth], LEN] < 0:
+        while front <= p and ((not every and not keep[arena[off + front]])
+                              or nodes[active[slot, front % depth], LEN] < 0):
             front += 1
         seqs[s, SEQ_FRONT] = front
     return tokens.shape[0]
+
+
+@njit(cache=True)
+def _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s, q, p, t,
+                depth):
+    """Extend open suffix ``q`` of sequence ``s`` (active entry ``r``) by token ``t`` at ``p``."""
+    a = root if q == p else active[slot, r]
+    la = nodes[a, LEN]
+    if q != p and la < 0:
+        pass  # an open leaf: it grew with the sequence
+    elif q != p and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
+        # A closed leaf that only this suffix reaches (a removal left
+        # it so): re-open it on this sequence.
+        nodes[a, REF_SEQ] = s
+        nodes[a, REF_POS] = p - la
+        nodes[a, LEN] = -(depth - (p - q) + la)
+    else:
+        c = nodes[a, BEST]
+        if c != -1 and nodes[c, TOKEN] != t:
+            c = _find_child(nodes, hkeys, hvals, a, t)
+        lc = 0
+        if c != -1:
+            lc = nodes[c, LEN]
+        if (lc == 1 and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
+            # An existing one-token child continues and no edge
+            # merges: it gains a count, and may become the most
+            # frequent.
+            nodes[c, COUNT] += 1
+            if meta[META_TIES] == TIES_ARCTIC:
+                _arctic_rise(nodes, a, c)
+            elif nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
+                nodes[a, BEST] = c
+            active[slot, r] = c
+        elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
+            # c is a's only child and every other occurrence of a
+            # goes into it: move the boundary between them down one
+            # token (the suffix stays at a).  a's ref is re-derived
+            # from c's, whose occurrence is known to continue with t.
+            nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
+            nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
+            nodes[a, LEN] += 1
+            nodes[c, LEN] -= 1
+            nodes[c, REF_POS] += 1
+            nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+        else:
+            active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta, arena,
+                                             seqs, a, t, s, p, p - q)
 
 
 @njit(cache=True)

@@ -1,0 +1,256 @@
+"""Build a pool's snapshot index in bounded memory, in parallel processes.
+
+The index over every stored sequence is built as partitions: partition ``p``
+indexes only the suffixes whose first token it owns (tokens are dealt to
+partitions by frequency, so their work is about even).  Partitions are built
+apart, ``jobs`` at a time in worker processes, each holding the token storage
+and its own nodes only, then laid end to end into one index
+(``native.partition``) that equals the index built in one piece.  How many
+partitions follows from the pool's size, so a worker's nodes stay bounded
+whatever the pool holds.
+
+Everything goes to files in one folder (``files``): the token storage first,
+streamed from the store, then each partition's arrays, then the combined
+index, whose node array is written one partition at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from suffixspec.index import SuffixIndex
+from suffixspec.native import layout as lay
+from suffixspec.native import partition as part
+from suffixspec.native import trie
+from suffixspec.pools import files
+
+#: Suffixes (tokens) per partition: a partition's nodes and child table take
+#: about 60 bytes per token it indexes, so about 0.5 GB at this size.
+PARTITION_TOKENS = 8_000_000
+
+
+def deal(freq: np.ndarray, parts: int) -> np.ndarray:
+    """Token -> partition, the most frequent tokens first onto the lightest partition."""
+    owner = np.zeros(freq.shape[0], np.int32)
+    load = np.zeros(parts, np.int64)
+    for t in np.argsort(-freq, kind="stable"):
+        if freq[t] == 0:
+            break
+        p = int(np.argmin(load))
+        owner[t] = p
+        load[p] += freq[t]
+    return owner
+
+
+def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
+    """Stream the stored sequences into ``folder/arena.bin`` and a table of sequences in ``work``.
+
+    Returns the sequence table (lengths, trees), namespace -> tree, token
+    frequencies, the highest id and the number of output tokens.
+    """
+    lengths: list[int] = []
+    trees: list[int] = []
+    namespaces: dict[str, int] = {}
+    freq = np.zeros(1 << 16, np.int64)
+    watermark = tokens = done = 0
+    with files.Writer(folder / "arena.bin") as arena:
+        for seq in sequences:
+            tree = namespaces.setdefault(seq.namespace, len(namespaces))
+            watermark = max(watermark, seq.seq_id)
+            if not seq.length:
+                continue  # nothing to index
+            toks = seq.tokens
+            arena.write(toks)
+            lengths.append(seq.length)
+            trees.append(tree)
+            if toks.shape[0]:
+                top = int(toks.max()) + 1
+                if top > freq.shape[0]:
+                    freq = np.concatenate([freq, np.zeros(max(top, 2 * freq.shape[0])
+                                                          - freq.shape[0], np.int64)])
+                freq[: top] += np.bincount(toks, minlength=top)
+            tokens += seq.length - seq.anchors
+            done += seq.length - seq.anchors
+            if progress is not None and len(lengths) % 1000 == 0:
+                progress(done)
+                done = 0
+        arena_crc = arena.crc
+    if progress is not None:
+        progress(done)
+    lengths_a = np.asarray(lengths, np.int64)
+    np.savez(work / "table.npz", lengths=lengths_a, trees=np.asarray(trees, np.int32),
+             n_trees=len(namespaces))
+    return {"namespaces": namespaces, "freq": freq, "watermark": watermark, "tokens": tokens,
+            "stored": int(lengths_a.sum()), "arena_crc": arena_crc,
+            "distinct": int((freq > 0).sum())}
+
+
+def build_partition(folder: str, max_depth: int, p: int) -> dict:
+    """Build partition ``p`` of the snapshot in ``folder``; writes ``build/part-<p>.npz``.
+
+    ``p`` -1 means one partition: keep every suffix.  Returns the
+    partition's sizes.
+    """
+    folder = Path(folder)
+    work = folder / "build"
+    table = np.load(work / "table.npz")
+    lengths, trees = table["lengths"], table["trees"]
+    owner = np.load(work / "owner.npy")
+    keep = np.zeros(0, np.bool_) if p < 0 else owner == p
+    arena = np.fromfile(folder / "arena.bin", np.int32)
+    ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1)
+    ix.arena = arena  # sequences are placed in order, exactly over their tokens
+    for _ in range(int(table["n_trees"])):
+        ix.add_tree()
+    off = 0
+    for length, tree in zip(lengths.tolist(), trees.tolist()):
+        s = ix.add_sequence(tree, capacity=length)
+        done = 0
+        while done < length:
+            done += trie.extend_part(ix._flat(), s, arena[off + done: off + length], keep)
+            if done < length:
+                ix._make_room(s, length - done)
+        ix.close(s)
+        off += length
+    arrays = ix.to_arrays()
+    name = work / f"part-{max(p, 0)}.npz"
+    np.savez(name, **arrays)
+    return {"nodes": int(arrays["nodes"].shape[0]), "fill": int(ix.meta[lay.META_HASH_FILL])}
+
+
+def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
+          progress: Callable[[int], None] | None = None,
+          partition_tokens: int = PARTITION_TOKENS) -> dict:
+    """Index ``sequences`` into snapshot files in the new folder ``folder``.
+
+    ``jobs`` partitions are built at a time, in worker processes when more
+    than one.  Returns the snapshot's description: ``watermark``, ``tokens``,
+    ``namespaces`` (name -> tree) and ``arrays`` (``files.describe``).
+    ``progress(tokens)`` follows the reading of the store.
+    """
+    folder = Path(folder)
+    folder.mkdir(mode=0o700)
+    work = folder / "build"
+    work.mkdir()
+    info = _write_tokens(sequences, folder, work, progress)
+    parts = max(jobs, -(-info["stored"] // partition_tokens)) if info["stored"] else 1
+    owner = deal(info["freq"], parts) if parts > 1 else np.zeros(0, np.int32)
+    np.save(work / "owner.npy", owner)
+    todo = list(range(parts)) if parts > 1 else [-1]
+    if jobs > 1 and len(todo) > 1:
+        sizes = _in_workers(folder, max_depth, todo, jobs)
+    else:
+        sizes = [build_partition(str(folder), max_depth, p) for p in todo]
+    described = combine(work, folder, len(todo), sizes, info)
+    shutil.rmtree(work)
+    return {"watermark": info["watermark"], "tokens": info["tokens"],
+            "namespaces": info["namespaces"], "arrays": described, "partitions": len(todo)}
+
+
+def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict) -> dict:
+    """Lay the partitions in ``work`` end to end into one index's files in ``folder``."""
+    first = np.load(work / "part-0.npz")
+    meta = first["meta"].copy()
+    seqs = first["seqs"].copy()
+    roots0 = first["roots"].copy()
+    arena_items = int(meta[lay.META_ARENA_TOP])
+    offsets = np.cumsum([0] + [s["nodes"] for s in sizes])
+    # Each root may gain a table entry per distinct first token.
+    entries = sum(s["fill"] for s in sizes) + info["distinct"] * len(roots0)
+    slots = 1 << max(6, int(np.ceil(np.log2(2 * entries + 2))))
+    hkeys = np.full(slots, lay.EMPTY, np.int64)
+    hvals = np.full(slots, -1, np.int32)
+    fill = 0
+    free_head = -1
+    free_count = 0
+    firsts = np.full((len(roots0), parts), -1, np.int64)
+    with files.Writer(folder / "nodes.bin") as out:
+        for p in range(parts):
+            data = first if p == 0 else np.load(work / f"part-{p}.npz")
+            nodes = data["nodes"].copy()
+            roots = data["roots"]
+            root_of = np.full(nodes.shape[0], -1, np.int64)
+            root_of[roots[roots >= 0]] = roots0[roots >= 0]
+            for t, r in enumerate(roots):
+                if r >= 0:
+                    c = nodes[r, lay.FIRST]
+                    firsts[t, p] = c + offsets[p] if c >= 0 else -1
+            free_count += int((nodes[:, lay.COUNT] == lay.FREED).sum()) + (
+                int((roots >= 0).sum()) if p > 0 else 0)
+            free_head = part.relabel(nodes, np.int64(offsets[p]), root_of, np.int64(free_head))
+            fill += part.copy_entries(data["hkeys"], data["hvals"], root_of >= 0,
+                                      np.int64(offsets[p]), hkeys, hvals)
+            out.write(nodes)
+            del nodes, data
+    # The roots' children: a few rows spread over the file, fixed in place.
+    all_nodes = np.memmap(folder / "nodes.bin", np.int32, "r+",
+                          shape=(int(offsets[-1]), lay.NODE_FIELDS))
+    for t, r in enumerate(roots0):
+        if r >= 0:
+            fill += part.join_roots(all_nodes, np.int64(r), firsts[t], hkeys, hvals)
+    all_nodes.flush()
+    del all_nodes
+    meta[lay.META_TOP] = offsets[-1]
+    meta[lay.META_FREE_HEAD] = free_head
+    meta[lay.META_FREE_COUNT] = free_count
+    meta[lay.META_HASH_FILL] = fill
+    arrays = {"meta": meta, "hkeys": hkeys, "hvals": hvals, "seqs": seqs, "roots": roots0}
+    described = {name: files.save(folder / f"{name}.bin", a) for name, a in arrays.items()}
+    described["nodes"] = files.describe(folder / "nodes.bin", np.int32,
+                                        (int(offsets[-1]), lay.NODE_FIELDS))
+    if arena_items * 4 != os.stat(folder / "arena.bin").st_size:
+        raise RuntimeError("the token storage differs from what the partitions indexed")
+    described["arena"] = ["<i4", [arena_items], info["arena_crc"]]
+    return described
+
+
+_WORKER = "from suffixspec.pools.build import worker_main; worker_main()"
+
+
+def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int) -> list[dict]:
+    """Build the partitions ``todo`` in up to ``jobs`` worker processes at a time.
+
+    Workers are fresh interpreters (``python -c``), so nothing of this
+    process (open pool files, threads, the caller's ``__main__``) goes with
+    them.  A worker that fails fails the build, and the others are stopped.
+    """
+    sizes: dict[int, dict] = {}
+    running: dict[int, subprocess.Popen] = {}
+    rest = sorted(todo)
+    try:
+        while rest or running:
+            while rest and len(running) < jobs:
+                p = rest.pop(0)
+                running[p] = subprocess.Popen(
+                    [sys.executable, "-c", _WORKER, str(folder), str(max_depth), str(p)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for p, proc in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                out, err = proc.communicate()
+                del running[p]
+                if proc.returncode != 0:
+                    raise RuntimeError(f"building partition {p} failed: "
+                                       f"{err.strip().splitlines()[-1:] or proc.returncode}")
+                sizes[p] = json.loads(out)
+            time.sleep(0.01)
+    finally:
+        for proc in running.values():
+            proc.kill()
+            proc.wait()
+    return [sizes[p] for p in sorted(todo)]
+
+
+def worker_main() -> None:
+    """A worker process: build one partition, print its sizes as JSON."""
+    folder, max_depth, p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(build_partition(folder, max_depth, p)))

@@ -1,0 +1,101 @@
+"""A snapshot index as files: one raw array per file, described by dtype, shape and CRC-32.
+
+A snapshot folder holds ``meta``, ``nodes``, ``hkeys``, ``hvals``, ``arena``,
+``seqs`` and ``roots`` as ``<name>.bin`` (the arrays of
+``SuffixIndex.to_arrays``, raw, native byte order).  Their description lives
+in the pool file, so a folder is only used by the pool that names it.
+Arrays are written streaming (``Writer``), read as read-only memory maps, and
+checked against their size and CRC-32 before any kernel sees them: the
+kernels index them without bounds checks.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+CHUNK = 1 << 24  # bytes read at a time when checking a file
+
+
+class Writer:
+    """Append arrays to a new file (mode 0600), keeping the CRC-32 of what was written."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._f = open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+        self.crc = 0
+        self.bytes = 0
+
+    def write(self, a: np.ndarray) -> None:
+        data = np.ascontiguousarray(a).data
+        self._f.write(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self.bytes += data.nbytes
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.flush()
+        if exc[0] is None:
+            os.fsync(self._f.fileno())
+        self._f.close()
+
+
+def save(path: Path, a: np.ndarray) -> list:
+    """Write one array; returns its description ``[dtype, shape, crc]``."""
+    with Writer(path) as w:
+        w.write(a)
+    return [a.dtype.str, list(a.shape), w.crc]
+
+
+def describe(path: Path, dtype, shape) -> list:
+    """The description of an array already in ``path`` (its CRC read back)."""
+    return [np.dtype(dtype).str, list(shape), file_crc(path)]
+
+
+def file_crc(path: Path) -> int:
+    crc = 0
+    buf = bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return crc
+            crc = zlib.crc32(memoryview(buf)[:n], crc)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make a folder's entries (new files, renames) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_arrays(folder: Path, described: dict, check: bool = True) -> dict[str, np.ndarray]:
+    """Read-only memory maps of a snapshot folder's arrays.
+
+    Raises ``ValueError`` naming the file when one is missing, has another
+    size or (with ``check``) fails its CRC-32; ``FileNotFoundError`` when the
+    folder is gone.
+    """
+    out = {}
+    for name, (dtype, shape, crc) in described.items():
+        path = Path(folder) / f"{name}.bin"
+        dt = np.dtype(dtype)
+        size = int(np.prod(shape)) * dt.itemsize
+        actual = os.stat(path).st_size
+        if actual != size:
+            raise ValueError(f"{path} has {actual} bytes, its description says {size}")
+        if check and file_crc(path) != crc:
+            raise ValueError(f"{path} fails its checksum")
+        if size == 0:
+            out[name] = np.zeros(shape, dt)
+        else:
+            out[name] = np.memmap(path, dt, "r", shape=tuple(shape)).view(np.ndarray)
+    return out
