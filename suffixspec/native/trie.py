@@ -506,7 +506,8 @@ def extend_part(index, s, tokens, keep):
     An empty ``keep`` keeps every suffix.  Indexes built with complementary
     ``keep`` arrays over the same sequences hold disjoint subtrees of the one
     index over all suffixes (``partition``); the root's count is every token
-    in each.
+    in each.  Kept open suffixes are listed apart, so a partition's work is
+    about its own suffixes only.
     """
     meta, nodes, hkeys, hvals, arena, seqs, active = index
     every = keep.shape[0] == 0
@@ -515,6 +516,16 @@ def extend_part(index, s, tokens, keep):
     slot = seqs[s, SEQ_SLOT]
     off = seqs[s, SEQ_OFF]
     hash_limit = hkeys.shape[0] // 2
+    # Open suffixes that this index keeps, oldest first: a ring of positions.
+    kept = np.empty(0 if every else depth, np.int64)
+    head = 0
+    size = 0
+    if not every:
+        p = seqs[s, SEQ_LEN]
+        for q in range(max(p - depth + 1, seqs[s, SEQ_FRONT], 0), p):
+            if keep[arena[off + q]]:
+                kept[size] = q
+                size += 1
     # Each indexed token creates at most one node per open suffix.
     for i in range(tokens.shape[0]):
         p = seqs[s, SEQ_LEN]
@@ -535,26 +546,47 @@ def extend_part(index, s, tokens, keep):
             q0 = 0
         if seqs[s, SEQ_FRONT] > q0:
             q0 = seqs[s, SEQ_FRONT]
+        if not every:
+            while size > 0 and kept[head] < q0:
+                head = (head + 1) % depth
+                size -= 1
+            if keep[t]:
+                kept[(head + size) % depth] = p
+                size += 1
+            f0 = seqs[s, SEQ_FRONT]
+            for j in range(size):
+                q = kept[(head + j) % depth]
+                _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot,
+                            q % depth, s, q, p, t, depth)
+            if seqs[s, SEQ_FRONT] < f0:
+                # A leaf of this sequence was closed: its suffix is open again.
+                head = 0
+                size = 0
+                for q in range(max(p - depth + 2, seqs[s, SEQ_FRONT], 0), p + 1):
+                    if keep[arena[off + q]]:
+                        kept[size] = q
+                        size += 1
+            # The front: the first kept suffix not in an open leaf.
+            while size > 0 and nodes[active[slot, kept[head] % depth], LEN] < 0:
+                head = (head + 1) % depth
+                size -= 1
+            seqs[s, SEQ_FRONT] = kept[head] if size > 0 else p + 1
+            continue
         r = q0 % depth
         for q in range(q0, p + 1):
-            if not every and not keep[arena[off + q]]:
-                pass  # another partition's suffix
-            else:
-                _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s,
-                            q, p, t, depth)
+            _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s,
+                        q, p, t, depth)
             r += 1
             if r == depth:
                 r = 0
-        # Advance the front over suffixes now sitting in open leaves (or not
-        # indexed here).
+        # Advance the front over suffixes now sitting in open leaves.
         front = seqs[s, SEQ_FRONT]
         lo = p + 2 - depth
         if front < lo:
             front = lo
         if front < 0:
             front = 0
-        while front <= p and ((not every and not keep[arena[off + front]])
-                              or nodes[active[slot, front % depth], LEN] < 0):
+        while front <= p and nodes[active[slot, front % depth], LEN] < 0:
             front += 1
         seqs[s, SEQ_FRONT] = front
     return tokens.shape[0]

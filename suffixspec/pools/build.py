@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -142,7 +141,10 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
     work = folder / "build"
     work.mkdir()
     info = _write_tokens(sequences, folder, work, progress)
-    parts = max(jobs, -(-info["stored"] // partition_tokens)) if info["stored"] else 1
+    # As few partitions as bound a worker's memory, a multiple of the jobs.
+    parts = -(-info["stored"] // partition_tokens) if info["stored"] else 1
+    if jobs > 1:
+        parts = jobs * -(-parts // jobs)
     owner = deal(info["freq"], parts) if parts > 1 else np.zeros(0, np.int32)
     np.save(work / "owner.npy", owner)
     todo = list(range(parts)) if parts > 1 else [-1]
@@ -217,40 +219,33 @@ _WORKER = "from suffixspec.pools.build import worker_main; worker_main()"
 
 
 def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int) -> list[dict]:
-    """Build the partitions ``todo`` in up to ``jobs`` worker processes at a time.
+    """Build the partitions ``todo`` in ``jobs`` worker processes, each taking every ``jobs``-th.
 
     Workers are fresh interpreters (``python -c``), so nothing of this
     process (open pool files, threads, the caller's ``__main__``) goes with
     them.  A worker that fails fails the build, and the others are stopped.
     """
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(folder), str(max_depth),
+                               *map(str, todo[j::jobs])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for j in range(jobs)]
     sizes: dict[int, dict] = {}
-    running: dict[int, subprocess.Popen] = {}
-    rest = sorted(todo)
     try:
-        while rest or running:
-            while rest and len(running) < jobs:
-                p = rest.pop(0)
-                running[p] = subprocess.Popen(
-                    [sys.executable, "-c", _WORKER, str(folder), str(max_depth), str(p)],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for p, proc in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                out, err = proc.communicate()
-                del running[p]
-                if proc.returncode != 0:
-                    raise RuntimeError(f"building partition {p} failed: "
-                                       f"{err.strip().splitlines()[-1:] or proc.returncode}")
-                sizes[p] = json.loads(out)
-            time.sleep(0.01)
+        for j, proc in enumerate(procs):
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                last = err.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+                raise RuntimeError(f"a snapshot build worker failed: {last[0]}")
+            sizes.update(zip(todo[j::jobs], json.loads(out)))
     finally:
-        for proc in running.values():
-            proc.kill()
-            proc.wait()
-    return [sizes[p] for p in sorted(todo)]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [sizes[p] for p in todo]
 
 
 def worker_main() -> None:
-    """A worker process: build one partition, print its sizes as JSON."""
-    folder, max_depth, p = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(build_partition(folder, max_depth, p)))
+    """A worker process: build the partitions named in its arguments, print their sizes as JSON."""
+    folder, max_depth = sys.argv[1], int(sys.argv[2])
+    print(json.dumps([build_partition(folder, max_depth, int(p)) for p in sys.argv[3:]]))
