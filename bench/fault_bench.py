@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import signal
@@ -42,6 +41,7 @@ import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import export
+from suffixspec.pools import files
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.pools.store import PoolStore
 
@@ -119,9 +119,9 @@ def _run(script, *args, stdout=subprocess.PIPE, **kw):
 
 
 def damage(tmp: Path, cases: int) -> dict:
-    path, copies = damaged_pool_copies(tmp, cases)
+    path, copies, unsnapshotted = damaged_pool_copies(tmp, cases)
     copies = [str(c) for c in copies]
-    results, rest = {}, [str(path)] + copies
+    results, rest = {}, [str(path), str(unsnapshotted)] + copies
     crashes = 0
     while rest:
         proc = subprocess.run([sys.executable, "-c", PROBE, *rest], capture_output=True,
@@ -136,13 +136,15 @@ def damage(tmp: Path, cases: int) -> dict:
             done.append(rest[len(done)])
         rest = [p for p in rest if p not in done]
     reference = results[str(path)]["drafts"]
+    # A copy whose snapshot is not used drafts from its sequences alone.
+    without = results[str(unsnapshotted)]["drafts"]
     out = {"cases": cases, "crashes": crashes, "errors": 0, "same_drafts": 0, "other_drafts": 0}
     for c in copies:
         r = results[c]
         if "error" in r:
             out["errors"] += 1
         elif "drafts" in r:
-            out["same_drafts" if r["drafts"] == reference else "other_drafts"] += 1
+            out["same_drafts" if r["drafts"] in (reference, without) else "other_drafts"] += 1
     return out
 
 
@@ -188,11 +190,41 @@ def _drafts(path: Path) -> list:
 
 
 def _op_command(op: str, path: Path, export_file: Path) -> list[str]:
-    args = {"ingest": ["ingest", path, export_file], "snapshot": ["snapshot", path],
+    args = {"ingest": ["ingest", path, export_file], "snapshot": ["snapshot", path, "--jobs", "2"],
             "prune": ["prune", path, "--namespace", "old", "--max-tokens", "0"],
             "forget": ["forget", path, "--namespace", "doomed"]}[op]
     code = "import sys; from suffixspec.cli import main; sys.exit(main())"
     return [sys.executable, "-c", code, *map(str, args)]
+
+
+def _copy_pool(src: Path, dst: Path) -> None:
+    """A pool's file and its snapshot folders."""
+    shutil.copy(src, dst)
+    folders = src.with_name(src.name + ".snapshots")
+    if folders.is_dir():
+        shutil.copytree(folders, dst.with_name(dst.name + ".snapshots"))
+
+
+def _remove_pool(folder: Path, pattern: str) -> None:
+    for f in folder.glob(pattern):
+        shutil.rmtree(f) if f.is_dir() else f.unlink()
+
+
+def _on_disk(path: Path, data: bytes) -> bool:
+    """Whether ``data`` is in the pool's file or any of its snapshot files."""
+    folders = path.with_name(path.name + ".snapshots")
+    files = [path] + (sorted(folders.rglob("*")) if folders.is_dir() else [])
+    return any(data in f.read_bytes() for f in files if f.is_file())
+
+
+def _stray_folders(path: Path) -> int:
+    """Snapshot folders the pool does not name (once no build holds the lock)."""
+    folders = path.with_name(path.name + ".snapshots")
+    if not folders.is_dir():
+        return 0
+    info = PoolStore(path, readonly=True).snapshot_info()
+    named = info.get("folder") if info else None
+    return sum(1 for f in folders.iterdir() if f.is_dir() and f.name != named)
 
 
 def killed(tmp: Path, op: str, runs: int) -> dict:
@@ -205,25 +237,28 @@ def killed(tmp: Path, op: str, runs: int) -> dict:
     new = {s["request_id"]: s["anchors"] + s["token_ids"]
            for s in map(json.loads, export_file.read_text().splitlines()[1:])}
     for _ in range(2):  # the first run may compile kernels: time the second
-        shutil.copy(base, tmp / "timing.lmdb")
+        _copy_pool(base, tmp / "timing.lmdb")
         t0 = time.monotonic()
         subprocess.run(_op_command(op, tmp / "timing.lmdb", export_file), check=True,
                        capture_output=True)
         whole = time.monotonic() - t0  # how long the command takes unharmed
-        for f in tmp.glob("timing.lmdb*"):
-            f.unlink()
+        _remove_pool(tmp, "timing.lmdb*")
     out = {"op": op, "runs": runs, "command_s": round(whole, 2), "killed_before_done": 0,
            "opened_and_checked": 0, "other_errors": 0, "untargeted_lost": 0,
            "partial_sequences": 0, "half_done": 0, "forgotten_left": 0,
            "drafts_changed": 0, "leftover_files": 0}
     for trial in range(runs):
         path = tmp / f"{op}{trial}.lmdb"
-        shutil.copy(base, path)
+        _copy_pool(base, path)
         proc = subprocess.Popen(_op_command(op, path, export_file), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(random.Random(trial).random() * whole)
         proc.kill()
         out["killed_before_done"] += proc.wait() == -signal.SIGKILL
+        # A snapshot build's workers outlive the killed command; they hold the
+        # folders' lock until they end, and only then is a build's folder stray.
+        with files.folder_lock(path.with_name(path.name + ".snapshots")):
+            pass
         try:
             pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
             pool.store.check()
@@ -245,12 +280,12 @@ def killed(tmp: Path, op: str, runs: int) -> dict:
         if target is not None:
             left = len(by_ns.get(target[0], []))
             out["half_done"] += left not in (0, target[1])
-        on_disk = np.asarray(DOOMED, np.int32).tobytes() in path.read_bytes()
+        on_disk = _on_disk(path, np.asarray(DOOMED, np.int32).tobytes())
         out["forgotten_left"] += op == "forget" and "doomed" not in by_ns and on_disk
         out["drafts_changed"] += _drafts(path) != reference  # "keep" is never targeted
-        out["leftover_files"] += path.with_name(path.name + ".compact").exists()
-        for f in tmp.glob(f"{op}{trial}.lmdb*"):
-            f.unlink()
+        out["leftover_files"] += (path.with_name(path.name + ".compact").exists()
+                                  + _stray_folders(path))
+        _remove_pool(tmp, f"{op}{trial}.lmdb*")
     return out
 
 
@@ -352,7 +387,7 @@ def markdown(r: dict) -> str:
     return "\n".join([
         "| run | result |", "|---|---|",
         f"| {d['cases']} byte flips and truncations | crashes {d['crashes']}, clear errors "
-        f"{d['errors']}, same drafts {d['same_drafts']}, other drafts {d['other_drafts']} |",
+        f"{d['errors']}, drafts as the pool with or without its snapshot {d['same_drafts']}, other drafts {d['other_drafts']} |",
         *(f"| `{k['op']}` killed at random, {k['runs']} runs ({k['command_s']} s unharmed) | "
           f"killed before done {k['killed_before_done']}, opened and checked "
           f"{k['opened_and_checked']}, other errors {k['other_errors']}, runs losing "

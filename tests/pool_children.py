@@ -65,9 +65,13 @@ print("done", flush=True)
 
 
 def damaged_pool_copies(folder, cases: int) -> tuple:
-    """A small pool (part snapshot, part sequences after it) and ``cases`` copies
-    of its file, each with one bit flipped or cut short (every 4th); returns
-    (pool path, copy paths).  Used by the damage test and the fault benchmark."""
+    """A small pool (part snapshot, part sequences after it) and ``cases`` damaged
+    copies of it: a bit flipped or the file cut short, in the pool file or in one
+    of its snapshot files, or the snapshot folder gone.  Returns (pool path, copy
+    paths, the path of the same pool never snapshotted: a copy whose snapshot is
+    not used drafts as that one does).  Used by the damage test and the fault
+    benchmark."""
+    import shutil
     from pathlib import Path
 
     import numpy as np
@@ -76,24 +80,39 @@ def damaged_pool_copies(folder, cases: int) -> tuple:
     from suffixspec.pools.persistent import PersistentPool
 
     path = Path(folder) / "pool.lmdb"
-    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-    rng = np.random.default_rng(0)
-    for i in range(60):
-        pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32), "a")
-        pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
-        if i == 40:
-            pool.write_snapshot()
+    for name, snapshot in (("pool.lmdb", 40), ("unsnapshotted.lmdb", None)):
+        pool = PersistentPool(Path(folder) / name, tokenizer=BYTES, max_depth=16)
+        rng = np.random.default_rng(0)
+        for i in range(60):
+            pool.add(np.asarray([1, 2, 3, 4, 5, 6] if i % 3 else [40, 41, 42, 43], np.int32),
+                     "a")
+            pool.add(rng.integers(0, 60, 30).astype(np.int32), "a" if i % 2 else "b")
+            if i == snapshot:
+                pool.write_snapshot()
+        pool.close()
+    pool = PersistentPool(path)
+    snapshots = pool.store.snapshot_folders
     pool.close()
-    data = path.read_bytes()
     copies = []
     for n in range(cases):
-        damaged = bytearray(data)
-        if n % 4 == 3:
-            damaged = damaged[:int(rng.integers(0, len(data)))]
-        else:
-            at = int(rng.integers(0, len(data)))
-            damaged[at] ^= 1 << int(rng.integers(0, 8))
+        # Kind n % 8: 0, 4 a flipped bit and 3, 7 cut short in the pool file;
+        # 1, 6 a flipped bit and 2 cut short in a snapshot file; 5 no snapshot folder.
+        kind = n % 8
         copy = Path(folder) / f"damaged{n}.lmdb"
-        copy.write_bytes(bytes(damaged))
+        shutil.copy(path, copy)
+        copied = snapshots.with_name(copy.name + ".snapshots")
+        if kind != 5:
+            shutil.copytree(snapshots, copied)
+        target = copy
+        if kind in (1, 2, 6):
+            arrays = sorted(p for p in copied.rglob("*.bin") if p.stat().st_size)
+            target = arrays[int(rng.integers(0, len(arrays)))]
+        data = bytearray(target.read_bytes())
+        if kind in (2, 3, 7):
+            data = data[:int(rng.integers(0, len(data)))]
+        elif kind != 5:
+            at = int(rng.integers(0, len(data)))
+            data[at] ^= 1 << int(rng.integers(0, 8))
+        target.write_bytes(bytes(data))
         copies.append(copy)
-    return path, copies
+    return path, copies, Path(folder) / "unsnapshotted.lmdb"

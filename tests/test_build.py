@@ -51,8 +51,10 @@ def _assert_same(one, one_trees, ix, trees, seqs):
                                 == ix.draft_path(m2, DEPTH, 0.0)[0].tolist())
 
 
+# Ids beyond the partitions' buckets (anchors are) share a bucket with a small id.
+TOKENS = st.sampled_from([0, 1, 2, 3, 4, 5, build.BUCKETS + 1, build.BUCKETS + 2, 1 << 30])
 corpus = st.lists(st.tuples(st.sampled_from(["a", "b"]),
-                            st.lists(st.integers(0, 5), min_size=0, max_size=40)),
+                            st.lists(TOKENS, min_size=0, max_size=40)),
                   min_size=1, max_size=12)
 
 

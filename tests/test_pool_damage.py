@@ -34,11 +34,11 @@ def _probe(paths):
 
 
 def test_byte_flips_and_truncations_never_crash_or_change_drafts(tmp_path):
-    path, copies = damaged_pool_copies(tmp_path, 40)
-    reference, *results = _probe([path] + copies)
+    path, copies, unsnapshotted = damaged_pool_copies(tmp_path, 40)
+    reference, without, *results = _probe([path, unsnapshotted] + copies)
     assert "drafts" in reference and any(reference["drafts"])
     for result in results:
         assert "died" not in result, result
-        if "drafts" in result:
-            assert result["drafts"] == reference["drafts"], result
+        if "drafts" in result:  # the snapshot was used, or was not and the sequences were
+            assert result["drafts"] in (reference["drafts"], without["drafts"]), result
     assert any("error" in r for r in results)  # the damage was noticed somewhere

@@ -26,12 +26,18 @@ def _store(path: str, **kw) -> PoolStore:
         raise click.ClickException(str(e)) from e
 
 
-def _snapshot_with_progress(pool) -> int:
-    """``pool.write_snapshot()`` with a progress bar on stderr once it takes a second."""
-    total = pool.store.stats()["tokens"]
+def _snapshot_with_progress(store: PoolStore, jobs: int) -> int:
+    """Write ``store``'s snapshot with a progress bar on stderr once it takes a second."""
+    from suffixspec.pools.persistent import write_snapshot
+
+    total = store.stats()["tokens"]
     with tqdm(total=total, desc="snapshot", unit="tok", unit_scale=True, file=sys.stderr,
               delay=1) as bar:
-        return pool.write_snapshot(progress=bar.update)
+        return write_snapshot(store, jobs=jobs, progress=bar.update)
+
+
+_JOBS = click.option("--jobs", type=click.IntRange(1, 256), default=1, show_default=True,
+                     help="Processes that build the index snapshot.")
 
 
 def _emit(obj: dict, as_json: bool) -> None:
@@ -60,9 +66,10 @@ def _emit(obj: dict, as_json: bool) -> None:
 @click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
               help="Index depth, when the pool is created.")
 @click.option("--no-snapshot", is_flag=True, help="Skip writing the index snapshot at the end.")
+@_JOBS
 @click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
 def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, strict, max_depth,
-               no_snapshot, as_json):
+               no_snapshot, jobs, as_json):
     """Add the outputs in FILES to POOL (created if missing).
 
     \b
@@ -70,8 +77,6 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
       suffixspec ingest pool.lmdb ../shared/data/traces/sql_spider_bird.jsonl.gz \\
           --tokenizer ../shared/tokenizers/qwen --namespace sql
     """
-    from suffixspec.pools.persistent import PersistentPool
-
     tok, encode = load_tokenizer(tokenizer) if tokenizer else (None, None)
     depth = max_depth if tok else None
     if tok is None and not Path(pool).exists():
@@ -93,8 +98,7 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
             snapshot_s = 0.0
             if not no_snapshot and report.sequences:
                 t1 = time.perf_counter()
-                with PersistentPool(store) as p:
-                    _snapshot_with_progress(p)
+                _snapshot_with_progress(store, jobs)
                 snapshot_s = time.perf_counter() - t1
         except (PoolError, ValueError) as e:
             raise click.ClickException(str(e)) from e
@@ -185,20 +189,29 @@ def export_cmd(pool, namespace):
 
 @click.command(name="snapshot")
 @_POOL
+@_JOBS
 @click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
-def snapshot_cmd(pool, as_json):
-    """Rebuild POOL's index snapshot (also applies its budget), for fast opening.
+def snapshot_cmd(pool, jobs, as_json):
+    """Rebuild POOL's index snapshot, for fast opening.
 
     \b
     Example:
-      suffixspec snapshot pool.lmdb
+      suffixspec snapshot pool.lmdb --jobs 2
     """
     t0 = time.perf_counter()
-    with open_pool(pool) as p:
-        if p.store.compaction_pending():
+    with _store(pool) as store:
+        pending = store.compaction_pending()
+    if pending:
+        with open_pool(pool, snapshot_jobs=jobs) as p:
             p._finish_forget(timeout=10.0)  # a cut-short forget: snapshot and compact
             generation = p.store.snapshot_info()["generation"]
-        else:
-            generation = _snapshot_with_progress(p)
-        _emit({"generation": generation, "tokens": p.tokens, "compacted": p.compacted,
-               "seconds": round(time.perf_counter() - t0, 3)}, as_json)
+            tokens, compacted = p.tokens, p.compacted
+    else:
+        with _store(pool) as store:
+            try:
+                generation = _snapshot_with_progress(store, jobs)
+            except PoolError as e:
+                raise click.ClickException(str(e)) from e
+            tokens, compacted = store.snapshot_info()["tokens"], True
+    _emit({"generation": generation, "tokens": tokens, "compacted": compacted,
+           "seconds": round(time.perf_counter() - t0, 3)}, as_json)

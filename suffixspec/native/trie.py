@@ -501,9 +501,10 @@ def extend(index, s, tokens):
 
 @njit(cache=True)
 def extend_part(index, s, tokens, keep):
-    """``extend``, indexing only the suffixes whose first token ``t`` has ``keep[t]``.
+    """``extend``, indexing only the suffixes whose first token ``t`` has ``keep[t & mask]``.
 
-    An empty ``keep`` keeps every suffix.  Indexes built with complementary
+    ``keep``'s size is a power of two, ``mask`` one less (token ids beyond
+    it, such as anchors, share entries).  An empty ``keep`` keeps every suffix.  Indexes built with complementary
     ``keep`` arrays over the same sequences hold disjoint subtrees of the one
     index over all suffixes (``partition``); the root's count is every token
     in each.  Kept open suffixes are listed apart, so a partition's work is
@@ -511,6 +512,7 @@ def extend_part(index, s, tokens, keep):
     """
     meta, nodes, hkeys, hvals, arena, seqs, active = index
     every = keep.shape[0] == 0
+    mask = keep.shape[0] - 1
     depth = meta[META_DEPTH]
     root = seqs[s, SEQ_ROOT]
     slot = seqs[s, SEQ_SLOT]
@@ -523,7 +525,7 @@ def extend_part(index, s, tokens, keep):
     if not every:
         p = seqs[s, SEQ_LEN]
         for q in range(max(p - depth + 1, seqs[s, SEQ_FRONT], 0), p):
-            if keep[arena[off + q]]:
+            if keep[arena[off + q] & mask]:
                 kept[size] = q
                 size += 1
     # Each indexed token creates at most one node per open suffix.
@@ -550,20 +552,19 @@ def extend_part(index, s, tokens, keep):
             while size > 0 and kept[head] < q0:
                 head = (head + 1) % depth
                 size -= 1
-            if keep[t]:
+            if keep[t & mask]:
                 kept[(head + size) % depth] = p
                 size += 1
             f0 = seqs[s, SEQ_FRONT]
             for j in range(size):
                 q = kept[(head + j) % depth]
-                _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot,
-                            q % depth, s, q, p, t, depth)
+                _extend_one(index, root, slot, q % depth, s, q, p, t)
             if seqs[s, SEQ_FRONT] < f0:
                 # A leaf of this sequence was closed: its suffix is open again.
                 head = 0
                 size = 0
                 for q in range(max(p - depth + 2, seqs[s, SEQ_FRONT], 0), p + 1):
-                    if keep[arena[off + q]]:
+                    if keep[arena[off + q] & mask]:
                         kept[size] = q
                         size += 1
             # The front: the first kept suffix not in an open leaf.
@@ -574,8 +575,7 @@ def extend_part(index, s, tokens, keep):
             continue
         r = q0 % depth
         for q in range(q0, p + 1):
-            _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s,
-                        q, p, t, depth)
+            _extend_one(index, root, slot, r, s, q, p, t)
             r += 1
             if r == depth:
                 r = 0
@@ -593,9 +593,10 @@ def extend_part(index, s, tokens, keep):
 
 
 @njit(cache=True)
-def _extend_one(nodes, hkeys, hvals, meta, arena, seqs, active, root, slot, r, s, q, p, t,
-                depth):
+def _extend_one(index, root, slot, r, s, q, p, t):
     """Extend open suffix ``q`` of sequence ``s`` (active entry ``r``) by token ``t`` at ``p``."""
+    meta, nodes, hkeys, hvals, arena, seqs, active = index
+    depth = meta[META_DEPTH]
     a = root if q == p else active[slot, r]
     la = nodes[a, LEN]
     if q != p and la < 0:

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import numpy as np
 from numba.core import event
 
-from . import calibration as cal, counts, layout as lay, ngram, propose, trie
+from . import calibration as cal, counts, layout as lay, ngram, partition, propose, trie
 from . import tokens as token_checks
 
 _done: set[str] = set()
@@ -117,6 +117,13 @@ def _maintenance(ix, root):
     trie.remove_seq(flat, 0, np.zeros(DEPTH + 1, np.int32))
     trie.move_seq(ix.arena, ix.seqs, ix.meta, 0, 40, 8)
     trie.compact_arena(ix.arena, ix.seqs, ix.meta, np.argsort(ix.seqs[:, lay.SEQ_OFF]))
+    # A snapshot build: partitions (writable ``keep``), laid together.
+    trie.extend_part(flat, 0, TOKENS, np.ones(4, np.bool_))
+    nodes = ix.nodes.copy()
+    partition.relabel(nodes, np.int64(0), np.full(nodes.shape[0], -1, np.int64), np.int64(-1))
+    partition.copy_entries(ix.hkeys, ix.hvals, np.zeros(nodes.shape[0], np.bool_), np.int64(0),
+                           keys2, vals2)
+    partition.join_roots(nodes, np.int64(root), np.full(1, -1, np.int64), keys2, vals2)
     trie.drop_tree(flat, root)
 
 
@@ -168,6 +175,7 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
 
 KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
            trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
+           trie.extend_part, partition.relabel, partition.copy_entries, partition.join_roots,
            counts.draft_path, counts.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn,
            ngram.ngram_propose, token_checks.first_bad_token)

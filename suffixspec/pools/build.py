@@ -32,13 +32,17 @@ from suffixspec.native import partition as part
 from suffixspec.native import trie
 from suffixspec.pools import files
 
+#: Partitions own first tokens by ``token & (BUCKETS - 1)``: every token of a
+#: real vocabulary apart, anchors (``native.tokens``) spread among them.
+BUCKETS = 1 << 18
+
 #: Suffixes (tokens) per partition: a partition's nodes and child table take
 #: about 60 bytes per token it indexes, so about 0.5 GB at this size.
 PARTITION_TOKENS = 8_000_000
 
 
 def deal(freq: np.ndarray, parts: int) -> np.ndarray:
-    """Token -> partition, the most frequent tokens first onto the lightest partition."""
+    """Token bucket -> partition, the most frequent first onto the lightest partition."""
     owner = np.zeros(freq.shape[0], np.int32)
     load = np.zeros(parts, np.int64)
     for t in np.argsort(-freq, kind="stable"):
@@ -50,6 +54,12 @@ def deal(freq: np.ndarray, parts: int) -> np.ndarray:
     return owner
 
 
+def _bucket_counts(arrays: list[np.ndarray]) -> np.ndarray:
+    if not arrays:
+        return np.zeros(BUCKETS, np.int64)
+    return np.bincount(np.concatenate(arrays) & (BUCKETS - 1), minlength=BUCKETS)
+
+
 def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
     """Stream the stored sequences into ``folder/arena.bin`` and a table of sequences in ``work``.
 
@@ -59,7 +69,9 @@ def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
     lengths: list[int] = []
     trees: list[int] = []
     namespaces: dict[str, int] = {}
-    freq = np.zeros(1 << 16, np.int64)
+    freq = np.zeros(BUCKETS, np.int64)
+    pending: list[np.ndarray] = []
+    pending_tokens = 0
     watermark = tokens = done = 0
     with files.Writer(folder / "arena.bin") as arena:
         for seq in sequences:
@@ -71,18 +83,18 @@ def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
             arena.write(toks)
             lengths.append(seq.length)
             trees.append(tree)
-            if toks.shape[0]:
-                top = int(toks.max()) + 1
-                if top > freq.shape[0]:
-                    freq = np.concatenate([freq, np.zeros(max(top, 2 * freq.shape[0])
-                                                          - freq.shape[0], np.int64)])
-                freq[: top] += np.bincount(toks, minlength=top)
+            pending.append(toks)
+            pending_tokens += toks.shape[0]
+            if pending_tokens >= 1 << 20:
+                freq += _bucket_counts(pending)
+                pending, pending_tokens = [], 0
             tokens += seq.length - seq.anchors
             done += seq.length - seq.anchors
             if progress is not None and len(lengths) % 1000 == 0:
                 progress(done)
                 done = 0
         arena_crc = arena.crc
+    freq += _bucket_counts(pending)
     if progress is not None:
         progress(done)
     lengths_a = np.asarray(lengths, np.int64)
@@ -128,13 +140,14 @@ def build_partition(folder: str, max_depth: int, p: int) -> dict:
 
 def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
           progress: Callable[[int], None] | None = None,
-          partition_tokens: int = PARTITION_TOKENS) -> dict:
+          partition_tokens: int = PARTITION_TOKENS, hold_fds: tuple[int, ...] = ()) -> dict:
     """Index ``sequences`` into snapshot files in the new folder ``folder``.
 
     ``jobs`` partitions are built at a time, in worker processes when more
     than one.  Returns the snapshot's description: ``watermark``, ``tokens``,
     ``namespaces`` (name -> tree) and ``arrays`` (``files.describe``).
-    ``progress(tokens)`` follows the reading of the store.
+    ``progress(tokens)`` follows the reading of the store.  Worker
+    processes inherit ``hold_fds`` (a lock the caller holds).
     """
     folder = Path(folder)
     folder.mkdir(mode=0o700)
@@ -149,7 +162,7 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
     np.save(work / "owner.npy", owner)
     todo = list(range(parts)) if parts > 1 else [-1]
     if jobs > 1 and len(todo) > 1:
-        sizes = _in_workers(folder, max_depth, todo, jobs)
+        sizes = _in_workers(folder, max_depth, todo, jobs, hold_fds)
     else:
         sizes = [build_partition(str(folder), max_depth, p) for p in todo]
     described = combine(work, folder, len(todo), sizes, info)
@@ -194,13 +207,15 @@ def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict)
             out.write(nodes)
             del nodes, data
     # The roots' children: a few rows spread over the file, fixed in place.
-    all_nodes = np.memmap(folder / "nodes.bin", np.int32, "r+",
-                          shape=(int(offsets[-1]), lay.NODE_FIELDS))
-    for t, r in enumerate(roots0):
-        if r >= 0:
-            fill += part.join_roots(all_nodes, np.int64(r), firsts[t], hkeys, hvals)
-    all_nodes.flush()
-    del all_nodes
+    if offsets[-1] > 0:
+        mapped = np.memmap(folder / "nodes.bin", np.int32, "r+",
+                           shape=(int(offsets[-1]), lay.NODE_FIELDS))
+        all_nodes = mapped.view(np.ndarray)
+        for t, r in enumerate(roots0):
+            if r >= 0:
+                fill += part.join_roots(all_nodes, np.int64(r), firsts[t], hkeys, hvals)
+        mapped.flush()
+        del all_nodes, mapped
     meta[lay.META_TOP] = offsets[-1]
     meta[lay.META_FREE_HEAD] = free_head
     meta[lay.META_FREE_COUNT] = free_count
@@ -218,7 +233,8 @@ def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict)
 _WORKER = "from suffixspec.pools.build import worker_main; worker_main()"
 
 
-def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int) -> list[dict]:
+def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int,
+                hold_fds: tuple[int, ...]) -> list[dict]:
     """Build the partitions ``todo`` in ``jobs`` worker processes, each taking every ``jobs``-th.
 
     Workers are fresh interpreters (``python -c``), so nothing of this
@@ -227,7 +243,8 @@ def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int) -> lis
     """
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(folder), str(max_depth),
                                *map(str, todo[j::jobs])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              pass_fds=hold_fds)
              for j in range(jobs)]
     sizes: dict[int, dict] = {}
     try:

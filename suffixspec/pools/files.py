@@ -11,7 +11,10 @@ kernels index them without bounds checks.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -59,7 +62,7 @@ def describe(path: Path, dtype, shape) -> list:
 
 def file_crc(path: Path) -> int:
     crc = 0
-    buf = bytearray(CHUNK)
+    buf = bytearray(min(CHUNK, max(os.stat(path).st_size, 1)))
     with open(path, "rb", buffering=0) as f:
         while True:
             n = f.readinto(buf)
@@ -99,3 +102,47 @@ def open_arrays(folder: Path, described: dict, check: bool = True) -> dict[str, 
         else:
             out[name] = np.memmap(path, dt, "r", shape=tuple(shape)).view(np.ndarray)
     return out
+
+
+@contextlib.contextmanager
+def folder_lock(root: Path, wait: bool = True):
+    """Hold the lock of the snapshot folders under ``root`` (created 0700); yields its fd.
+
+    One snapshot is written at a time, and only the lock's holder removes
+    folders.  Processes that inherit the fd hold the lock with it, so a
+    build's workers keep it while they run.  With ``wait`` False, yields
+    None at once when another process holds it.
+    """
+    root.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def remove_except(root: Path, keep: str | None) -> list[str]:
+    """Remove every snapshot folder under ``root`` but ``keep`` (hold ``folder_lock``).
+
+    Those are replaced snapshots and builds cut short.  A process that still
+    maps a replaced snapshot keeps reading it: the files go once it lets go.
+    Returns the names removed.
+    """
+    gone = []
+    for entry in root.iterdir():
+        if entry.is_dir() and entry.name != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry.name)
+    return gone
+
+
+def folder_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (0 when it does not exist)."""
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

@@ -18,9 +18,11 @@ others' commits within ``refresh_interval`` seconds, or at once on
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+import uuid
 import weakref
 from pathlib import Path
 
@@ -32,11 +34,13 @@ from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
 from suffixspec.native import layout as lay
+from suffixspec.pools import build, files
 from suffixspec.pools.memory import CrossPool
 from suffixspec.pools.store import CorruptPoolError, PoolStore, StoredSequence
 
 
 WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
+logger = logging.getLogger(__name__)
 
 
 def _let_go_when_asked(ref, stop: threading.Event) -> None:
@@ -80,6 +84,29 @@ def build_index(sequences, max_depth: int, progress=None
     return ix, trees, watermark, tokens
 
 
+def write_snapshot(store: PoolStore, jobs: int = 1, progress=None) -> int:
+    """Index every sequence of ``store`` into a new snapshot; returns its generation.
+
+    The index is built in ``jobs`` processes into a new folder of files
+    (``suffixspec.pools.build``), which replaces the last snapshot's in one
+    transaction; the old folder is then removed.  ``progress(tokens)``
+    follows the reading of the store.  Needs no open pool, so nothing is
+    indexed in memory besides the build's own partitions.
+    """
+    root = store.snapshot_folders
+    with files.folder_lock(root) as lock:
+        tmp = root / f"{uuid.uuid4().hex}.build"
+        info = build.build(store.sequences(), store.max_depth, tmp, jobs=jobs,
+                           progress=progress, hold_fds=(lock,))
+        final = tmp.with_suffix("")
+        os.rename(tmp, final)
+        files.sync_folder(root)
+        generation = store.write_snapshot(None, {**info, "folder": final.name,
+                                                 "max_depth": store.max_depth})
+        files.remove_except(root, final.name)
+    return generation
+
+
 class PersistentPool(CrossPool):
     """A cross-request pool in an LMDB file; see the module docstring.
 
@@ -91,7 +118,7 @@ class PersistentPool(CrossPool):
                  max_depth: int | None = None, max_tokens: int | None = None,
                  ttl: float | None = None, refresh_interval: float = 1.0,
                  snapshot_every: int | None = None, durable: bool = True,
-                 catch_up_tokens: int = 1 << 17):
+                 catch_up_tokens: int = 1 << 17, snapshot_jobs: int = 1):
         self.store = path if isinstance(path, PoolStore) else PoolStore(
             path, tokenizer, max_depth, durable=durable)
         super().__init__(self.store.max_depth, max_tokens=None)
@@ -99,6 +126,7 @@ class PersistentPool(CrossPool):
         self.ttl = ttl
         self.refresh_interval = refresh_interval
         self.snapshot_every = snapshot_every
+        self.snapshot_jobs = snapshot_jobs
         self.base: SuffixIndex | None = None
         self.base_trees: dict[str, int] = {}
         self._txn = None
@@ -115,11 +143,13 @@ class PersistentPool(CrossPool):
         self.behind = False  # other processes' commits are still being indexed
         self.compacted = True  # False while a forget's compaction is pending
         self.store.remap_listeners.append(self._drop_snapshot_view)
+        self._snapshot_warned = None  # generation of the unusable snapshot last logged
         self._watch_stop = threading.Event()
         self._watch_pid = None
         self._load()
         if not self.store.readonly:
             self.store.remove_leftovers()
+            self._remove_stale_snapshots()
             if self.store.compaction_pending():
                 self._finish_forget(timeout=0.0)  # a forget was cut short: finish it
         self._watch()
@@ -238,20 +268,28 @@ class PersistentPool(CrossPool):
 
     # ------------------------------------------------------------ snapshots
     @locked
-    def write_snapshot(self, progress=None) -> int:
+    def write_snapshot(self, progress=None, jobs: int | None = None) -> int:
         """Enforce ``max_tokens`` and ``ttl``, re-index the store, save, reload.
 
         Returns the snapshot generation.  ``progress(tokens)`` follows the
-        indexing, in stored tokens.
+        reading of the store; ``jobs`` (default ``snapshot_jobs``) processes
+        build the index (module-level ``write_snapshot``).
         """
         self.prune(max_tokens=self.budget, older_than=self.ttl, snapshot=False)
-        ix, trees, watermark, tokens = build_index(self.store.sequences(), self.max_depth,
-                                                   progress)
-        generation = self.store.write_snapshot(
-            ix.to_arrays(), {"watermark": watermark, "tokens": tokens,
-                                  "namespaces": trees, "max_depth": self.max_depth})
+        generation = write_snapshot(self.store, self.snapshot_jobs if jobs is None else jobs,
+                                    progress)
         self._load()
         return generation
+
+    def _remove_stale_snapshots(self) -> None:
+        """Remove snapshot folders the pool no longer names, unless a snapshot is being written."""
+        root = self.store.snapshot_folders
+        if not root.is_dir():
+            return
+        with files.folder_lock(root, wait=False) as lock:
+            if lock is not None:
+                info = self.store.snapshot_info()
+                files.remove_except(root, info.get("folder") if info else None)
 
     @locked
     def prune(self, max_tokens: int | None = None, older_than: float | None = None,
@@ -344,19 +382,10 @@ class PersistentPool(CrossPool):
         Open (in-flight) sequences keep their ids and tokens.
         """
         self._close_snapshot()
-        txn = self.store.read(buffers=True)
-        try:
-            info = self.store.snapshot_info(txn)
-            arrays = None if info is None else self.store.snapshot_arrays(txn, info)
-            if info is not None and not {"namespaces", "watermark"} <= set(info):
-                raise CorruptPoolError(f"{self.store.path}: the snapshot does not say what "
-                                       f"it holds")
-        except BaseException:
-            txn.abort()
-            raise
+        info, arrays, txn, generation = self._read_snapshot()
         if info is None:
-            txn.abort()
-            self.base, self.base_trees, watermark, self._snapshot_generation = None, {}, 0, 0
+            self.base, self.base_trees, watermark = None, {}, 0
+            self._snapshot_generation = generation
         else:
             self.base = SuffixIndex.from_arrays(arrays, self.max_depth)
             self.base_trees = dict(info["namespaces"])
@@ -377,6 +406,45 @@ class PersistentPool(CrossPool):
         self._last_refresh = time.monotonic()
         self._stale = False
         self.generation += 1
+
+    def _read_snapshot(self) -> tuple:
+        """The snapshot's description, its arrays, the read transaction under them, its generation.
+
+        ``(None, None, None, 0)`` when there is none.  Snapshot files that are
+        damaged or missing are logged once and read as no snapshot: the
+        stored sequences are indexed instead, so nothing is lost (``suffixspec
+        snapshot`` writes them anew).
+        """
+        for attempt in range(3):
+            txn = self.store.read(buffers=True)
+            info = None
+            try:
+                info = self.store.snapshot_info(txn)
+                if info is None:
+                    txn.abort()
+                    return None, None, None, 0
+                if not {"namespaces", "watermark"} <= set(info):
+                    raise CorruptPoolError(f"{self.store.path}: the snapshot does not say "
+                                           f"what it holds")
+                return info, self.store.snapshot_arrays(txn, info), txn, info["generation"]
+            except FileNotFoundError as e:
+                txn.abort()  # a newer snapshot may have replaced this one just now: read again
+                problem = f"its folder {e.args[0]} is missing"
+            except CorruptPoolError as e:
+                txn.abort()
+                if info is None or "folder" not in info:
+                    raise  # the pool file itself is damaged
+                problem = str(e)
+                break
+            except BaseException:
+                txn.abort()
+                raise
+        if self._snapshot_warned != info["generation"]:
+            self._snapshot_warned = info["generation"]
+            logger.warning("suffixspec: the snapshot of %s is not used (%s); drafting from the "
+                           "stored sequences until `suffixspec snapshot` writes it anew",
+                           self.store.path, problem)
+        return None, None, None, info["generation"]
 
     def _index_stored(self, seq: StoredSequence) -> None:
         s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))

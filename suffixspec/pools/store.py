@@ -12,7 +12,10 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   ``b"table:<name>"`` -> msgpack ``{shape, crc, saved, data}``: a float64
   table kept beside the sequences (the proposer's calibration).
 * ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
-  namespaces, arrays}`` and ``b"a:<name>"`` -> raw bytes of one index array.
+  namespaces, arrays, folder}``.  The index arrays are files in
+  ``<pool>.snapshots/<folder>/`` (``suffixspec.pools.files``); ``arrays``
+  gives each one's dtype, shape and CRC-32.  Snapshots written before the
+  folder existed keep each array in ``b"a:<name>"`` (no ``folder``).
 
 Every write is one transaction; a commit that returned is durable.  A full map
 grows and the transaction is retried.  Growing re-maps the file, which would
@@ -40,6 +43,7 @@ import numpy as np
 from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.config import check_namespace
+from suffixspec.pools import files
 from suffixspec.pools.gate import Gate
 
 # Version 2 added output-start anchors.  A version 1 pool is read as one whose
@@ -407,9 +411,23 @@ class PoolStore:
                                        ) from e
             return info
 
-    def write_snapshot(self, arrays: dict[str, np.ndarray], info: dict) -> int:
-        """Replace the snapshot; returns its generation."""
-        described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)] for name, a in arrays.items()}
+    @property
+    def snapshot_folders(self) -> Path:
+        """Where the snapshot files live: ``<pool>.snapshots/``."""
+        return self.path.with_name(self.path.name + ".snapshots")
+
+    def write_snapshot(self, arrays: dict[str, np.ndarray] | None, info: dict) -> int:
+        """Replace the snapshot; returns its generation.
+
+        ``arrays`` None: the arrays are files in the folder ``info["folder"]``
+        names, described by ``info["arrays"]``.
+        """
+        if arrays is None:
+            described = info["arrays"]
+            arrays = {}
+        else:
+            described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)]
+                         for name, a in arrays.items()}
 
         def put(txn):
             snap = self.db("snap")
@@ -434,8 +452,21 @@ class PoolStore:
 
         ``txn`` must come from ``read(buffers=True)`` for zero copy.  Every
         array is checked against its CRC-32: the kernels index them without
-        bounds checks, so damaged bytes must never reach them.
+        bounds checks, so damaged bytes must never reach them.  Raises
+        ``FileNotFoundError`` when the snapshot's folder is gone (a newer
+        snapshot replaced it since ``txn`` began).
         """
+        if "folder" in info:
+            folder = self.snapshot_folders / str(info["folder"])
+            if not folder.is_dir():
+                raise FileNotFoundError(folder)
+            try:
+                return files.open_arrays(folder, info["arrays"])
+            except FileNotFoundError as e:
+                raise CorruptPoolError(f"{self.path}: snapshot file {e.filename} is "
+                                       f"missing") from e
+            except (ValueError, OSError) as e:
+                raise CorruptPoolError(f"{self.path}: {e}") from e
         out = {}
         for name, (dtype, shape, crc) in info["arrays"].items():
             with self._damage_is_corruption():
@@ -463,12 +494,16 @@ class PoolStore:
             tokens += seq.length - seq.anchors
         snap = self.snapshot_info()
         return {"path": str(self.path), "sequences": sequences, "tokens": tokens,
-                "namespaces": namespaces, "bytes_on_disk": self.path.stat().st_size,
+                "namespaces": namespaces, "bytes_on_disk": self.disk_bytes(),
                 "tokenizer": self.info["tokenizer"], "fingerprint": self.info["fingerprint"],
                 "max_depth": self.max_depth, "format_version": self.info["version"],
                 "snapshot_generation": snap["generation"] if snap else None,
                 "snapshot_tokens": snap["tokens"] if snap else 0,
                 "snapshot_age_s": round(time.time() - snap["created"], 1) if snap else None}
+
+    def disk_bytes(self) -> int:
+        """Bytes on disk: the pool file and its snapshot files."""
+        return self.path.stat().st_size + files.folder_bytes(self.snapshot_folders)
 
     def check(self) -> int:
         """Verify every sequence (decoding, count, checksum); returns how many."""

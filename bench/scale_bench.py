@@ -1,0 +1,211 @@
+"""Pool scale: snapshot build time and memory, disk, open and drafting cost up to 100M tokens.
+
+Usage (from the repository root):
+
+    python bench/scale_bench.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen --sizes 1000000,100000000
+
+The pools hold the shared traces' outputs and prompts, repeated until the size
+is reached; each repeat maps every token id through its own random
+permutation of the vocabulary, so a repeat has the traces' shape but shares no
+string with the others (the worst case for index size).  For each size, in
+fresh processes:
+
+1. the store is filled (``PoolStore.add_many``);
+2. the snapshot is built with each of ``--jobs`` (default 1 and 2): seconds,
+   tokens/s, peak RSS of the building processes together (sampled every
+   50 ms) and the peak of each process alone (``getrusage``);
+3. bytes on disk per token (pool file and snapshot files);
+4. open → first draft (kernels loaded apart), three runs;
+5. a replay of ``--replay`` SQL requests against the pool: proposer µs per
+   step, p50 and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from suffixspec.fingerprint import tokenizer_id
+from suffixspec.pools.store import PoolStore
+from suffixspec.replay.traces import hf_encoder
+
+from bench_common import TRACES, load, save_results
+
+VOCAB = 151_851  # the shared tokenizer's ids, specials included
+
+_BUILD = """
+import resource, sys, threading, time
+import psutil
+from suffixspec.pools.persistent import write_snapshot
+from suffixspec.pools.store import PoolStore
+peak = [0]
+stop = threading.Event()
+def sample():
+    me = psutil.Process()
+    while not stop.wait(0.05):
+        try:
+            procs = [me] + me.children(recursive=True)
+            peak[0] = max(peak[0], sum(p.memory_info().rss for p in procs))
+        except psutil.Error:
+            pass
+threading.Thread(target=sample, daemon=True).start()
+from suffixspec.native import warmup
+warmup()
+store = PoolStore(sys.argv[1])
+t0 = time.perf_counter()
+write_snapshot(store, jobs=int(sys.argv[2]))
+seconds = time.perf_counter() - t0
+stop.set()
+print(seconds, peak[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, store.disk_bytes())
+"""
+
+_OPEN = """
+import sys, time
+from suffixspec.native import warmup
+warmup()
+import numpy as np
+from suffixspec import SuffixProposer
+from suffixspec.pools.persistent import PersistentPool
+t0 = time.perf_counter()
+pool = PersistentPool(sys.argv[1])
+prop = SuffixProposer(max_depth=pool.max_depth, pool=pool, namespace="main")
+prop.start_request("probe", np.array([int(x) for x in sys.argv[2].split(",")], np.int32))
+d = prop.propose(["probe"])[0]
+print(time.perf_counter() - t0, len(d))
+"""
+
+_REPLAY = """
+import json, pickle, sys
+from suffixspec import SuffixProposer
+from suffixspec.native import warmup
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.replay.harness import replay
+warmup()
+requests = pickle.load(open(sys.argv[2], "rb"))
+pool = PersistentPool(sys.argv[1])
+prop = SuffixProposer(max_depth=pool.max_depth, pool=pool, namespace="main")
+m = replay(requests, prop).metrics()
+print(json.dumps({k: m[k] for k in ("mean_tokens_per_step", "proposer_us_per_step_p50",
+                                     "proposer_us_per_step_p99")}))
+"""
+
+
+def py(code: str, *args, timeout=3600) -> str:
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return out.stdout
+
+
+def corpus(traces: dict) -> list[np.ndarray]:
+    seqs = [r.output for reqs in traces.values() for r in reqs if len(r.output)]
+    return seqs + [r.prompt for reqs in traces.values() for r in reqs if len(r.prompt)]
+
+
+def fill(path: Path, tok, base: list[np.ndarray], target: int) -> tuple[int, float]:
+    """A pool of ``target`` tokens: ``base`` repeated, each repeat's ids permuted."""
+    rng = np.random.default_rng(0)
+    total = 0
+    t0 = time.perf_counter()
+    with PoolStore(path, tokenizer=tok, max_depth=64) as store:
+        copy = 0
+        while total < target:
+            perm = np.arange(VOCAB, dtype=np.int32) if copy == 0 else \
+                rng.permutation(VOCAB).astype(np.int32)
+            batch = []
+            for s in base:
+                batch.append((perm[s], "main", "bench", ""))
+                total += len(s)
+                if len(batch) >= 2000 or total >= target:
+                    store.add_many(batch)
+                    batch = []
+                if total >= target:
+                    break
+            if batch:
+                store.add_many(batch)
+            copy += 1
+    return total, time.perf_counter() - t0
+
+
+def measure(tmp: Path, tok, base, size: int, jobs: list[int], probe: str,
+            replay_file: Path) -> dict:
+    path = tmp / f"pool-{size}.lmdb"
+    tokens, fill_s = fill(path, tok, base, size)
+    row = {"tokens": tokens, "store_tok_s": round(tokens / fill_s)}
+    for j in jobs:
+        seconds, tree_peak, self_peak, child_peak, disk = map(float, py(_BUILD, path, j).split())
+        row[f"jobs{j}"] = {"build_s": round(seconds, 1), "tok_s": round(tokens / seconds),
+                           "peak_rss_gb": round(tree_peak / 1e9, 2),
+                           "parent_peak_gb": round(self_peak / 1e9, 2),
+                           "worker_peak_gb": round(child_peak / 1e9, 2)}
+        row["disk_bytes_per_token"] = round(disk / tokens, 1)
+        print(json.dumps({"size": size, "jobs": j, **row[f"jobs{j}"]}), file=sys.stderr)
+    runs = [py(_OPEN, path, probe).split() for _ in range(3)]
+    row["open_to_first_draft_s"] = sorted(round(float(r[0]), 3) for r in runs)
+    row["probe_draft_len"] = int(runs[0][1])
+    row["replay"] = json.loads(py(_REPLAY, path, replay_file))
+    print(json.dumps(row), file=sys.stderr)
+    for p in tmp.glob(f"pool-{size}.lmdb*"):
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    return row
+
+
+def markdown(rows: list[dict], jobs: list[int]) -> str:
+    head = ("| pool tokens | " + " | ".join(
+        f"build s, jobs {j} (tok/s) | peak RSS GB, jobs {j} (parent / worker)" for j in jobs)
+        + " | disk B/token | open → first draft s | proposer µs/step p50 / p99 |")
+    out = [head, "|" + "---|" * (2 * len(jobs) + 4)]
+    for r in rows:
+        cells = []
+        for j in jobs:
+            b = r[f"jobs{j}"]
+            cells += [f"{b['build_s']} ({b['tok_s'] / 1e6:.2f}M)",
+                      f"{b['peak_rss_gb']} ({b['parent_peak_gb']} / {b['worker_peak_gb']})"]
+        rp = r["replay"]
+        out.append(f"| {r['tokens']:,} | " + " | ".join(cells) +
+                   f" | {r['disk_bytes_per_token']} | "
+                   f"{', '.join(map(str, r['open_to_first_draft_s']))} | "
+                   f"{rp['proposer_us_per_step_p50']} / {rp['proposer_us_per_step_p99']} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traces", default="../shared/data/traces")
+    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--sizes", default="1000000,100000000")
+    ap.add_argument("--jobs", default="1,2")
+    ap.add_argument("--replay", type=int, default=300, help="SQL requests replayed per pool")
+    args = ap.parse_args()
+    encode = hf_encoder(args.tokenizer)
+    tok = tokenizer_id(args.tokenizer)
+    traces = {name: load(args.traces, name, encode, args.tokenizer) for name in TRACES}
+    base = corpus(traces)
+    jobs = [int(x) for x in args.jobs.split(",")]
+    probe = ",".join(map(str, traces["sql"][5].output[:12].tolist()))
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.out) as tmp_name:
+        tmp = Path(tmp_name)
+        replay_file = tmp / "requests.pkl"
+        import pickle
+        with open(replay_file, "wb") as f:
+            pickle.dump(traces["sql"][-args.replay:], f)
+        for size in (int(x) for x in args.sizes.split(",")):
+            rows.append(measure(tmp, tok, base, size, jobs, probe, replay_file))
+    save_results(args.out, "scale", {"rows": rows, "base_tokens": int(sum(map(len, base)))},
+                 markdown(rows, jobs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Snapshot files: killed builds, readers beside new snapshots, damage, permissions."""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.pools import files
+from suffixspec.pools.persistent import PersistentPool, write_snapshot
+from suffixspec.pools.store import PoolStore
+
+DEPTH = 16
+HEAD = [7, 8, 9, 1, 2, 3, 4, 5]  # every sequence starts so: [7, 8, 9] drafts [1, 2, ...]
+
+
+def _pool(path, n=400, seed=0):
+    """A pool of ``n`` sequences in namespace "a", with a snapshot."""
+    store = PoolStore(path, tokenizer=BYTES, max_depth=DEPTH)
+    rng = np.random.default_rng(seed)
+    store.add_many([(np.concatenate([HEAD, rng.integers(0, 50, 300)]).astype(np.int32),
+                     "a", "", f"r{i}") for i in range(n)])
+    write_snapshot(store)
+    store.close()
+
+
+def _drafts(path):
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, max_spec_factor=8.0, pool=pool,
+                          namespace="a", policy="counts")
+    out = []
+    for n, prompt in enumerate(([7, 8, 9], [1, 2, 3], [10, 20])):
+        prop.start_request(n, prompt)
+        out.append(prop.propose([n])[0].token_ids.tolist())
+    pool.close()
+    return out
+
+
+def _folders(path):
+    return sorted(p.name for p in path.with_name(path.name + ".snapshots").iterdir()
+                  if p.is_dir())
+
+
+_BUILD_FOREVER = """
+import sys
+from suffixspec.pools.persistent import write_snapshot
+from suffixspec.pools.store import PoolStore
+store = PoolStore(sys.argv[1])
+print("start", flush=True)
+while True:
+    write_snapshot(store, jobs=2)
+"""
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_a_killed_snapshot_build_loses_nothing_and_leaves_no_folder(tmp_path, trial):
+    path = tmp_path / "pool.lmdb"
+    _pool(path)
+    reference = _drafts(path)
+    ids = [s.seq_id for s in PoolStore(path, readonly=True).sequences(with_tokens=False)]
+    proc = subprocess.Popen([sys.executable, "-c", _BUILD_FOREVER, str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "start"
+    time.sleep(random.Random(trial).uniform(0.2, 4.0))
+    proc.kill()
+    proc.wait()
+    # The build's workers hold the folders' lock until they end.
+    with files.folder_lock(path.with_name(path.name + ".snapshots")):
+        pass
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)  # removes stray folders
+    pool.store.check()
+    assert [s.seq_id for s in pool.store.sequences(with_tokens=False)] == ids
+    assert pool.base is not None
+    assert _folders(path) == [pool.store.snapshot_info()["folder"]]
+    pool.close()
+    assert _drafts(path) == reference
+
+
+_READER = """
+import sys, time
+import numpy as np
+from suffixspec import SuffixProposer
+from suffixspec.pools.persistent import PersistentPool
+pool = PersistentPool(sys.argv[1], refresh_interval=0.01)
+prop = SuffixProposer(max_depth=pool.max_depth, max_spec_tokens=8, max_spec_factor=8.0,
+                      pool=pool, namespace="a", policy="counts")
+end = time.monotonic() + float(sys.argv[2])
+drafted = steps = 0
+while time.monotonic() < end:
+    prop.start_request(steps, [7, 8, 9])
+    drafted += len(prop.propose([steps])[0]) > 0
+    prop.abort_request(steps)
+    steps += 1
+print(steps, drafted, pool.generation)
+"""
+
+
+def test_a_reader_keeps_drafting_while_snapshots_replace_its_files(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    _pool(path)
+    reader = subprocess.Popen([sys.executable, "-c", _READER, str(path), "8"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = PoolStore(path)
+    rng = np.random.default_rng(1)
+    written = 0
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        store.add(np.concatenate([HEAD, rng.integers(0, 50, 100)]).astype(np.int32), "a")
+        write_snapshot(store)  # removes the folder the reader may be mapping
+        written += 1
+    store.close()
+    out, err = reader.communicate(timeout=120)
+    assert reader.returncode == 0, err
+    steps, drafted, generations = map(int, out.split())
+    assert written >= 3 and steps > 0 and drafted == steps
+    assert generations > 1  # the reader moved on to newer snapshots
+
+
+def test_damaged_or_missing_snapshot_files_are_logged_and_nothing_is_lost(tmp_path, caplog):
+    path = tmp_path / "pool.lmdb"
+    _pool(path)
+    reference = _drafts(path)
+    folder = path.with_name(path.name + ".snapshots") / _folders(path)[0]
+    nodes = folder / "nodes.bin"
+    data = bytearray(nodes.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    nodes.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="checksum"):
+        PoolStore(path).check()  # `suffixspec check` names the damage
+    with caplog.at_level(logging.WARNING):
+        assert _drafts(path) == reference  # drafted from the stored sequences
+    assert "snapshot" in caplog.text and "not used" in caplog.text
+    shutil.rmtree(folder)
+    assert _drafts(path) == reference
+    write_snapshot(PoolStore(path))  # writes it anew
+    pool = PersistentPool(path)
+    assert pool.base is not None
+    pool.close()
+
+
+def test_snapshot_files_are_private(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    _pool(path)
+    root = path.with_name(path.name + ".snapshots")
+    for p in [root, *root.rglob("*")]:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode == (0o700 if p.is_dir() else 0o600), (p, oct(mode))
