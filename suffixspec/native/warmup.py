@@ -121,8 +121,8 @@ def _maintenance(ix, root):
     trie.extend_part(flat, 0, TOKENS, np.ones(4, np.bool_))
     nodes = ix.nodes.copy()
     partition.relabel(nodes, np.int64(0), np.full(nodes.shape[0], -1, np.int64), np.int64(-1))
-    partition.copy_entries(ix.hkeys, ix.hvals, np.zeros(nodes.shape[0], np.bool_), np.int64(0),
-                           keys2, vals2)
+    partition.copy_entries(_readonly(ix.hkeys), _readonly(ix.hvals),
+                           np.zeros(nodes.shape[0], np.bool_), np.int64(0), keys2, vals2)
     partition.join_roots(nodes, np.int64(root), np.full(1, -1, np.int64), keys2, vals2)
     trie.drop_tree(flat, root)
 

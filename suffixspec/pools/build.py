@@ -133,9 +133,15 @@ def build_partition(folder: str, max_depth: int, p: int) -> dict:
         ix.close(s)
         off += length
     arrays = ix.to_arrays()
-    name = work / f"part-{max(p, 0)}.npz"
-    np.savez(name, **arrays)
+    for name, a in arrays.items():
+        np.save(work / f"part-{max(p, 0)}-{name}.npy", a)
     return {"nodes": int(arrays["nodes"].shape[0]), "fill": int(ix.meta[lay.META_HASH_FILL])}
+
+
+def _partition(work: Path, p: int, name: str, writable: bool = False) -> np.ndarray:
+    """One array of a built partition: memory-mapped, or read whole when ``writable``."""
+    path = work / f"part-{p}-{name}.npy"
+    return np.load(path) if writable else np.load(path, mmap_mode="r").view(np.ndarray)
 
 
 def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
@@ -173,10 +179,9 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
 
 def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict) -> dict:
     """Lay the partitions in ``work`` end to end into one index's files in ``folder``."""
-    first = np.load(work / "part-0.npz")
-    meta = first["meta"].copy()
-    seqs = first["seqs"].copy()
-    roots0 = first["roots"].copy()
+    meta = _partition(work, 0, "meta", writable=True)
+    seqs = _partition(work, 0, "seqs", writable=True)
+    roots0 = _partition(work, 0, "roots", writable=True)
     arena_items = int(meta[lay.META_ARENA_TOP])
     offsets = np.cumsum([0] + [s["nodes"] for s in sizes])
     # Each root may gain a table entry per distinct first token.
@@ -190,9 +195,8 @@ def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict)
     firsts = np.full((len(roots0), parts), -1, np.int64)
     with files.Writer(folder / "nodes.bin") as out:
         for p in range(parts):
-            data = first if p == 0 else np.load(work / f"part-{p}.npz")
-            nodes = data["nodes"].copy()
-            roots = data["roots"]
+            nodes = _partition(work, p, "nodes", writable=True)
+            roots = _partition(work, p, "roots", writable=True)
             root_of = np.full(nodes.shape[0], -1, np.int64)
             root_of[roots[roots >= 0]] = roots0[roots >= 0]
             for t, r in enumerate(roots):
@@ -202,10 +206,12 @@ def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict)
             free_count += int((nodes[:, lay.COUNT] == lay.FREED).sum()) + (
                 int((roots >= 0).sum()) if p > 0 else 0)
             free_head = part.relabel(nodes, np.int64(offsets[p]), root_of, np.int64(free_head))
-            fill += part.copy_entries(data["hkeys"], data["hvals"], root_of >= 0,
-                                      np.int64(offsets[p]), hkeys, hvals)
+            fill += part.copy_entries(_partition(work, p, "hkeys"), _partition(work, p, "hvals"),
+                                      root_of >= 0, np.int64(offsets[p]), hkeys, hvals)
             out.write(nodes)
-            del nodes, data
+            del nodes
+            for name in ("nodes", "hkeys", "hvals"):
+                (work / f"part-{p}-{name}.npy").unlink()
     # The roots' children: a few rows spread over the file, fixed in place.
     if offsets[-1] > 0:
         mapped = np.memmap(folder / "nodes.bin", np.int32, "r+",
