@@ -556,9 +556,7 @@ def extend_part(index, s, tokens, keep):
                 kept[(head + size) % depth] = p
                 size += 1
             f0 = seqs[s, SEQ_FRONT]
-            for j in range(size):
-                q = kept[(head + j) % depth]
-                _extend_one(index, root, slot, q % depth, s, q, p, t)
+            _grow(index, s, p, t, q0, kept, head, size)
             if seqs[s, SEQ_FRONT] < f0:
                 # A leaf of this sequence was closed: its suffix is open again.
                 head = 0
@@ -573,12 +571,7 @@ def extend_part(index, s, tokens, keep):
                 size -= 1
             seqs[s, SEQ_FRONT] = kept[head] if size > 0 else p + 1
             continue
-        r = q0 % depth
-        for q in range(q0, p + 1):
-            _extend_one(index, root, slot, r, s, q, p, t)
-            r += 1
-            if r == depth:
-                r = 0
+        _grow(index, s, p, t, q0, kept, head, 0)
         # Advance the front over suffixes now sitting in open leaves.
         front = seqs[s, SEQ_FRONT]
         lo = p + 2 - depth
@@ -593,51 +586,68 @@ def extend_part(index, s, tokens, keep):
 
 
 @njit(cache=True)
-def _extend_one(index, root, slot, r, s, q, p, t):
-    """Extend open suffix ``q`` of sequence ``s`` (active entry ``r``) by token ``t`` at ``p``."""
+def _grow(index, s, p, t, q0, kept, head, size):
+    """Extend sequence ``s``'s open suffixes by token ``t`` at position ``p``.
+
+    The suffixes are those starting at ``q0..p``, or with a non-empty
+    ``kept`` the ``size`` positions in its ring from ``head``.
+    """
     meta, nodes, hkeys, hvals, arena, seqs, active = index
     depth = meta[META_DEPTH]
-    a = root if q == p else active[slot, r]
-    la = nodes[a, LEN]
-    if q != p and la < 0:
-        pass  # an open leaf: it grew with the sequence
-    elif q != p and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
-        # A closed leaf that only this suffix reaches (a removal left
-        # it so): re-open it on this sequence.
-        nodes[a, REF_SEQ] = s
-        nodes[a, REF_POS] = p - la
-        nodes[a, LEN] = -(depth - (p - q) + la)
-    else:
-        c = nodes[a, BEST]
-        if c != -1 and nodes[c, TOKEN] != t:
-            c = _find_child(nodes, hkeys, hvals, a, t)
-        lc = 0
-        if c != -1:
-            lc = nodes[c, LEN]
-        if (lc == 1 and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
-            # An existing one-token child continues and no edge
-            # merges: it gains a count, and may become the most
-            # frequent.
-            nodes[c, COUNT] += 1
-            if meta[META_TIES] == TIES_ARCTIC:
-                _arctic_rise(nodes, a, c)
-            elif nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
-                nodes[a, BEST] = c
-            active[slot, r] = c
-        elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
-            # c is a's only child and every other occurrence of a
-            # goes into it: move the boundary between them down one
-            # token (the suffix stays at a).  a's ref is re-derived
-            # from c's, whose occurrence is known to continue with t.
-            nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
-            nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
-            nodes[a, LEN] += 1
-            nodes[c, LEN] -= 1
-            nodes[c, REF_POS] += 1
-            nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+    root = seqs[s, SEQ_ROOT]
+    slot = seqs[s, SEQ_SLOT]
+    every = kept.shape[0] == 0
+    n = p + 1 - q0 if every else size
+    r = q0 % depth
+    for j in range(n):
+        q = q0 + j
+        if not every:
+            q = kept[(head + j) % depth]
+            r = q % depth
+        a = root if q == p else active[slot, r]
+        la = nodes[a, LEN]
+        if q != p and la < 0:
+            pass  # an open leaf: it grew with the sequence
+        elif q != p and nodes[a, FIRST] == -1 and nodes[a, COUNT] == 1:
+            # A closed leaf that only this suffix reaches (a removal left
+            # it so): re-open it on this sequence.
+            nodes[a, REF_SEQ] = s
+            nodes[a, REF_POS] = p - la
+            nodes[a, LEN] = -(depth - (p - q) + la)
         else:
-            active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta, arena,
-                                             seqs, a, t, s, p, p - q)
+            c = nodes[a, BEST]
+            if c != -1 and nodes[c, TOKEN] != t:
+                c = _find_child(nodes, hkeys, hvals, a, t)
+            lc = 0
+            if c != -1:
+                lc = nodes[c, LEN]
+            if (lc == 1 and (q == p or nodes[c, COUNT] + 1 < nodes[a, COUNT])):
+                # An existing one-token child continues and no edge
+                # merges: it gains a count, and may become the most
+                # frequent.
+                nodes[c, COUNT] += 1
+                if meta[META_TIES] == TIES_ARCTIC:
+                    _arctic_rise(nodes, a, c)
+                elif nodes[c, COUNT] >= nodes[nodes[a, BEST], COUNT]:
+                    nodes[a, BEST] = c
+                active[slot, r] = c
+            elif (lc > 1 and q != p and nodes[c, COUNT] + 1 == nodes[a, COUNT]):
+                # c is a's only child and every other occurrence of a
+                # goes into it: move the boundary between them down one
+                # token (the suffix stays at a).  a's ref is re-derived
+                # from c's, whose occurrence is known to continue with t.
+                nodes[a, REF_SEQ] = nodes[c, REF_SEQ]
+                nodes[a, REF_POS] = nodes[c, REF_POS] - nodes[a, LEN]
+                nodes[a, LEN] += 1
+                nodes[c, LEN] -= 1
+                nodes[c, REF_POS] += 1
+                nodes[c, TOKEN] = arena[seqs[nodes[c, REF_SEQ], SEQ_OFF] + nodes[c, REF_POS]]
+            else:
+                active[slot, r] = _extend_suffix(nodes, hkeys, hvals, meta, arena,
+                                                 seqs, a, t, s, p, p - q)
+        r += 1
+        if r == depth:
+            r = 0
 
 
 @njit(cache=True)
