@@ -39,7 +39,6 @@ from suffixspec.replay.traces import hf_encoder
 
 from bench_common import TRACES, load, save_results
 
-VOCAB = 151_851  # the shared tokenizer's ids, specials included
 
 _BUILD = """
 import resource, sys, threading, time
@@ -115,13 +114,14 @@ def corpus(traces: dict) -> list[np.ndarray]:
 def fill(path: Path, tok, base: list[np.ndarray], target: int) -> tuple[int, float]:
     """A pool of ``target`` tokens: ``base`` repeated, each repeat's ids permuted."""
     rng = np.random.default_rng(0)
+    vocab = max(int(s.max()) for s in base) + 1
     total = 0
     t0 = time.perf_counter()
     with PoolStore(path, tokenizer=tok, max_depth=64) as store:
         copy = 0
         while total < target:
-            perm = np.arange(VOCAB, dtype=np.int32) if copy == 0 else \
-                rng.permutation(VOCAB).astype(np.int32)
+            perm = np.arange(vocab, dtype=np.int32) if copy == 0 else \
+                rng.permutation(vocab).astype(np.int32)
             batch = []
             for s in base:
                 batch.append((perm[s], "main", "bench", ""))
@@ -195,6 +195,7 @@ def main():
     jobs = [int(x) for x in args.jobs.split(",")]
     probe = ",".join(map(str, traces["sql"][5].output[:12].tolist()))
     rows = []
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.out) as tmp_name:
         tmp = Path(tmp_name)
         replay_file = tmp / "requests.pkl"
