@@ -36,6 +36,10 @@ from suffixspec.pools import files
 #: real vocabulary apart, anchors (``native.tokens``) spread among them.
 BUCKETS = 1 << 18
 
+#: Partitions per worker process, at least: taken as workers get free, so
+#: partitions that cost more than others even out.
+WORKER_PARTITIONS = 4
+
 #: Suffixes (tokens) per partition: a partition's nodes and child table take
 #: about 60 bytes per token it indexes, so about 0.5 GB at this size.
 PARTITION_TOKENS = 8_000_000
@@ -93,7 +97,7 @@ def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
             if progress is not None and len(lengths) % 1000 == 0:
                 progress(done)
                 done = 0
-        arena_crc = arena.crc
+        arena_checksum = arena.checksum
     freq += _bucket_counts(pending)
     if progress is not None:
         progress(done)
@@ -101,25 +105,42 @@ def _write_tokens(sequences, folder: Path, work: Path, progress) -> dict:
     np.savez(work / "table.npz", lengths=lengths_a, trees=np.asarray(trees, np.int32),
              n_trees=len(namespaces))
     return {"namespaces": namespaces, "freq": freq, "watermark": watermark, "tokens": tokens,
-            "stored": int(lengths_a.sum()), "arena_crc": arena_crc,
+            "stored": int(lengths_a.sum()), "arena_checksum": arena_checksum,
             "distinct": int((freq > 0).sum())}
 
 
-def build_partition(folder: str, max_depth: int, p: int) -> dict:
-    """Build partition ``p`` of the snapshot in ``folder``; writes ``build/part-<p>.npz``.
+def build_partitions(folder: str, max_depth: int, parts: list[int]) -> dict[int, dict]:
+    """Build those of ``parts`` that no other process took; returns their sizes.
 
-    ``p`` -1 means one partition: keep every suffix.  Returns the
-    partition's sizes.
+    A partition is taken by creating ``build/taken-<p>``, so workers given
+    the same list share it out as they go (a worker that got lighter
+    partitions takes more).  Partition -1 is the only one: every suffix.
+    Writes each partition's arrays as ``build/part-<p>-<name>.npy``.
     """
     folder = Path(folder)
     work = folder / "build"
     table = np.load(work / "table.npz")
-    lengths, trees = table["lengths"], table["trees"]
     owner = np.load(work / "owner.npy")
-    keep = np.zeros(0, np.bool_) if p < 0 else owner == p
     arena = np.fromfile(folder / "arena.bin", np.int32)
+    sizes = {}
+    for p in parts:
+        try:
+            os.close(os.open(work / f"taken-{p}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue
+        keep = np.zeros(0, np.bool_) if p < 0 else owner == p
+        sizes[p] = _build_one(work, max_depth, max(p, 0), table, keep, arena)
+    return sizes
+
+
+def _build_one(work: Path, max_depth: int, p: int, table, keep: np.ndarray,
+               arena: np.ndarray) -> dict:
+    """Index the suffixes ``keep`` selects over the token file ``arena``."""
+    lengths, trees = table["lengths"], table["trees"]
     ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1)
-    ix.arena = arena  # sequences are placed in order, exactly over their tokens
+    # Sequences are placed in order, exactly over their tokens, which
+    # indexing writes again unchanged: every partition shares ``arena``.
+    ix.arena = arena
     for _ in range(int(table["n_trees"])):
         ix.add_tree()
     off = 0
@@ -134,7 +155,7 @@ def build_partition(folder: str, max_depth: int, p: int) -> dict:
         off += length
     arrays = ix.to_arrays()
     for name, a in arrays.items():
-        np.save(work / f"part-{max(p, 0)}-{name}.npy", a)
+        np.save(work / f"part-{p}-{name}.npy", a)
     return {"nodes": int(arrays["nodes"].shape[0]), "fill": int(ix.meta[lay.META_HASH_FILL])}
 
 
@@ -160,17 +181,19 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
     work = folder / "build"
     work.mkdir()
     info = _write_tokens(sequences, folder, work, progress)
-    # As few partitions as bound a worker's memory, a multiple of the jobs.
+    # As few partitions as bound a worker's memory; with workers, enough
+    # that they end together.
     parts = -(-info["stored"] // partition_tokens) if info["stored"] else 1
     if jobs > 1:
-        parts = jobs * -(-parts // jobs)
+        parts = max(parts, WORKER_PARTITIONS * jobs)
     owner = deal(info["freq"], parts) if parts > 1 else np.zeros(0, np.int32)
     np.save(work / "owner.npy", owner)
     todo = list(range(parts)) if parts > 1 else [-1]
     if jobs > 1 and len(todo) > 1:
-        sizes = _in_workers(folder, max_depth, todo, jobs, hold_fds)
+        found = _in_workers(folder, max_depth, todo, jobs, hold_fds)
     else:
-        sizes = [build_partition(str(folder), max_depth, p) for p in todo]
+        found = build_partitions(str(folder), max_depth, todo)
+    sizes = [found[p] for p in todo]
     described = combine(work, folder, len(todo), sizes, info)
     shutil.rmtree(work)
     return {"watermark": info["watermark"], "tokens": info["tokens"],
@@ -232,7 +255,7 @@ def combine(work: Path, folder: Path, parts: int, sizes: list[dict], info: dict)
                                         (int(offsets[-1]), lay.NODE_FIELDS))
     if arena_items * 4 != os.stat(folder / "arena.bin").st_size:
         raise RuntimeError("the token storage differs from what the partitions indexed")
-    described["arena"] = ["<i4", [arena_items], info["arena_crc"]]
+    described["arena"] = ["<i4", [arena_items], info["arena_checksum"]]
     return described
 
 
@@ -240,35 +263,35 @@ _WORKER = "from suffixspec.pools.build import worker_main; worker_main()"
 
 
 def _in_workers(folder: Path, max_depth: int, todo: list[int], jobs: int,
-                hold_fds: tuple[int, ...]) -> list[dict]:
-    """Build the partitions ``todo`` in ``jobs`` worker processes, each taking every ``jobs``-th.
+                hold_fds: tuple[int, ...]) -> dict[int, dict]:
+    """Build the partitions ``todo`` in ``jobs`` worker processes (``build_partitions``).
 
     Workers are fresh interpreters (``python -c``), so nothing of this
     process (open pool files, threads, the caller's ``__main__``) goes with
     them.  A worker that fails fails the build, and the others are stopped.
     """
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(folder), str(max_depth),
-                               *map(str, todo[j::jobs])],
+                               *map(str, todo)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               pass_fds=hold_fds)
-             for j in range(jobs)]
+             for _ in range(jobs)]
     sizes: dict[int, dict] = {}
     try:
-        for j, proc in enumerate(procs):
+        for proc in procs:
             out, err = proc.communicate()
             if proc.returncode != 0:
                 last = err.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
                 raise RuntimeError(f"a snapshot build worker failed: {last[0]}")
-            sizes.update(zip(todo[j::jobs], json.loads(out)))
+            sizes.update((int(p), v) for p, v in json.loads(out).items())
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return [sizes[p] for p in todo]
+    return sizes
 
 
 def worker_main() -> None:
-    """A worker process: build the partitions named in its arguments, print their sizes as JSON."""
+    """A worker process: build partitions named in its arguments, print their sizes as JSON."""
     folder, max_depth = sys.argv[1], int(sys.argv[2])
-    print(json.dumps([build_partition(folder, max_depth, int(p)) for p in sys.argv[3:]]))
+    print(json.dumps(build_partitions(folder, max_depth, [int(p) for p in sys.argv[3:]])))

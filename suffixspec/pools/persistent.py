@@ -381,17 +381,25 @@ class PersistentPool(CrossPool):
 
         Open (in-flight) sequences keep their ids and tokens.
         """
-        self._close_snapshot()
-        info, arrays, txn, generation = self._read_snapshot()
-        if info is None:
-            self.base, self.base_trees, watermark = None, {}, 0
-            self._snapshot_generation = generation
+        current = self.store.snapshot_info()
+        if (self.base is not None and self._txn is None and current is not None
+                and current["generation"] == self._snapshot_generation):
+            watermark = current["watermark"]  # the same snapshot files: keep them mapped
         else:
-            self.base = SuffixIndex.from_arrays(arrays, self.max_depth)
-            self.base_trees = dict(info["namespaces"])
-            watermark = info["watermark"]
-            self._snapshot_generation = info["generation"]
-            self._txn = txn
+            self._close_snapshot()
+            info, arrays, txn, generation = self._read_snapshot()
+            if info is None:
+                self.base, self.base_trees, watermark = None, {}, 0
+                self._snapshot_generation = generation
+            else:
+                self.base = SuffixIndex.from_arrays(arrays, self.max_depth)
+                self.base_trees = dict(info["namespaces"])
+                watermark = info["watermark"]
+                self._snapshot_generation = info["generation"]
+                if "folder" in info:
+                    txn.abort()  # files stay mapped without it
+                else:
+                    self._txn = txn  # arrays in the pool file: valid while it is open
         self._inode = os.stat(self.store.path).st_ino
         old, self.delta, self.trees = self.delta, SuffixIndex(
             self.max_depth, node_capacity=1 << 14, token_capacity=1 << 16), {}
@@ -453,13 +461,17 @@ class PersistentPool(CrossPool):
         self._committed[s] = None
 
     def _drop_snapshot_view(self) -> None:
-        """The store is about to re-map the file: let go of the snapshot view."""
-        self._close_snapshot()
-        self._stale = True
+        """The store is about to re-map the file: let go of views into it.
+
+        Snapshot files are mapped apart from the pool file and stay.
+        """
+        if self._txn is not None:
+            self._close_snapshot()
+            self._stale = True
 
     def _close_snapshot(self) -> None:
+        self.base = None
         if self._txn is not None:
-            self.base = None
             self._txn.abort()
             self._txn = None
 

@@ -14,7 +14,7 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
 * ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
   namespaces, arrays, folder}``.  The index arrays are files in
   ``<pool>.snapshots/<folder>/`` (``suffixspec.pools.files``); ``arrays``
-  gives each one's dtype, shape and CRC-32.  Snapshots written before the
+  gives each one's dtype, shape and checksum.  Snapshots written before the
   folder existed keep each array in ``b"a:<name>"`` (no ``folder``).
 
 Every write is one transaction; a commit that returned is durable.  A full map
@@ -451,8 +451,10 @@ class PoolStore:
         """Read-only arrays over the snapshot's bytes, valid while ``txn`` is open.
 
         ``txn`` must come from ``read(buffers=True)`` for zero copy.  Every
-        array is checked against its CRC-32: the kernels index them without
-        bounds checks, so damaged bytes must never reach them.  Raises
+        array is checked against its checksum (XXH3-64 for snapshot files,
+        CRC-32 for arrays kept in the pool file by earlier versions): the
+        kernels index them without bounds checks, so damaged bytes must never
+        reach them.  Snapshot files stay valid after ``txn`` ends.  Raises
         ``FileNotFoundError`` when the snapshot's folder is gone (a newer
         snapshot replaced it since ``txn`` began).
         """
