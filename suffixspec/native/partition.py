@@ -16,8 +16,41 @@ more children has all of them in it.
 
 from numba import njit
 
-from .layout import BEST, COUNT, EMPTY, FIRST, FREED, NEXT, PARENT, PREV, TOKEN
-from .trie import _hkey, _hslot
+from .layout import (BEST, COUNT, EMPTY, FIRST, FREED, META_ARENA_TOP, NEXT, PARENT, PREV,
+                     SEQ_CAP, SEQ_LEN, SEQ_LIVE, SEQ_OFF, SEQ_ROOT, SEQ_SLOT, SEQ_STATE, TOKEN)
+from .trie import _hkey, _hslot, extend_part
+
+
+@njit(cache=True)
+def index_run(index, first, offsets, roots, keep):
+    """Index sequences ``first``, ``first + 1``, ... of one partition; returns where it stopped.
+
+    Sequence ``i`` is already in token storage at ``offsets[i]:offsets[i + 1]``
+    and joins the tree whose root is ``roots[i]``; ``keep`` as for
+    ``trie.extend_part``.  Stops at the sequence whose indexing ran short of
+    node or table capacity: grow them and call again from there (it goes on
+    where it stopped).  Every sequence ends closed.
+    """
+    seqs = index[5]
+    arena = index[4]
+    meta = index[0]
+    n = roots.shape[0]
+    for i in range(first, n):
+        lo, hi = offsets[i], offsets[i + 1]
+        if seqs[i, SEQ_STATE] != SEQ_LIVE:
+            for f in range(seqs.shape[1]):
+                seqs[i, f] = 0
+            seqs[i, SEQ_OFF] = lo
+            seqs[i, SEQ_CAP] = hi - lo
+            seqs[i, SEQ_ROOT] = roots[i]
+            seqs[i, SEQ_STATE] = SEQ_LIVE
+            meta[META_ARENA_TOP] = hi
+        seqs[i, SEQ_SLOT] = 0  # one sequence open at a time
+        extend_part(index, i, arena[lo + seqs[i, SEQ_LEN]:hi], keep)
+        seqs[i, SEQ_SLOT] = -1
+        if seqs[i, SEQ_LEN] < hi - lo:
+            return i
+    return n
 
 
 @njit(cache=True)

@@ -519,7 +519,10 @@ def extend_part(index, s, tokens, keep):
     off = seqs[s, SEQ_OFF]
     hash_limit = hkeys.shape[0] // 2
     # Open suffixes that this index keeps, oldest first: a ring of positions.
-    kept = np.empty(0 if every else depth, np.int64)
+    ring = 1
+    while ring < depth:
+        ring *= 2
+    kept = np.empty(0 if every else ring, np.int64)
     head = 0
     size = 0
     if not every:
@@ -550,11 +553,14 @@ def extend_part(index, s, tokens, keep):
             q0 = seqs[s, SEQ_FRONT]
         if not every:
             while size > 0 and kept[head] < q0:
-                head = (head + 1) % depth
+                head = (head + 1) & (ring - 1)
                 size -= 1
             if keep[t & mask]:
-                kept[(head + size) % depth] = p
+                kept[(head + size) & (ring - 1)] = p
                 size += 1
+            if size == 0:
+                seqs[s, SEQ_FRONT] = p + 1
+                continue
             f0 = seqs[s, SEQ_FRONT]
             _grow(index, s, p, t, q0, kept, head, size)
             if seqs[s, SEQ_FRONT] < f0:
@@ -567,7 +573,7 @@ def extend_part(index, s, tokens, keep):
                         size += 1
             # The front: the first kept suffix not in an open leaf.
             while size > 0 and nodes[active[slot, kept[head] % depth], LEN] < 0:
-                head = (head + 1) % depth
+                head = (head + 1) & (ring - 1)
                 size -= 1
             seqs[s, SEQ_FRONT] = kept[head] if size > 0 else p + 1
             continue
@@ -590,7 +596,8 @@ def _grow(index, s, p, t, q0, kept, head, size):
     """Extend sequence ``s``'s open suffixes by token ``t`` at position ``p``.
 
     The suffixes are those starting at ``q0..p``, or with a non-empty
-    ``kept`` the ``size`` positions in its ring from ``head``.
+    ``kept`` (a ring, its size a power of two) the ``size`` positions in it
+    from ``head``.
     """
     meta, nodes, hkeys, hvals, arena, seqs, active = index
     depth = meta[META_DEPTH]
@@ -602,7 +609,7 @@ def _grow(index, s, p, t, q0, kept, head, size):
     for j in range(n):
         q = q0 + j
         if not every:
-            q = kept[(head + j) % depth]
+            q = kept[(head + j) & (kept.shape[0] - 1)]
             r = q % depth
         a = root if q == p else active[slot, r]
         la = nodes[a, LEN]

@@ -119,6 +119,8 @@ def _maintenance(ix, root):
     trie.compact_arena(ix.arena, ix.seqs, ix.meta, np.argsort(ix.seqs[:, lay.SEQ_OFF]))
     # A snapshot build: partitions (writable ``keep``), laid together.
     trie.extend_part(flat, 0, TOKENS, np.ones(4, np.bool_))
+    partition.index_run(flat, np.int64(1), np.zeros(2, np.int64), np.zeros(1, np.int64),
+                        np.ones(4, np.bool_))
     nodes = ix.nodes.copy()
     partition.relabel(nodes, np.int64(0), np.full(nodes.shape[0], -1, np.int64), np.int64(-1))
     partition.copy_entries(_readonly(ix.hkeys), _readonly(ix.hvals),
@@ -175,7 +177,7 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
 
 KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
            trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
-           trie.extend_part, partition.relabel, partition.copy_entries, partition.join_roots,
+           trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            counts.draft_path, counts.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn,
            ngram.ngram_propose, token_checks.first_bad_token)

@@ -29,7 +29,6 @@ import numpy as np
 from suffixspec.index import SuffixIndex
 from suffixspec.native import layout as lay
 from suffixspec.native import partition as part
-from suffixspec.native import trie
 from suffixspec.pools import files
 
 #: Partitions own first tokens by ``token & (BUCKETS - 1)``: every token of a
@@ -143,19 +142,21 @@ def _build_one(work: Path, max_depth: int, p: int, table, keep: np.ndarray,
     ix.arena = arena
     for _ in range(int(table["n_trees"])):
         ix.add_tree()
-    off = 0
-    for length, tree in zip(lengths.tolist(), trees.tolist()):
-        s = ix.add_sequence(tree, capacity=length)
-        done = 0
-        while done < length:
-            done += trie.extend_part(ix._flat(), s, arena[off + done: off + length], keep)
-            if done < length:
-                ix._make_room(s, length - done)
-        ix.close(s)
-        off += length
+    n = lengths.shape[0]
+    ix.seqs = np.zeros((max(n, 1), lay.SEQ_FIELDS), np.int64)
+    ix._next_seq = n
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    roots = ix.roots[trees].astype(np.int64)
+    i = 0
+    while i < n:
+        i = part.index_run(ix._flat(), np.int64(i), offsets, roots, keep)
+        if i < n:
+            ix._make_room(int(i), 0)  # nodes or child table ran short
     arrays = ix.to_arrays()
-    for name, a in arrays.items():
-        np.save(work / f"part-{p}-{name}.npy", a)
+    # Every partition has the same token storage and sequences: only the
+    # first one's sequences are kept, and the token file is written already.
+    for name in ("meta", "nodes", "hkeys", "hvals", "roots") + (("seqs",) if p == 0 else ()):
+        np.save(work / f"part-{p}-{name}.npy", arrays[name])
     return {"nodes": int(arrays["nodes"].shape[0]), "fill": int(ix.meta[lay.META_HASH_FILL])}
 
 
