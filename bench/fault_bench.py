@@ -367,7 +367,7 @@ rss_now = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_
 print(json.dumps({"seconds": round(time.monotonic() - t0, 1), "indexed_tokens": pool.tokens,
                   "rss_mb": rss_now / 2**20,
                   "peak_rss_mb": peak_rss_mb(),
-                  "file_mb": os.path.getsize(path) / 2**20}))
+                  "file_mb": pool.store.disk_bytes() / 2**20}))  # file and snapshot files
 pool.close()
 """
 

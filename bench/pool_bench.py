@@ -5,14 +5,15 @@ Usage (from the repository root):
     python bench/pool_bench.py --traces ../shared/data/traces \\
         --tokenizer ../shared/tokenizers/qwen --out bench/results
 
-Sections (all in one run; pool files go to a temporary folder):
+Sections (all in one run; pool files go to a temporary folder; pools of up
+to 100M tokens: ``bench/scale_bench.py``):
 
 1. ingest: every shared trace (outputs), tokens/s with and without
    tokenization, then the snapshot build;
 2. open-to-first-draft at 1M and 10M tokens (the shared traces' outputs, then
    prompts, no repeats), each timed in a fresh process (kernels already
    compiled in the on-disk cache, timed apart);
-3. bytes on disk per token;
+3. bytes on disk per token (the pool file and its snapshot files);
 4. replay of the agent and SQL traces with a pool pre-ingested from a disjoint
    first part of the same trace, against a cold pool;
 5. 1 writer and 8 reader processes for ``--readers-seconds``; errors counted;
@@ -139,7 +140,7 @@ def section_ingest(tmp: Path, args, encode, tok) -> list[dict]:
             with PersistentPool(store) as pool:
                 pool.write_snapshot()
             snap = time.perf_counter() - t1
-            size = path.stat().st_size
+            size = store.disk_bytes()  # the pool file and its snapshot files
         rows.append({"trace": name, "sequences": report.sequences, "tokens": report.tokens,
                      "store_tok_s": round(report.tokens / report.store_s),
                      "with_tokenize_tok_s": round(report.tokens / wall),
@@ -170,6 +171,11 @@ def build_pool(path: Path, tok, sequences, target: int) -> tuple[int, float]:
         return total, time.perf_counter() - t0
 
 
+def _disk_bytes(path: Path) -> int:
+    with PoolStore(path, readonly=True) as store:
+        return store.disk_bytes()
+
+
 def section_open(tmp: Path, tok, traces: dict, sizes) -> list[dict]:
     # Distinct data: every trace's outputs first, then prompts.
     seqs = ([r.output for reqs in traces.values() for r in reqs if len(r.output)]
@@ -185,7 +191,7 @@ def section_open(tmp: Path, tok, traces: dict, sizes) -> list[dict]:
         rows.append({"tokens": tokens, "snapshot_build_s": round(build_s, 1),
                      "open_to_first_draft_s": [round(x, 3) for x in open_s],
                      "draft_len": int(runs[0][2]), "kernel_load_s": round(compile_s, 3),
-                     "disk_bytes_per_token": round(path.stat().st_size / tokens, 1)})
+                     "disk_bytes_per_token": round(_disk_bytes(path) / tokens, 1)})
         print(json.dumps(rows[-1]), file=sys.stderr)
         path.unlink()
     return rows
