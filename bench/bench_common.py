@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import pickle
@@ -57,3 +58,13 @@ def save_results(out: str | Path, name: str, data, md: str, show: bool = True) -
     (out / f"{name}.md").write_text(md + "\n")
     if show:
         print(md)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's arguments: ``--traces``, ``--tokenizer`` and ``--out``, described by
+    the first paragraph of its docstring ``doc``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--traces", default="../shared/data/traces")
+    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
+    ap.add_argument("--out", default="bench/results")
+    return ap

@@ -20,7 +20,6 @@ in use; for arctic, its own ``estimate_memory()``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ from suffixspec.index import SuffixIndex
 from suffixspec.native import warmup
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import TRACES, load
+from bench_common import parser, TRACES, load
 
 DEPTH = 64
 
@@ -86,10 +85,7 @@ def best_of(fn, *args, runs=3):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
-    ap.add_argument("--out", default="bench/results")
+    ap = parser(__doc__)
     ap.add_argument("--prompts", type=int, default=300, help="prompts indexed per trace")
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)

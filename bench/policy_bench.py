@@ -13,7 +13,6 @@ min_token_prob 0.1.  Prints MTS / est / drafted per step per trace and writes
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
+
+from bench_common import parser
 
 SLICES = {"sql": ("sql_spider_bird.jsonl.gz", {"max_records": 5000}),
           "code": ("code_humaneval_mbpp_leetcode.jsonl.gz", {}),
@@ -46,10 +47,7 @@ VARIANTS = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
-    ap.add_argument("--out", default="bench/results")
+    ap = parser(__doc__)
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)
     warmup()

@@ -24,7 +24,6 @@ to 100M tokens: ``bench/scale_bench.py``):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -46,7 +45,7 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 from suffixspec.pools.store import PoolStore
 
-from bench_common import TRACES, load, save_results
+from bench_common import parser, TRACES, load, save_results
 
 _OPEN = """
 import sys, time
@@ -311,10 +310,7 @@ def markdown(r: dict) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
-    ap.add_argument("--out", default="bench/results")
+    ap = parser(__doc__)
     ap.add_argument("--readers-seconds", type=float, default=60.0)
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--open-sizes", default="1000000,10000000",

@@ -23,7 +23,6 @@ fresh processes:
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from suffixspec.fingerprint import tokenizer_id
 from suffixspec.pools.store import PoolStore
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import TRACES, load, save_results
+from bench_common import parser, TRACES, load, save_results
 
 
 _BUILD = """
@@ -180,10 +179,7 @@ def markdown(rows: list[dict], jobs: list[int]) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
-    ap.add_argument("--out", default="bench/results")
+    ap = parser(__doc__)
     ap.add_argument("--sizes", default="1000000,100000000")
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--replay", type=int, default=300, help="SQL requests replayed per pool")

@@ -24,7 +24,6 @@ unbounded in-memory cross pool.  Writes ``segments.md`` and ``segments.json``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +34,7 @@ from suffixspec.native import warmup
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 
-from bench_common import save_results
+from bench_common import parser, save_results
 from policy_bench import SLICES
 
 
@@ -65,10 +64,7 @@ class TimeSegments:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
-    ap.add_argument("--out", default="bench/results")
+    ap = parser(__doc__)
     ap.add_argument("--segments", default="1,2,4,8", help="segment counts to compare")
     args = ap.parse_args()
     counts = sorted({1, *(int(k) for k in args.segments.split(","))})
