@@ -8,12 +8,29 @@ from hypothesis import strategies as st
 
 from suffixspec.index import SuffixIndex
 from suffixspec.pools import build, files
-from suffixspec.pools.persistent import build_index
 from suffixspec.pools.store import StoredSequence
 
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
 DEPTH = 6
+
+
+def build_index(sequences, max_depth):
+    """The index built in one piece: one tree per namespace, every suffix.
+
+    Returns the index, namespace -> tree, the highest id and the output tokens.
+    """
+    ix = SuffixIndex(max_depth)
+    trees: dict[str, int] = {}
+    for seq in sequences:
+        tree = trees.get(seq.namespace)
+        if tree is None:
+            tree = trees[seq.namespace] = ix.add_tree()
+        s = ix.add_sequence(tree, capacity=max(seq.length, 1))
+        ix.extend(s, seq.tokens)
+        ix.close(s)
+    return (ix, trees, max(s.seq_id for s in sequences),
+            sum(s.length - s.anchors for s in sequences))
 
 
 def _stored(seqs):

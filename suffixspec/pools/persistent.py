@@ -55,35 +55,6 @@ def _let_go_when_asked(ref, stop: threading.Event) -> None:
         del pool
 
 
-def build_index(sequences, max_depth: int, progress=None
-                ) -> tuple[SuffixIndex, dict[str, int], int, int]:
-    """Index stored sequences, one tree per namespace.
-
-    Returns the index, namespace -> tree, the highest sequence id and the
-    number of tokens.  ``progress(tokens)`` is told every 1,000 sequences.
-    """
-    ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1 << 16)
-    trees: dict[str, int] = {}
-    watermark = tokens = done = count = 0
-    for seq in sequences:
-        tree = trees.get(seq.namespace)
-        if tree is None:
-            tree = trees[seq.namespace] = ix.add_tree()
-        s = ix.add_sequence(tree, capacity=max(seq.length, 1))
-        ix.extend(s, seq.tokens)
-        ix.close(s)
-        watermark = max(watermark, seq.seq_id)
-        tokens += seq.length - seq.anchors
-        done += seq.length - seq.anchors
-        count += 1
-        if progress is not None and count % 1000 == 0:
-            progress(done)
-            done = 0
-    if progress is not None:
-        progress(done)
-    return ix, trees, watermark, tokens
-
-
 def write_snapshot(store: PoolStore, jobs: int = 1, progress=None) -> int:
     """Index every sequence of ``store`` into a new snapshot; returns its generation.
 
