@@ -154,3 +154,36 @@ def test_snapshot_files_are_private(tmp_path):
     for p in [root, *root.rglob("*")]:
         mode = stat.S_IMODE(p.stat().st_mode)
         assert mode == (0o700 if p.is_dir() else 0o600), (p, oct(mode))
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from suffixspec.pools.persistent import write_snapshot
+from suffixspec.pools.store import DiskFullError, PoolStore
+# Writes past this size fail as on a full disk (EFBIG instead of ENOSPC).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    write_snapshot(PoolStore(sys.argv[1]))
+except DiskFullError as e:
+    print(e)
+"""
+
+
+def test_a_full_disk_during_a_build_keeps_the_last_snapshot(tmp_path):
+    path = tmp_path / "pool.lmdb"
+    _pool(path, n=20)
+    reference = _drafts(path)
+    before = _folders(path)
+    store = PoolStore(path)
+    rng = np.random.default_rng(2)
+    store.add_many([(rng.integers(0, 50, 5000).astype(np.int32), "a", "", "") for _ in range(100)])
+    store.close()
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(path)], capture_output=True,
+                         text=True, timeout=300)
+    assert "could not write the snapshot" in out.stdout, out.stdout + out.stderr
+    assert _folders(path) == before  # the half-written folder is gone
+    pool = PersistentPool(path)
+    assert pool.base is not None and pool.store.snapshot_info()["folder"] == before[0]
+    pool.close()
+    assert _drafts(path) == reference

@@ -18,8 +18,10 @@ others' commits within ``refresh_interval`` seconds, or at once on
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -36,7 +38,8 @@ from suffixspec.locking import locked
 from suffixspec.native import layout as lay
 from suffixspec.pools import build, files
 from suffixspec.pools.memory import CrossPool
-from suffixspec.pools.store import CorruptPoolError, PoolStore, StoredSequence
+from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
+                                    StoredSequence)
 
 
 WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
@@ -67,8 +70,17 @@ def write_snapshot(store: PoolStore, jobs: int = 1, progress=None) -> int:
     root = store.snapshot_folders
     with files.folder_lock(root) as lock:
         tmp = root / f"{uuid.uuid4().hex}.build"
-        info = build.build(store.sequences(), store.max_depth, tmp, jobs=jobs,
-                           progress=progress, hold_fds=(lock,))
+        try:
+            info = build.build(store.sequences(), store.max_depth, tmp, jobs=jobs,
+                               progress=progress, hold_fds=(lock,))
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)  # the last snapshot stays in use
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise DiskFullError(f"could not write the snapshot of {store.path} "
+                                    f"(disk full?): {e}") from e
+            if isinstance(e, RuntimeError):  # a build worker failed
+                raise PoolError(f"{store.path}: {e}") from e
+            raise
         final = tmp.with_suffix("")
         os.rename(tmp, final)
         files.sync_folder(root)
