@@ -68,3 +68,20 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
     ap.add_argument("--out", default="bench/results")
     return ap
+
+
+def fill_store(store, sequences, target: int, namespace: str = "main") -> int:
+    """Commit ``sequences`` to ``store`` in batches until ``target`` tokens; returns how many."""
+    total = 0
+    batch = []
+    for s in sequences:
+        batch.append((s, namespace, "bench", ""))
+        total += len(s)
+        if len(batch) >= 2000 or total >= target:
+            store.add_many(batch)
+            batch = []
+        if total >= target:
+            break
+    if batch:
+        store.add_many(batch)
+    return total

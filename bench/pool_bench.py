@@ -45,7 +45,7 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 from suffixspec.pools.store import PoolStore
 
-from bench_common import parser, TRACES, load, save_results
+from bench_common import parser, TRACES, fill_store, load, save_results
 
 _OPEN = """
 import sys, time
@@ -151,19 +151,8 @@ def section_ingest(tmp: Path, args, encode, tok) -> list[dict]:
 
 def build_pool(path: Path, tok, sequences, target: int) -> tuple[int, float]:
     """A pool of the first ``target`` tokens of ``sequences``; returns (tokens, snapshot s)."""
-    total = 0
     with PoolStore(path, tokenizer=tok, max_depth=64) as store:
-        batch = []
-        for s in sequences:
-            batch.append((s, "main", "bench", ""))
-            total += len(s)
-            if len(batch) >= 2000:
-                store.add_many(batch)
-                batch = []
-            if total >= target:
-                break
-        if batch:
-            store.add_many(batch)
+        total = fill_store(store, sequences, target)
         t0 = time.perf_counter()
         with PersistentPool(store) as pool:
             pool.write_snapshot()

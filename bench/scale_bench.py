@@ -36,7 +36,7 @@ from suffixspec.fingerprint import tokenizer_id
 from suffixspec.pools.store import PoolStore
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import parser, TRACES, load, save_results
+from bench_common import parser, TRACES, fill_store, load, save_results
 
 
 _BUILD = """
@@ -110,29 +110,21 @@ def corpus(traces: dict) -> list[np.ndarray]:
     return seqs + [r.prompt for reqs in traces.values() for r in reqs if len(r.prompt)]
 
 
-def fill(path: Path, tok, base: list[np.ndarray], target: int) -> tuple[int, float]:
-    """A pool of ``target`` tokens: ``base`` repeated, each repeat's ids permuted."""
+def permuted_copies(base: list[np.ndarray]):
+    """``base``, then ``base`` again and again, each repeat's ids through a random permutation."""
     rng = np.random.default_rng(0)
     vocab = max(int(s.max()) for s in base) + 1
-    total = 0
+    perm = np.arange(vocab, dtype=np.int32)
+    while True:
+        yield from (perm[s] for s in base)
+        perm = rng.permutation(vocab).astype(np.int32)
+
+
+def fill(path: Path, tok, base: list[np.ndarray], target: int) -> tuple[int, float]:
+    """A pool of ``target`` tokens of ``permuted_copies(base)``; returns (tokens, seconds)."""
     t0 = time.perf_counter()
     with PoolStore(path, tokenizer=tok, max_depth=64) as store:
-        copy = 0
-        while total < target:
-            perm = np.arange(vocab, dtype=np.int32) if copy == 0 else \
-                rng.permutation(vocab).astype(np.int32)
-            batch = []
-            for s in base:
-                batch.append((perm[s], "main", "bench", ""))
-                total += len(s)
-                if len(batch) >= 2000 or total >= target:
-                    store.add_many(batch)
-                    batch = []
-                if total >= target:
-                    break
-            if batch:
-                store.add_many(batch)
-            copy += 1
+        total = fill_store(store, permuted_copies(base), target)
     return total, time.perf_counter() - t0
 
 
