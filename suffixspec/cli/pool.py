@@ -201,17 +201,16 @@ def snapshot_cmd(pool, jobs, as_json):
     t0 = time.perf_counter()
     with _store(pool) as store:
         pending = store.compaction_pending()
-    if pending:
-        with open_pool(pool, snapshot_jobs=jobs) as p:
-            p._finish_forget(timeout=10.0)  # a cut-short forget: snapshot and compact
-            generation = p.store.snapshot_info()["generation"]
-            tokens, compacted = p.tokens, p.compacted
-    else:
-        with _store(pool) as store:
+        if not pending:
             try:
                 generation = _snapshot_with_progress(store, jobs)
             except PoolError as e:
                 raise click.ClickException(str(e)) from e
             tokens, compacted = store.snapshot_info()["tokens"], True
+    if pending:  # a cut-short forget: snapshot and compact, with the pool open
+        with open_pool(pool, snapshot_jobs=jobs) as p:
+            p._finish_forget(timeout=10.0)
+            generation = p.store.snapshot_info()["generation"]
+            tokens, compacted = p.tokens, p.compacted
     _emit({"generation": generation, "tokens": tokens, "compacted": compacted,
            "seconds": round(time.perf_counter() - t0, 3)}, as_json)
