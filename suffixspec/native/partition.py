@@ -31,9 +31,7 @@ def index_run(index, first, offsets, roots, keep):
     node or table capacity: grow them and call again from there (it goes on
     where it stopped).  Every sequence ends closed.
     """
-    seqs = index[5]
-    arena = index[4]
-    meta = index[0]
+    meta, _, _, _, arena, seqs, _ = index
     n = roots.shape[0]
     for i in range(first, n):
         lo, hi = offsets[i], offsets[i + 1]

@@ -519,8 +519,8 @@ def extend_part(index, s, tokens, keep):
     off = seqs[s, SEQ_OFF]
     hash_limit = hkeys.shape[0] // 2
     # Open suffixes that this index keeps, oldest first: a ring of positions.
-    ring = 1
-    while ring < depth:
+    ring = 1  # a power of two, at least depth, when filtering
+    while not every and ring < depth:
         ring *= 2
     kept = np.empty(0 if every else ring, np.int64)
     head = 0
