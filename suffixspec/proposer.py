@@ -112,14 +112,14 @@ class SuffixProposer:
         self._draw_from: dict[Hashable, tuple[str, ...]] = {}  # req_id -> namespaces
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._roots_cache: dict = {}
-        self._no_roots = np.full((8, 1), -1, np.int64)
+        self._no_roots = np.full((8, 1, 1 + lay.SEGMENTS), -1, np.int64)
         self._finished = 0
         self._calibration_failed = False
         self._load_calibration()
-        # Stands in for a pool without a snapshot.  Read-only like a snapshot,
-        # so the drafting kernel is compiled for one kind of base index only.
-        self._no_base = SuffixIndex(self.max_depth, node_capacity=16,
-                                    token_capacity=16).read_only_arrays()
+        # Stand in for absent snapshot segments.  Read-only like a snapshot,
+        # so the drafting kernel is compiled for one kind of index only.
+        self._no_segments = (SuffixIndex(self.max_depth, node_capacity=16,
+                                          token_capacity=16).read_only_arrays(),) * lay.SEGMENTS
         warmup(steps=SERVING)
         self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
@@ -296,10 +296,9 @@ class SuffixProposer:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:
             return 0, 0
-        base = self.cross.base
-        snapshot = 0 if base is None else sum(
-            a.nbytes for a in (base.meta, base.nodes, base.hkeys, base.hvals, base.arena,
-                               base.seqs, base.roots))
+        snapshot = sum(a.nbytes for seg in self.cross.segments
+                       for a in (seg.meta, seg.nodes, seg.hkeys, seg.hvals, seg.arena, seg.seqs,
+                                 seg.roots))
         return self.cross.delta.memory_bytes() + snapshot, self.cross.tokens
 
     @property
@@ -327,12 +326,12 @@ class SuffixProposer:
             self.outputs = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
         out = self._out
         local = self.requests.index
-        base, base_roots, delta, delta_roots = self._cross_args(req_ids)
+        segs, delta, cross_roots = self._cross_args(req_ids)
         if self.step_cost is not None:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
         # Records as plain tuples (see ``native.layout``): typed faster per call.
-        batch = (rows[1], rows[0], rows[2], limits, base_roots, delta_roots)
-        propose_batch(local.read_only_arrays(), local.roots, base, delta, batch, self._knobs_flat,
+        batch = (rows[1], rows[0], rows[2], limits, cross_roots)
+        propose_batch(local.read_only_arrays(), local.roots, segs, delta, batch, self._knobs_flat,
                       self._stats_flat, self._out_flat, self._pending_flat, self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
         drafts = []
@@ -374,33 +373,32 @@ class SuffixProposer:
         self._out, self._out_flat = out, tuple(out)
 
     def _cross_args(self, req_ids):
-        """Arrays of the cross pool's two indexes and each request's roots in them.
+        """The cross pool's snapshot segments and delta arrays, and each
+        request's roots in them (``(b, namespaces, 1 + SEGMENTS)``).
 
-        Root matrices are cached per pool generation; a batch whose requests
+        Root arrays are cached per pool generation; a batch whose requests
         all draw from the same namespaces (the usual case) is one cache hit.
         """
         b = len(req_ids)
         pool = self.cross
         if pool is None:
             if self._no_roots.shape[0] < b:
-                self._no_roots = np.full((2 * b, 1), -1, np.int64)
-            return (self._no_base, self._no_roots[:b], self.requests.index.read_only_arrays(),
-                    self._no_roots[:b])
+                self._no_roots = np.full((2 * b, 1, 1 + lay.SEGMENTS), -1, np.int64)
+            return self._no_segments, self.requests.index.read_only_arrays(), self._no_roots[:b]
         pool.refresh()
         draws = [self._draw_from[r] for r in req_ids]
         first = draws[0]
         key = (pool.generation, first, b) if all(d is first for d in draws) else None
         roots = self._roots_cache.get(key) if key is not None else None
         if roots is None:
-            rows = [pool.roots(d) for d in draws]
-            roots = (_matrix([r[0] for r in rows]), _matrix([r[1] for r in rows]))
+            roots = _roots([pool.roots(d) for d in draws])
             if key is not None:
                 if len(self._roots_cache) > 256:
                     self._roots_cache.clear()
                 self._roots_cache[key] = roots
-        base = pool.base
-        return (base.read_only_arrays() if base is not None else self._no_base, roots[0],
-                pool.delta.read_only_arrays(), roots[1])
+        segs = tuple(seg.read_only_arrays() for seg in pool.segments[:lay.SEGMENTS])
+        segs += self._no_segments[len(segs):]
+        return segs, pool.delta.read_only_arrays(), roots
 
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:
@@ -442,10 +440,12 @@ def _fields(rows) -> np.ndarray:
     return np.array(list(rows), np.int64).reshape(-1, 3).T.copy()
 
 
-def _matrix(rows: list[list[int]]) -> np.ndarray:
-    """Ragged lists of root ids as an int64 matrix padded with -1."""
+def _roots(rows: list[list[list[int]]]) -> np.ndarray:
+    """Per request, per namespace, root ids on every side, as one int64 array
+    padded with -1 (namespaces a request does not draw from)."""
     width = max(1, max(len(r) for r in rows))
-    out = np.full((len(rows), width), -1, np.int64)
+    out = np.full((len(rows), width, 1 + lay.SEGMENTS), -1, np.int64)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        if r:
+            out[i, :len(r)] = r
     return out

@@ -52,7 +52,7 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
     pool.close()
 
     pool = pool_at(path)
-    assert pool.base is not None and not pool.base.nodes.flags.writeable  # zero-copy
+    assert len(pool.segments) == 1 and not pool.segments[0].nodes.flags.writeable  # zero-copy
     assert pool.tokens == len(PATTERN) + 6 + 2 * 3  # and each output's three start anchors
     prop = proposer(pool)
     prop.start_request("c", [5, 5] + PATTERN[:3])
@@ -60,7 +60,8 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
     assert d.source == "cross" and d.token_ids.tolist() == PATTERN[3:]
     prop.start_request("d", [700, 701, 702])
     assert prop.propose(["d"])[0].token_ids.tolist()[:3] == [703, 704, 705]
-    pool.base.check_integrity()
+    for seg in pool.segments:
+        seg.check_integrity()
     pool.delta.check_integrity()
 
 
@@ -227,7 +228,7 @@ def test_snapshot_every_keeps_the_delta_small(tmp_path):
     pool = pool_at(tmp_path / "pool.lmdb", snapshot_every=50)
     for i in range(6):
         pool.add(np.arange(i * 20, i * 20 + 20, dtype=np.int32))
-    assert pool.base is not None and pool.delta.live_tokens < 50
+    assert pool.segments and pool.delta.live_tokens < 50
     assert pool.tokens == 120
 
 
@@ -246,7 +247,8 @@ def test_map_growth_while_the_snapshot_is_mapped(tmp_path):
         assert prop.propose([f"probe{i}"])[0].token_ids.tolist()[:5] == PATTERN[3:8]
         prop.abort_request(f"probe{i}")
     assert store.env.info()["map_size"] > 256 * 1024
-    pool.base.check_integrity()
+    for seg in pool.segments:
+        seg.check_integrity()
 
 
 def test_a_pool_path_needs_the_tokenizer(tmp_path):

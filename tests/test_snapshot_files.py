@@ -16,7 +16,8 @@ import pytest
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools import files
-from suffixspec.pools.persistent import PersistentPool, write_snapshot
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import PoolStore
 
 DEPTH = 16
@@ -52,17 +53,19 @@ def _folders(path):
 
 _BUILD_FOREVER = """
 import sys
-from suffixspec.pools.persistent import write_snapshot
+from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1])
 print("start", flush=True)
 while True:
-    write_snapshot(store, jobs=2)
+    store.update_segments(lambda current, txn: [])  # every sequence indexed in memory
+    write_snapshot(store, jobs=2, upto=200, merge=False)  # two segments of one size...
+    write_snapshot(store, jobs=2)  # ...then merged
 """
 
 
 @pytest.mark.parametrize("trial", range(4))
-def test_a_killed_snapshot_build_loses_nothing_and_leaves_no_folder(tmp_path, trial):
+def test_a_killed_segment_build_or_merge_loses_nothing_and_leaves_no_folder(tmp_path, trial):
     path = tmp_path / "pool.lmdb"
     _pool(path)
     reference = _drafts(path)
@@ -79,8 +82,9 @@ def test_a_killed_snapshot_build_loses_nothing_and_leaves_no_folder(tmp_path, tr
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)  # removes stray folders
     pool.store.check()
     assert [s.seq_id for s in pool.store.sequences(with_tokens=False)] == ids
-    assert pool.base is not None
-    assert _folders(path) == [pool.store.snapshot_info()["folder"]]
+    info = pool.store.snapshot_info()
+    named = sorted(seg["folder"] for seg in info["segments"]) if info else []
+    assert _folders(path) == named and len(pool.segments) == len(named)
     pool.close()
     assert _drafts(path) == reference
 
@@ -104,7 +108,7 @@ print(steps, drafted, pool.generation)
 """
 
 
-def test_a_reader_keeps_drafting_while_snapshots_replace_its_files(tmp_path):
+def test_a_reader_keeps_drafting_while_segments_are_added_and_merged(tmp_path):
     path = tmp_path / "pool.lmdb"
     _pool(path)
     reader = subprocess.Popen([sys.executable, "-c", _READER, str(path), "8"],
@@ -115,13 +119,14 @@ def test_a_reader_keeps_drafting_while_snapshots_replace_its_files(tmp_path):
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
         store.add(np.concatenate([HEAD, rng.integers(0, 50, 100)]).astype(np.int32), "a")
-        write_snapshot(store)  # removes the folder the reader may be mapping
+        write_snapshot(store)  # a new segment, merged with others: folders the reader maps go
         written += 1
+    merged = len(store.snapshot_info()["segments"]) < 1 + written
     store.close()
     out, err = reader.communicate(timeout=120)
     assert reader.returncode == 0, err
     steps, drafted, generations = map(int, out.split())
-    assert written >= 3 and steps > 0 and drafted == steps
+    assert written >= 3 and merged and steps > 0 and drafted == steps
     assert generations > 1  # the reader moved on to newer snapshots
 
 
@@ -143,7 +148,8 @@ def test_damaged_or_missing_snapshot_files_are_logged_and_nothing_is_lost(tmp_pa
     assert _drafts(path) == reference
     write_snapshot(PoolStore(path))  # writes it anew
     pool = PersistentPool(path)
-    assert pool.base is not None
+    assert len(pool.segments) == 1 and _folders(path) == [pool.store.snapshot_info()[
+        "segments"][0]["folder"]]
     pool.close()
 
 
@@ -184,6 +190,35 @@ def test_a_full_disk_during_a_build_keeps_the_last_snapshot(tmp_path):
     assert "could not write the snapshot" in out.stdout, out.stdout + out.stderr
     assert _folders(path) == before  # the half-written folder is gone
     pool = PersistentPool(path)
-    assert pool.base is not None and pool.store.snapshot_info()["folder"] == before[0]
+    assert [seg["folder"] for seg in pool.store.snapshot_info()["segments"]] == before
+    assert len(pool.segments) == 1
     pool.close()
     assert _drafts(path) == reference
+
+
+def test_files_checked_once_are_not_read_again_until_written(tmp_path, monkeypatch):
+    path = tmp_path / "pool.lmdb"
+    _pool(path, n=30)
+    store = PoolStore(path)
+    seg = store.snapshot_info()["segments"][0]
+    folder = store.snapshot_folders / seg["folder"]
+    monkeypatch.setattr(files, "RACY_S", -1.0)  # no wait for file times to settle
+    read = []
+    checksum = files.file_checksum
+    monkeypatch.setattr(files, "file_checksum", lambda p: read.append(p) or checksum(p))
+    files.open_arrays(folder, seg["arrays"])
+    assert len(read) == len(seg["arrays"])  # the first open reads every file
+    files.open_arrays(folder, seg["arrays"])
+    assert len(read) == len(seg["arrays"])  # the next reads none
+    nodes = folder / "nodes.bin"
+    data = bytearray(nodes.read_bytes())
+    data[len(data) // 3] ^= 0x04
+    nodes.write_bytes(bytes(data))  # written since: checked again, and refused
+    with pytest.raises(ValueError, match="checksum"):
+        files.open_arrays(folder, seg["arrays"])
+    (folder / files.VERIFIED).write_text("{not json")  # a damaged record: every file is read
+    read.clear()
+    with pytest.raises(ValueError, match="checksum"):
+        files.open_arrays(folder, seg["arrays"])
+    assert read
+    store.close()

@@ -118,11 +118,13 @@ def test_readonly_store_refuses_writes(tmp_path):
 def test_snapshot_arrays_round_trip_zero_copy(tmp_path):
     store = new_store(tmp_path)
     arrays = {"a": np.arange(10, dtype=np.int32), "b": np.ones((3, 4), np.int64)}
-    assert store.write_snapshot(arrays, {"watermark": 0}) == 1
-    assert store.write_snapshot(arrays, {"watermark": 0}) == 2
+    old = {"watermark": 0, "namespaces": {}}
+    assert store.write_snapshot_in_file(arrays, old) == 1
+    assert store.write_snapshot_in_file(arrays, old) == 2
     info = store.snapshot_info()
+    assert [(seg["first"], seg["last"]) for seg in info["segments"]] == [(0, 0)]
     with store.read(buffers=True) as txn:
-        got = store.snapshot_arrays(txn, info)
+        got = store.snapshot_arrays(txn, info["segments"][0])
         assert np.array_equal(got["b"], arrays["b"]) and not got["a"].flags.writeable
 
 

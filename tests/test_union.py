@@ -1,4 +1,4 @@
-"""Drafting from two indexes at once equals drafting from one index over all their sequences."""
+"""Drafting from several indexes at once equals drafting from one index over all their sequences."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from suffixspec.index import SuffixIndex
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.calibrated import draft_path
-from suffixspec.native.union import NOWHERE, advance, best_next, position
+from suffixspec.native.union import NOWHERE, advance, best_next, bound_next, position
 from suffixspec.pools.persistent import PersistentPool
 
 SLOW = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -48,38 +48,59 @@ def _next_counts(ix, tree, query) -> dict[int, int]:
 
 sequences = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1,
                      max_size=8)
+#: Sequences dealt to sides: side 0 and up to three segments (some may be empty).
+dealt = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=20),
+                           st.integers(0, 3)), min_size=1, max_size=10)
+
+
+def _sides(items, query):
+    """The side indexes (side 0 first) of ``items`` dealt to them, the positions of ``query``."""
+    built = [_index([t for t, k in items if k == side]) if any(k == side for _, k in items)
+             else _index([]) for side in range(4)]
+    first = built[0][0].read_only_arrays()
+    segs = tuple(ix.read_only_arrays() for ix, _ in built[1:])
+    pos = np.array([_at(ix, tree, query) for ix, tree in built], np.int64)
+    return lay.Index(*first), segs, pos
 
 
 @SLOW
-@given(sequences, sequences, st.lists(st.integers(0, 3), min_size=1, max_size=4))
-def test_best_next_over_two_indexes_equals_one_index(seqs_a, seqs_b, query):
-    (a, ta), (b, tb), (c, tc) = _index(seqs_a), _index(seqs_b), _index(seqs_a + seqs_b)
-    pa, pb, pc = _at(a, ta, query), _at(b, tb, query), _at(c, tc, query)
-    tok, k, n = best_next(a.arrays(), pa, b.arrays(), pb, 0)
+@given(dealt, st.lists(st.integers(0, 3), min_size=1, max_size=4))
+def test_best_next_over_several_indexes_equals_one_index(items, query):
+    first, segs, pos = _sides(items, query)
+    c, tc = _index([t for t, _ in items])
+    pc = _at(c, tc, query)
+    tok, k, n = best_next(first, segs, pos, 0)
     one = _next_counts(c, tc, query)
     if pc[0] < 0:
-        assert pa[0] < 0 and pb[0] < 0 and n <= 0
+        assert (pos[:, 0] < 0).all() and n <= 0
         return
     if not one:  # the string only ends sequences
         assert k <= 0
         return
     assert n == c.nodes[pc[0], lay.COUNT]
     assert k == max(one.values()) and one[tok] == k
+    # The bound is one: never below the true count.
+    if (pos[:, 0] >= 0).sum() > 1:
+        bound, n2 = bound_next(first, segs, pos, 0)
+        assert n2 == n and k <= bound <= n
 
 
 @SLOW
-@given(sequences, sequences, st.lists(st.integers(0, 3), min_size=1, max_size=4))
-def test_path_over_two_indexes_equals_one_index_until_a_tie(seqs_a, seqs_b, query):
-    (a, ta), (b, tb), (c, tc) = _index(seqs_a), _index(seqs_b), _index(seqs_a + seqs_b)
+@given(dealt, st.lists(st.integers(0, 3), min_size=1, max_size=4))
+def test_path_over_several_indexes_equals_one_index_until_a_tie(items, query):
+    first, segs, pos = _sides(items, query)
+    c, tc = _index([t for t, _ in items])
     pc = _at(c, tc, query)
     if pc[0] < 0:
         return
     stats = tuple(cal.new_stats(0.0))
-    two, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
-    n2, _ = draft_path(a.arrays(), _at(a, ta, query), b.arrays(), _at(b, tb, query), DEPTH,
-                       0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, two)
-    n1, _ = draft_path(c.arrays(), pc, c.arrays(), NOWHERE, DEPTH, 0.0, 0, cal.SRC_CROSS,
-                       len(query), stats, -1.0, one)
+    many, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
+    n2, _ = draft_path(first, segs, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0,
+                       many)
+    alone = np.array([pc] + [NOWHERE] * len(segs), np.int64)
+    cr = lay.Index(*c.read_only_arrays())
+    n1, _ = draft_path(cr, tuple(_index([])[0].read_only_arrays() for _ in segs), alone, DEPTH,
+                       0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, one)
     # Token by token, as long as the most frequent next token is unique.
     prefix = list(query)
     for i in range(max(n1, n2)):
@@ -88,7 +109,7 @@ def test_path_over_two_indexes_equals_one_index_until_a_tie(seqs_a, seqs_b, quer
         if sum(v == top for v in counts.values()) != 1:
             break
         assert i < n1 and i < n2
-        assert two.tokens[i] == one.tokens[i] and two.probs[i] == one.probs[i]
+        assert many.tokens[i] == one.tokens[i] and many.probs[i] == one.probs[i]
         prefix.append(int(one.tokens[i]))
     # The shared position walk agrees with a fresh match.
     p = pc
@@ -106,7 +127,7 @@ def test_a_pool_drafts_from_its_snapshot_and_new_outputs_counted_together(tmp_pa
     pool.write_snapshot()
     for out in ([1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 3, 8]):
         pool.add(np.array(out, np.int32), "default")
-    assert pool.base is not None
+    assert len(pool.segments) == 1
     drafts = {}
     for name, cross in (("pool", pool), ("memory", None)):
         p = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, pool=cross,
@@ -120,4 +141,38 @@ def test_a_pool_drafts_from_its_snapshot_and_new_outputs_counted_together(tmp_pa
         drafts[name] = p.propose(["q"])[0]
     assert drafts["pool"].token_ids.tolist() == drafts["memory"].token_ids.tolist() == [8]
     assert drafts["pool"].score == drafts["memory"].score
+    pool.close()
+
+
+def test_a_pool_of_several_segments_drafts_as_one_index(tmp_path):
+    """Three segments of unlike sizes (never merged) and new outputs, against an in-memory pool."""
+    tok = TokenizerId(name="test", fingerprint="0" * 16, vocab_size=100)
+    rng = np.random.default_rng(7)
+    outs = [rng.integers(0, 6, rng.integers(3, 12)).astype(np.int32) for _ in range(90)]
+    pool = PersistentPool(tmp_path / "p.lmdb", tok, max_depth=16)
+    memory = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, anchors=False,
+                            cross_pool_tokens=None)
+    for lo, hi in ((0, 60), (60, 75), (75, 80), (80, 90)):  # the last stays in memory
+        for out in outs[lo:hi]:
+            pool.add(out, "default")
+            memory.cross.add(out, "default")
+        if hi < 90:
+            pool.write_snapshot()
+    assert len(pool.segments) == 3 and pool.store.snapshot_info()["segments"][0]["last"] == 60
+    assert pool.tokens == memory.cross.tokens
+    segmented = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, pool=pool,
+                               tokenizer=tok, anchors=False, cross_pool_tokens=None)
+    drafted = 0
+    for i in range(40):
+        context = rng.integers(0, 6, 6).tolist()
+        for p in (segmented, memory):
+            p.start_request(i, context)
+        a, b = segmented.propose([i])[0], memory.propose([i])[0]
+        # Equal counts give equal probabilities; equally frequent tokens may differ.
+        assert (a.score, a.match_len, len(a.token_ids)) == (b.score, b.match_len,
+                                                            len(b.token_ids))
+        drafted += len(a.token_ids)
+        for p in (segmented, memory):
+            p.finish_request(i)
+    assert drafted > 20
     pool.close()

@@ -1,4 +1,5 @@
-"""Pool commands: ``ingest``, ``stats``, ``prune``, ``forget``, ``export``, ``snapshot``."""
+"""Pool commands: ``ingest``, ``stats``, ``prune``, ``forget``, ``export``, ``snapshot``,
+``add-segment``."""
 
 from __future__ import annotations
 
@@ -27,17 +28,16 @@ def _store(path: str, **kw) -> PoolStore:
 
 
 def _snapshot_with_progress(store: PoolStore, jobs: int) -> int:
-    """Write ``store``'s snapshot with a progress bar on stderr once it takes a second."""
-    from suffixspec.pools.persistent import write_snapshot
+    """Bring ``store``'s snapshot segments up to date with a progress bar on stderr
+    (tokens indexed) once it takes a second."""
+    from suffixspec.pools.segments import write_snapshot
 
-    total = store.stats()["tokens"]
-    with tqdm(total=total, desc="snapshot", unit="tok", unit_scale=True, file=sys.stderr,
-              delay=1) as bar:
+    with tqdm(desc="snapshot", unit="tok", unit_scale=True, file=sys.stderr, delay=1) as bar:
         return write_snapshot(store, jobs=jobs, progress=bar.update)
 
 
 _JOBS = click.option("--jobs", type=click.IntRange(1, 256), default=1, show_default=True,
-                     help="Processes that build the index snapshot.")
+                     help="Processes that build each snapshot segment.")
 
 
 def _emit(obj: dict, as_json: bool) -> None:
@@ -192,7 +192,11 @@ def export_cmd(pool, namespace):
 @_JOBS
 @click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
 def snapshot_cmd(pool, jobs, as_json):
-    """Rebuild POOL's index snapshot, for fast opening.
+    """Bring POOL's index snapshot up to date, for fast opening.
+
+    Indexes what no snapshot segment covers yet, rebuilds segments that lost
+    sequences or whose files are damaged, and merges segments of about the
+    same size.
 
     \b
     Example:
@@ -213,4 +217,44 @@ def snapshot_cmd(pool, jobs, as_json):
             generation = p.store.snapshot_info()["generation"]
             tokens, compacted = p.tokens, p.compacted
     _emit({"generation": generation, "tokens": tokens, "compacted": compacted,
+           "seconds": round(time.perf_counter() - t0, 3)}, as_json)
+
+
+@click.command(name="add-segment")
+@_POOL
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@_JOBS
+@click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
+def add_segment_cmd(pool, sources, jobs, as_json):
+    """Add pools built elsewhere (SOURCES) to POOL, with their snapshot segments.
+
+    Each source is a pool file, with its ``.snapshots`` folder beside it,
+    that `suffixspec ingest` built from a shard of the logs, with the same
+    tokenizer and --max-depth as POOL.  Its sequences and segment files are
+    checked and copied in; nothing is indexed again.  POOL is created, with
+    the first source's tokenizer, when missing.
+
+    \b
+    Example:
+      suffixspec add-segment pool.lmdb shard-0.lmdb shard-1.lmdb
+    """
+    from suffixspec.pools.segments import add_pool
+
+    t0 = time.perf_counter()
+    if not Path(pool).exists():
+        with _store(sources[0], readonly=True) as first:
+            tokenizer, depth = first.tokenizer, first.max_depth
+        store = _store(pool, tokenizer=tokenizer, max_depth=depth)
+    else:
+        store = _store(pool)
+    added = 0
+    with store:
+        for source in sources:
+            try:
+                added += add_pool(store, source, jobs=jobs)
+            except PoolError as e:
+                raise click.ClickException(str(e)) from e
+        info = store.snapshot_info()
+    _emit({"sequences": added, "segments": len(info["segments"]) if info else 0,
+           "snapshot_tokens": info["tokens"] if info else 0,
            "seconds": round(time.perf_counter() - t0, 3)}, as_json)

@@ -26,25 +26,26 @@ from .merge import merge_in, merge_out, merge_reset
 from .recency import draft_recent, latest_occurrence
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
-from .union import advance, best_next, bound_next, position
+from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side, sides
 
 
 @njit(cache=True)
-def draft_path(a, pa, b, pb, cap, thr, discount, src, match_len, stats, beat, cand):
+def draft_path(first, segs, pos, cap, thr, discount, src, match_len, stats, beat, cand):
     """Most frequent continuation while its probability beats ``thr``.
 
-    The string sits at position ``pa`` in index ``a`` and ``pb`` in ``b``
-    (``union``; a position with node -1 when an index lacks it), and counts
-    add up over both.  Returns ``(n, gain)``, the gain being ``sum(p - thr)``.
-    Gives up (gain -1) as soon as the path can no longer gain more than
-    ``beat``: no later token is more probable than the current one.
+    The string sits at positions ``pos`` on every side (``union``; node -1
+    where a side lacks it), and counts add up over all of them; ``pos``
+    moves along the draft.  Returns ``(n, gain)``, the gain being
+    ``sum(p - thr)``.  Gives up (gain -1) as soon as the path can no longer
+    gain more than ``beat``: no later token is more probable than the
+    current one.
     """
     n = 0
     prob = 1.0
     gain = 0.0
     while n < cap:
         d = discount if n == 0 else 0
-        tok, c, cnt = best_next(a, pa, b, pb, d)
+        tok, c, cnt = best_next(first, segs, pos, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
         fine, q = cal.token_probability(stats, src, match_len, n, c, cnt)
@@ -59,8 +60,7 @@ def draft_path(a, pa, b, pb, cap, thr, discount, src, match_len, stats, beat, ca
         n += 1
         if gain + (cap - n) * (p - thr) <= beat:
             return n, -1.0
-        pa = advance(a, pa[0], pa[1], pa[2], tok)
-        pb = advance(b, pb[0], pb[1], pb[2], tok)
+        advance_all(first, segs, pos, tok)
     return n, gain
 
 
@@ -134,43 +134,47 @@ def _own_end(own, length, pos):
 
 
 @njit(cache=True)
-def _lengths(sa, sb, ctx, end, span, how, knobs, stats, best_gain, out, work):
-    """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in one tree, or two at once.
+def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos):
+    """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in ``trees``.
 
-    ``sa`` and ``sb`` are ``(index, root, own)``: the tree's root (-1: no
-    tree) and the request's own open sequence in it, if any (see
-    ``trie.suffix_position``).  With both, the trees are one pool's two parts
-    and a path draft adds up their counts (``union``); tree drafts take one
-    tree only.  ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
+    ``trees`` is ``(first, segs, roots, own)``: the sides (``union``), the
+    tree on each (``roots[k]``, -1: none) and the request's own open
+    sequence in side 0's tree, if any (see ``trie.suffix_position``).  Several trees are one pool's parts, and a
+    path draft adds up their counts; tree drafts take one tree only.
+    ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
     context is start-anchored: its last ``anchor_out`` tokens are output, the
     ones before are anchors, and the source follows from how many anchors a
-    length spans.  Returns ``(n, gain, match_len)``, n 0 when nothing beat
-    ``best_gain``.
+    length spans.  ``pos`` is scratch for the positions.  Returns ``(n,
+    gain, match_len)``, n 0 when nothing beat ``best_gain``.
     """
-    a, ra, own_a = sa
-    b, rb, own_b = sb
+    first, segs, roots, own = trees
     lo_len, hi_len, anchor_out = span
     src, recent, limit, thr = how
     table, state = stats
     cand = work.cand
-    depth = a.active.shape[1]
+    depth = first.active.shape[1]
     merging = knobs.tree and knobs.flags & MERGE_TREES
     best_n = 0
     best_len = 0
     longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
-        xa, oa = suffix_position(a, ra, ctx, end, length, own_a) if ra >= 0 else (-1, 0)
-        xb, ob = suffix_position(b, rb, ctx, end, length, own_b) if rb >= 0 else (-1, 0)
-        if xa == -1 and xb == -1:
+        for k in range(sides(segs)):
+            pos[k, 0] = -1
+            if roots[k] >= 0:
+                ix = side(first, segs, k)
+                x, off = suffix_position(ix, roots[k], ctx, end, length, own if k == 0 else NONE)
+                if x >= 0:
+                    pos[k, 0], pos[k, 1], pos[k, 2] = position(ix, x, off)
+        count, held, most = occurrences(first, segs, pos)
+        if held == 0:
             continue
         # As many occurrences as one token longer: every occurrence is one of
         # the longer match, so the continuations are the same, and the longer
         # match already drafted them unless the depth bound cut its draft.
-        occurrences = (a.nodes[xa, COUNT] if xa >= 0 else 0) + (b.nodes[xb, COUNT] if xb >= 0 else 0)
-        if anchor_out < 0 and occurrences == longer and length + 1 + limit <= depth:
+        if anchor_out < 0 and count == longer and length + 1 + limit <= depth:
             continue
-        longer = occurrences
+        longer = count
         m = length
         s = src
         if anchor_out >= 0:
@@ -184,32 +188,29 @@ def _lengths(sa, sb, ctx, end, span, how, knobs, stats, best_gain, out, work):
                 cap = c2
         if cap <= 0:
             continue
-        pa = position(a, xa, oa)
-        pb = position(b, xb, ob)
         discount = 0
-        if knobs.flags & SELF_DISCOUNT and (_own_end(own_a, length, pa) or _own_end(own_b, length, pb)):
+        if knobs.flags & SELF_DISCOUNT and _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])):
             discount = 1
-        # Every later token is at most as probable as the first.  Where both
+        # Every later token is at most as probable as the first.  Where several
         # trees hold the string, the first token's count is only bounded here
         # (draft_path finds it, and gives up at once where it cannot win).
-        if pa[0] >= 0 and pb[0] >= 0:
-            c, cnt = bound_next(a, pa, b, pb, discount)
+        if held > 1:
+            c, cnt = bound_next(first, segs, pos, discount)
         else:
-            _, c, cnt = best_next(a, pa, b, pb, discount)
+            _, c, cnt = best_next(first, segs, pos, discount)
         if cnt <= 0 or c <= 0:
             continue
         q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
         if q <= thr or (not merging and cap * (q - thr) <= best_gain):
             continue
-        if merging:  # every candidate's whole tree goes into the merged one
-            n, gain = draft_tree(a, xa, oa, cap, thr, discount, s, m, stats, -1.0, cand,
-                                 work.heap)
-            merge_in(work.merged, cand, n)
-        elif knobs.tree:
-            n, gain = draft_tree(a, xa, oa, cap, thr, discount, s, m, stats, best_gain, cand,
-                                 work.heap)
+        if knobs.tree:  # one tree: the side that holds the string
+            ix = side(first, segs, most)
+            n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
+                                 -1.0 if merging else best_gain, cand, work.heap)
+            if merging:  # every candidate's whole tree goes into the merged one
+                merge_in(work.merged, cand, n)
         else:
-            n, gain = draft_path(a, pa, b, pb, cap, thr, discount, s, m, stats, best_gain, cand)
+            n, gain = draft_path(first, segs, pos, cap, thr, discount, s, m, stats, best_gain, cand)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -226,35 +227,34 @@ def _lengths(sa, sb, ctx, end, span, how, knobs, stats, best_gain, out, work):
 
 
 @njit(cache=True)
-def _tree_draft(sa, sb, ctx, start, end, anchored, how, knobs, stats, best, out, work):
-    """The best calibrated draft of one tree, or of two trees counted together, if it beats ``best``.
+def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos):
+    """The best calibrated draft of ``trees``, counted together, if it beats ``best``.
 
-    ``sa`` and ``sb`` are ``(index, root, own)`` as for ``_lengths``.  Queries
-    the ordinary context ``ctx[start:end]`` at every match length and, with
+    ``trees`` and ``pos`` are as for ``_lengths``.  Queries the
+    ordinary context ``ctx[start:end]`` at every match length and, with
     ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
     (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
     is ``(c_arena, c_end, anchors, out_len)``, at the lengths that reach into
     the anchors.  Returns ``(n, gain, match_len, source)``, n 0 when nothing
     beat ``best``.
     """
-    a, ra, own_a = sa
-    b, rb, own_b = sb
+    first, segs, roots, own = trees
     c_arena, c_end, n_anchors, out_len = anchored
     depth = knobs.depth
     n_best = 0
     m_best = 0
     source = FROM_NONE
     hi = 0
-    if ra >= 0:
-        hi, _, _ = longest_match(a, ra, ctx, start, end, depth - 1, True, own_a)
-    if rb >= 0:
-        hb, _, _ = longest_match(b, rb, ctx, start, end, depth - 1, True, own_b)
-        if hb > hi:
-            hi = hb
+    for k in range(sides(segs)):
+        if roots[k] >= 0:
+            h, _, _ = longest_match(side(first, segs, k), roots[k], ctx, start, end, depth - 1,
+                                    True, own if k == 0 else NONE)
+            if h > hi:
+                hi = h
     if hi > 0:
         lo = 1 if knobs.flags & ALL_LENGTHS else hi
-        n, gain, m = _lengths(sa, sb, ctx, end, (lo, hi, np.int64(-1)), how, knobs, stats, best,
-                              out, work)
+        n, gain, m = _lengths(trees, ctx, end, (lo, hi, np.int64(-1)), how, knobs, stats, best,
+                              out, work, pos)
         if n > 0:
             best = gain
             n_best = n
@@ -264,9 +264,8 @@ def _tree_draft(sa, sb, ctx, start, end, anchored, how, knobs, stats, best, out,
         hi = out_len + n_anchors
         if hi > depth - 1:
             hi = depth - 1
-        n, gain, m = _lengths((a, ra, (own_a[0], own_a[1], own_a[1])),
-                              (b, rb, (own_b[0], own_b[1], own_b[1])), c_arena, c_end,
-                              (out_len + 1, hi, out_len), how, knobs, stats, best, out, work)
+        n, gain, m = _lengths((first, segs, roots, (own[0], own[1], own[1])), c_arena, c_end,
+                              (out_len + 1, hi, out_len), how, knobs, stats, best, out, work, pos)
         if n > 0:
             best = gain
             n_best = n
@@ -325,15 +324,20 @@ def _take(drafted, best, out, i):
 
 
 @njit(cache=True)
-def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs, stats, out, work):
+def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs, stats, out, work):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
-    With ``MERGE_TREES`` in tree mode, the draft merges every candidate's tree
-    (``merge``); its match length and source are the best candidate's.
+    ``delta`` and the snapshot segments ``segs`` are the cross pool's sides
+    (``union``).  With ``MERGE_TREES`` in tree mode, the draft merges every
+    candidate's tree (``merge``); its match length and source are the best
+    candidate's.
     """
     merging = knobs.tree and knobs.flags & MERGE_TREES
     if merging:
         merge_reset(work.merged)
+    n_sides = sides(segs)
+    pos = np.empty((n_sides, 3), np.int64)
+    solo = np.full(n_sides, -1, np.int64)  # one tree on one side
     l_seqs = local.seqs
     s = batch.seqs[i]
     start, end = tail(local, s, knobs.depth)
@@ -350,42 +354,43 @@ def draft_request(i, recent, thr, local, local_roots, base, delta, batch, knobs,
         out_len = delta.seqs[cs, SEQ_LEN] - n_anchors
     own_len = l_seqs[s, SEQ_LEN]
     ctx = local.arena
-    none = (np.int64(-1), np.int64(0), np.int64(0))  # no own sequence in a tree
+    own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
+    solo[0] = local_roots[batch.trees[i]]
     n, best, m, source = _tree_draft(
-        (local, np.int64(local_roots[batch.trees[i]]), (l_seqs[s, SEQ_SLOT], own_len, own_len)),
-        (local, np.int64(-1), none), ctx, start, end,
+        (local, segs, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
-        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work)
+        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos)
+    solo[0] = -1
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
     if knobs.flags & RECENT:
         best = _take(_recent(local, np.int64(local_roots[batch.trees[i]]), s, start, end,
-                             (l_seqs[s, SEQ_SLOT], own_len, own_len),
-                             (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs, stats, best,
-                             row, work), best, out, i)
+                             own_local, (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs,
+                             stats, best, row, work), best, out, i)
     anchored = (delta.arena, c_end, n_anchors, out_len)
     cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
-    # Namespace j's trees in the snapshot and the in-memory part: path drafts
-    # count both together (``union``), tree drafts take each apart.
-    for j in range(max(batch.base_roots.shape[1], batch.delta_roots.shape[1])):
-        rb = np.int64(batch.base_roots[i, j] if j < batch.base_roots.shape[1] else -1)
-        rd = np.int64(batch.delta_roots[i, j] if j < batch.delta_roots.shape[1] else -1)
-        own = none
-        if cs >= 0 and rd >= 0 and delta.seqs[cs, SEQ_ROOT] == rd:
+    # Namespace j's trees in the in-memory part (side 0) and the snapshot
+    # segments: path drafts count all together (``union``), tree drafts take
+    # each apart, segments first.
+    for j in range(batch.cross_roots.shape[1]):
+        roots = batch.cross_roots[i, j]
+        own = NONE
+        if cs >= 0 and roots[0] >= 0 and delta.seqs[cs, SEQ_ROOT] == roots[0]:
             own = (delta.seqs[cs, SEQ_SLOT], delta.seqs[cs, SEQ_LEN], out_len)
         if not knobs.tree:
-            best = _take(_tree_draft((delta, rd, own), (base, rb, none), ctx, start, end, anchored,
-                                     cross, knobs, stats, best, row, work), best, out, i)
+            best = _take(_tree_draft((delta, segs, roots, own), ctx, start, end, anchored, cross,
+                                     knobs, stats, best, row, work, pos), best, out, i)
             continue
-        if rb >= 0:
-            best = _take(_tree_draft((base, rb, none), (base, np.int64(-1), none), ctx, start,
-                                     end, anchored, cross, knobs, stats, best, row, work),
+        for t in range(1, n_sides + 1):
+            k = t % n_sides
+            if roots[k] < 0:
+                continue
+            solo[k] = roots[k]
+            best = _take(_tree_draft((delta, segs, solo, own if k == 0 else NONE), ctx, start,
+                                     end, anchored, cross, knobs, stats, best, row, work, pos),
                          best, out, i)
-        if rd >= 0:
-            best = _take(_tree_draft((delta, rd, own), (delta, np.int64(-1), none), ctx, start,
-                                     end, anchored, cross, knobs, stats, best, row, work),
-                         best, out, i)
+            solo[k] = -1
     if merging and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0

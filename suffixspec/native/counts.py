@@ -14,6 +14,7 @@ from .heap import heap_push, heap_take
 from .layout import (ALL_LENGTHS, BEST, COUNT, FIRST, FROM_CROSS, FROM_NONE, FROM_REQUEST,
                      LONG_BIAS, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_ROOT, SEQ_SLOT)
 from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
+from .union import side, sides
 
 
 @njit(cache=True)
@@ -156,7 +157,7 @@ def _tree_best(index, root, ctx, start, end, limit, knobs, own, out, work):
 
 
 @njit(cache=True)
-def draft_request(i, local, local_roots, base, delta, batch, knobs, out, work):
+def draft_request(i, local, local_roots, segs, delta, batch, knobs, out, work):
     """The counts policy for request ``i``: each tree's best draft, the highest rank wins."""
     l_seqs = local.seqs
     s = batch.seqs[i]
@@ -176,28 +177,27 @@ def draft_request(i, local, local_roots, base, delta, batch, knobs, out, work):
     out.match[i] = m
     out.source[i] = FROM_REQUEST if n > 0 else FROM_NONE
     cs = batch.cross_seqs[i]
-    for base_tree in (True, False):
-        roots = batch.base_roots if base_tree else batch.delta_roots
-        for j in range(roots.shape[1]):
-            root = roots[i, j]
+    # Each tree of the in-memory part (side 0) and the snapshot segments
+    # apart, segments first (``union`` names the sides).
+    n_sides = sides(segs)
+    for j in range(batch.cross_roots.shape[1]):
+        for t in range(1, n_sides + 1):
+            k = t % n_sides
+            root = batch.cross_roots[i, j, k]
             if root < 0:
                 continue
             own = (np.int64(-1), np.int64(0), np.int64(0))
-            if not base_tree and cs >= 0 and delta.seqs[cs, SEQ_ROOT] == root:
+            if k == 0 and cs >= 0 and delta.seqs[cs, SEQ_ROOT] == root:
                 own_len = delta.seqs[cs, SEQ_LEN]
                 own = (delta.seqs[cs, SEQ_SLOT], own_len, own_len - anchors(delta, cs))
-            if base_tree:
-                n2, score2, rank2, m2 = _tree_best(base, root, ctx, start, end, limit, knobs, own,
-                                                   work.best, work)
-            else:
-                n2, score2, rank2, m2 = _tree_best(delta, root, ctx, start, end, limit, knobs,
-                                                   own, work.best, work)
+            n2, score2, rank2, m2 = _tree_best(side(delta, segs, k), root, ctx, start, end, limit,
+                                               knobs, own, work.best, work)
             if n2 > 0 and rank2 > best:
                 best = rank2
-                for j in range(n2):
-                    row[0][j] = work.best.tokens[j]
-                    row[1][j] = work.best.parents[j]
-                    row[2][j] = work.best.probs[j]
+                for q in range(n2):
+                    row[0][q] = work.best.tokens[q]
+                    row[1][q] = work.best.parents[q]
+                    row[2][q] = work.best.probs[q]
                 out.n[i] = n2
                 out.score[i] = score2
                 out.match[i] = m2

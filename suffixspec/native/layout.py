@@ -104,10 +104,15 @@ Workspace = namedtuple("Workspace", "best cand heap merged")
 
 #: The requests of one step.  Request ``i`` reads its context from sequence
 #: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
-#: trees ``base_roots[i, :]`` and ``delta_roots[i, :]`` of the cross indexes
-#: (-1: none), has its own open output sequence ``cross_seqs[i]`` in the
-#: delta index (-1: none), and drafts at most ``limits[i]`` tokens.
-Batch = namedtuple("Batch", "seqs trees cross_seqs limits base_roots delta_roots")
+#: trees ``cross_roots[i, j, :]`` of namespace ``j`` (side 0: the delta index,
+#: side k: snapshot segment k - 1, ``union``; -1: none), has its own open
+#: output sequence ``cross_seqs[i]`` in the delta index (-1: none), and
+#: drafts at most ``limits[i]`` tokens.
+Batch = namedtuple("Batch", "seqs trees cross_seqs limits cross_roots")
+
+#: Snapshot segments a persistent pool drafts from at once (``union``): the
+#: drafting kernel is compiled for this many, absent ones stand in empty.
+SEGMENTS = 6
 
 #: Drafting settings of a proposer (scalars).
 Knobs = namedtuple("Knobs", "depth factor offset min_prob tree flags")

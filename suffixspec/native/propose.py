@@ -1,8 +1,9 @@
 """One engine step: drafts for a batch of requests, from every pool, in one call.
 
-Three indexes take part: ``local`` holds one tree per request; ``base`` and
-``delta`` hold cross-request trees (a persistent pool's read-only snapshot
-and its appendable part; either may be a stand-in with no roots).  Which
+Indexes of three kinds take part: ``local`` holds one tree per request;
+``delta`` and the ``segs`` hold cross-request trees (a pool's appendable
+part and a persistent pool's read-only snapshot segments, ``union``; any of
+them may be a stand-in with no roots).  Which
 trees each request reads is in the ``Batch`` record.  The policy is chosen
 by ``knobs.flags``: ``calibrated`` with ``CALIBRATED``, else ``counts``.
 Synthetic tokens (``tokens.SYNTHETIC_BASE`` and above) mark output starts; no
@@ -17,21 +18,22 @@ from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Merged, O
 
 
 @njit(cache=True)
-def propose_batch(local, local_roots, base, delta, batch, knobs, stats, out, pending, work):
+def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """``propose`` with its records passed as plain tuples in the records' field order.
 
     Numba types a plain tuple of arrays several times faster than a
     namedtuple on every call, so records cross the Python boundary plain and
-    are named again here (``work`` is ``(best, cand, heap, merged)``, each plain).
+    are named again here (``work`` is ``(best, cand, heap, merged)``, each plain;
+    ``segs`` stay plain tuples, named where read: ``union.side``).
     """
-    propose(Index(*local), local_roots, Index(*base), Index(*delta), Batch(*batch),
+    propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
             Workspace(Candidate(*work[0]), Candidate(*work[1]), Heap(*work[2]),
                       Merged(*work[3])))
 
 
 @njit(cache=True)
-def propose(local, local_roots, base, delta, batch, knobs, stats, out, pending, work):
+def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """Draft for every request of a step, from its own tree and cross trees.
 
     A draft holds at most ``batch.limits[i]`` tokens.  Calibrated policy:
@@ -48,7 +50,7 @@ def propose(local, local_roots, base, delta, batch, knobs, stats, out, pending, 
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
         if knobs.flags & CALIBRATED:
-            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, base, delta,
+            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, segs, delta,
                                      batch, knobs, stats, out, work)
             n = out.n[i]
             pending.n[s] = n
@@ -57,4 +59,4 @@ def propose(local, local_roots, base, delta, batch, knobs, stats, out, pending, 
                 pending.parents[s, j] = out.parents[i, j]
                 pending.buckets[s, j] = out.buckets[i, j]
         else:
-            counts.draft_request(i, local, local_roots, base, delta, batch, knobs, out, work)
+            counts.draft_request(i, local, local_roots, segs, delta, batch, knobs, out, work)

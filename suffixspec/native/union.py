@@ -1,23 +1,44 @@
-"""Continuations of one string in two indexes at once, counts added up.
+"""Continuations of one string in several indexes at once, counts added up.
 
-A persistent pool drafts from its snapshot and from its in-memory part.  Each
-holds some of the pool's sequences, so the occurrences of a string in the pool
-are those in both: counted together, a draft is the one a single index over
-every sequence would give (up to the order of equally frequent tokens).
+A persistent pool drafts from its snapshot segments and its in-memory part.
+Each holds some of the pool's sequences, so the occurrences of a string in
+the pool are those in all of them: counted together, a draft is the one a
+single index over every sequence would give (up to the order of equally
+frequent tokens).
+
+The indexes are *sides*: side 0 is ``first`` (the in-memory part, or a
+request's own tree), side ``k > 0`` is ``segs[k - 1]``, a plain tuple in
+``Index`` field order.  All are typed alike, so one compiled variant serves
+every side.
 
 A *position* is ``(x, off, length)``: the string ends ``off`` tokens into node
 ``x``'s edge of ``length`` tokens; ``x == -1`` when the index does not hold
-the string.
+the string.  The positions of a string on every side are the rows of an
+int64 array of shape ``(sides(segs), 3)``.
 """
 
 import numpy as np
 from numba import njit
 
-from .layout import COUNT, FIRST, NEXT, TOKEN
+from .layout import COUNT, FIRST, NEXT, TOKEN, Index
 from .trie import _find_child, edge_len, label, step_best
 
 
 NOWHERE = (np.int64(-1), np.int64(0), np.int64(0))
+
+
+@njit(cache=True)
+def sides(segs):
+    """How many sides ``first`` and ``segs`` make."""
+    return len(segs) + 1
+
+
+@njit(cache=True)
+def side(first, segs, k):
+    """Side ``k``'s index."""
+    if k == 0:
+        return first
+    return Index(*segs[k - 1])
 
 
 @njit(cache=True)
@@ -44,6 +65,17 @@ def advance(index, x, off, length, tok):
 
 
 @njit(cache=True)
+def advance_all(first, segs, pos, tok):
+    """Move every side's position past ``tok`` (in place)."""
+    for k in range(sides(segs)):
+        if pos[k, 0] >= 0:
+            x, off, length = advance(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
+            pos[k, 0] = x
+            pos[k, 1] = off
+            pos[k, 2] = length
+
+
+@njit(cache=True)
 def count_next(index, x, off, length, tok):
     """How many occurrences of the string at the position continue with ``tok``."""
     if x < 0:
@@ -57,69 +89,97 @@ def count_next(index, x, off, length, tok):
 
 
 @njit(cache=True)
-def best_next(a, pa, b, pb, discount):
-    """The most frequent next token over positions ``pa`` in ``a`` and ``pb`` in ``b``.
+def _count_all(first, segs, pos, tok):
+    """Occurrences on every side that continue with ``tok``."""
+    total = 0
+    for k in range(sides(segs)):
+        if pos[k, 0] >= 0:
+            total += count_next(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
+    return total
 
-    Returns ``(token, c, n)``: ``c`` of the ``n`` occurrences (both indexes,
+
+@njit(cache=True)
+def occurrences(first, segs, pos):
+    """``(n, held, most)``: occurrences of the string on every side, how many
+    sides hold it, and the side with the most (the last of equals; -1: none)."""
+    n = 0
+    held = 0
+    most = -1
+    top = -1
+    for k in range(sides(segs)):
+        if pos[k, 0] >= 0:
+            c = side(first, segs, k).nodes[pos[k, 0], COUNT]
+            n += c
+            held += 1
+            if c >= top:
+                top = c
+                most = k
+    return n, held, most
+
+
+@njit(cache=True)
+def best_next(first, segs, pos, discount):
+    """The most frequent next token over every side's position.
+
+    Returns ``(token, c, n)``: ``c`` of the ``n`` occurrences (all sides,
     less ``discount``) continue with it; ``n <= 0`` when nothing follows.  The
-    token is the most frequent among the fewer-occurrence side's next tokens
-    and the other side's most frequent one: a token only the other side holds
-    is never more frequent there than that side's most frequent.
+    token is the most frequent among the next tokens of every side but the
+    one with the most occurrences, and that side's most frequent one: a token
+    only that side holds is never more frequent there than its most frequent.
     """
-    xa, oa, la = pa
-    xb, ob, lb = pb
-    if xb < 0 or xa < 0:
-        if xa < 0 and xb < 0:
-            return -1, 0, 0
-        if xa < 0:
-            tok, c, n, _ = step_best(b.nodes, b.arena, b.seqs, xb, ob, lb, discount)
-        else:
-            tok, c, n, _ = step_best(a.nodes, a.arena, a.seqs, xa, oa, la, discount)
+    n, held, many = occurrences(first, segs, pos)
+    if held == 0:
+        return -1, 0, 0
+    m = side(first, segs, many)
+    xm, om, lm = pos[many, 0], pos[many, 1], pos[many, 2]
+    if held == 1:
+        tok, c, n, _ = step_best(m.nodes, m.arena, m.seqs, xm, om, lm, discount)
         return tok, c, n
-    n = a.nodes[xa, COUNT] + b.nodes[xb, COUNT] - discount
+    n -= discount
     if n <= 0:
         return -1, 0, 0
-    # Enumerate the side with fewer occurrences ("few"), add the other's counts.
-    few, pf, many, pm = a, pa, b, pb
-    if b.nodes[xb, COUNT] < a.nodes[xa, COUNT]:
-        few, pf, many, pm = b, pb, a, pa
-    xf, of, lf = pf
-    xm, om, lm = pm
-    top, _, _, _ = step_best(many.nodes, many.arena, many.seqs, xm, om, lm, 0)
+    top, _, _, _ = step_best(m.nodes, m.arena, m.seqs, xm, om, lm, 0)
     best = top
     best_c = 0
     if top >= 0:
-        best_c = count_next(many, xm, om, lm, top) + count_next(few, xf, of, lf, top)
-    if of < lf:
-        tok = label(few.arena, few.seqs, few.nodes, xf, of)
-        k = few.nodes[xf, COUNT] + count_next(many, xm, om, lm, tok)
-        if k > best_c:
-            best, best_c = tok, k
-    else:
-        c = few.nodes[xf, FIRST]
-        while c != -1:
-            tok = few.nodes[c, TOKEN]
-            k = few.nodes[c, COUNT] + count_next(many, xm, om, lm, tok)
-            if k > best_c:
-                best, best_c = tok, k
-            c = few.nodes[c, NEXT]
+        best_c = _count_all(first, segs, pos, top)
+    for k in range(sides(segs)):
+        if k == many or pos[k, 0] < 0:
+            continue
+        few = side(first, segs, k)
+        xf, of, lf = pos[k, 0], pos[k, 1], pos[k, 2]
+        if of < lf:
+            tok = label(few.arena, few.seqs, few.nodes, xf, of)
+            c = _count_all(first, segs, pos, tok)
+            if c > best_c:
+                best, best_c = tok, c
+        else:
+            y = few.nodes[xf, FIRST]
+            while y != -1:
+                tok = few.nodes[y, TOKEN]
+                c = _count_all(first, segs, pos, tok)
+                if c > best_c:
+                    best, best_c = tok, c
+                y = few.nodes[y, NEXT]
     if best_c > n:
         best_c = n
     return best, best_c, n
 
 
 @njit(cache=True)
-def bound_next(a, pa, b, pb, discount):
-    """``(c, n)`` as ``best_next`` gives, with ``c`` an upper bound: the two most frequent's counts.
-
-    Costs two lookups where ``best_next`` visits every next token of one side.
-    """
-    xa, oa, la = pa
-    xb, ob, lb = pb
-    _, ca, _, _ = step_best(a.nodes, a.arena, a.seqs, xa, oa, la, 0)
-    _, cb, _, _ = step_best(b.nodes, b.arena, b.seqs, xb, ob, lb, 0)
-    n = a.nodes[xa, COUNT] + b.nodes[xb, COUNT] - discount
-    c = ca + cb
+def bound_next(first, segs, pos, discount):
+    """``(c, n)`` as ``best_next`` gives, with ``c`` an upper bound: the sum of
+    every side's most frequent count.  One lookup per side, where
+    ``best_next`` visits the next tokens of all sides but one."""
+    n = -discount
+    c = 0
+    for k in range(sides(segs)):
+        if pos[k, 0] >= 0:
+            ix = side(first, segs, k)
+            _, ck, _, _ = step_best(ix.nodes, ix.arena, ix.seqs, pos[k, 0], pos[k, 1],
+                                    pos[k, 2], 0)
+            c += ck
+            n += ix.nodes[pos[k, 0], COUNT]
     if c > n:
         c = n
     return c, n

@@ -87,21 +87,21 @@ def _queries(ix, root):
 def _drafting(ix, root):
     # One batched step per policy, for two requests, with records as plain
     # tuples and batch fields as contiguous rows, exactly as the proposer
-    # passes them.  The base index is always read-only (a persistent pool's
-    # snapshot, or the proposer's read-only stand-in).
+    # passes them.  Snapshot segments are always read-only (a persistent pool's
+    # files, or the proposer's read-only stand-in).
     b = 2
     ro = tuple(lay.read_only(ix))
     rows = np.zeros((3, b), np.int64)
     rows[2] = -1
-    cross_roots = np.full((b, 1), root, np.int64)
-    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots, cross_roots)
+    cross_roots = np.full((b, 1, 1 + lay.SEGMENTS), root, np.int64)
+    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots)
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
     for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
                         (lay.COUNTS_POLICY, False)):
         knobs = (DEPTH, 1.0, 0.0, 0.1, tree, flags)
-        propose.propose_batch(ro, np.array([root], np.int32), ro, ro, batch, knobs,
-                              tuple(stats), tuple(out), tuple(pending), work)
+        propose.propose_batch(ro, np.array([root], np.int32), (ro,) * lay.SEGMENTS, ro, batch,
+                              knobs, tuple(stats), tuple(out), tuple(pending), work)
 
 
 def _learning(ix, root):

@@ -6,7 +6,9 @@ A snapshot folder holds ``meta``, ``nodes``, ``hkeys``, ``hvals``, ``arena``,
 in the pool file, so a folder is only used by the pool that names it.
 Arrays are written streaming (``Writer``), read as read-only memory maps, and
 checked against their size and checksum before any kernel sees them: the
-kernels index them without bounds checks.  The checksum is XXH3-64
+kernels index them without bounds checks.  A file that has not been written
+since its last check (same size, inode and file times, ``VERIFIED``) is not
+read again, so reopening a large pool costs no checksum.  The checksum is XXH3-64
 (``xxhash``), which checks a map several times faster than CRC-32, so a large
 pool opens quickly.
 """
@@ -15,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import mmap
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -83,27 +88,68 @@ def sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+#: In a snapshot folder: the files whose checksum was verified, with their
+#: size, inode, mtime and ctime then.  A file whose stat is unchanged since
+#: has not been written through the file system, so it is not read again.
+VERIFIED = ".verified"
+
+#: A stamp is kept only for a file last changed this long before: file times
+#: tick coarsely, so a write just after a check could leave them unchanged.
+RACY_S = 2.0
+
+
 def open_arrays(folder: Path, described: dict, check: bool = True) -> dict[str, np.ndarray]:
     """Read-only memory maps of a snapshot folder's arrays.
 
     Raises ``ValueError`` naming the file when one has another size or (with
     ``check``) fails its checksum; ``FileNotFoundError`` when one is gone.
+    A file is checked only if it was written since its last check
+    (``VERIFIED``), which then records it.
     """
+    folder = Path(folder)
+    stamps = _read_stamps(folder) if check else {}
+    fresh = {}
     out = {}
     for name, (dtype, shape, checksum) in described.items():
-        path = Path(folder) / f"{name}.bin"
+        path = folder / f"{name}.bin"
         dt = np.dtype(dtype)
         size = int(np.prod(shape)) * dt.itemsize
-        actual = os.stat(path).st_size
-        if actual != size:
-            raise ValueError(f"{path} has {actual} bytes, its description says {size}")
-        if check and file_checksum(path) != checksum:
-            raise ValueError(f"{path} fails its checksum")
+        st = os.stat(path)
+        if st.st_size != size:
+            raise ValueError(f"{path} has {st.st_size} bytes, its description says {size}")
+        stamp = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, checksum]
+        if check and stamps.get(name) != stamp:
+            if file_checksum(path) != checksum:
+                raise ValueError(f"{path} fails its checksum")
+            if time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+                fresh[name] = stamp
         if size == 0:
             out[name] = np.zeros(shape, dt)
         else:
             out[name] = np.memmap(path, dt, "r", shape=tuple(shape)).view(np.ndarray)
+    if fresh:
+        _write_stamps(folder, {**stamps, **fresh})
     return out
+
+
+def _read_stamps(folder: Path) -> dict:
+    try:
+        stamps = json.loads((folder / VERIFIED).read_text())
+        return stamps if isinstance(stamps, dict) else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: every file is checked
+
+
+def _write_stamps(folder: Path, stamps: dict) -> None:
+    """Record verified files, if the folder can be written (a reader's may not)."""
+    tmp = folder / f"{VERIFIED}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(stamps, f)
+        os.replace(tmp, folder / VERIFIED)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -128,16 +174,16 @@ def folder_lock(root: Path, wait: bool = True):
         os.close(fd)
 
 
-def remove_except(root: Path, keep: str | None) -> list[str]:
-    """Remove every snapshot folder under ``root`` but ``keep`` (hold ``folder_lock``).
+def remove_except(root: Path, keep) -> list[str]:
+    """Remove every snapshot folder under ``root`` but those named in ``keep`` (hold ``folder_lock``).
 
-    Those are replaced snapshots and builds cut short.  A process that still
+    Those are replaced segments and builds cut short.  A process that still
     maps a replaced snapshot keeps reading it: the files go once it lets go.
     Returns the names removed.
     """
     gone = []
     for entry in root.iterdir():
-        if entry.is_dir() and entry.name != keep:
+        if entry.is_dir() and entry.name not in keep:
             shutil.rmtree(entry, ignore_errors=True)
             gone.append(entry.name)
     return gone

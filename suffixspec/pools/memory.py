@@ -5,8 +5,8 @@
 token budget with oldest-first eviction.  ``suffixspec.pools.persistent`` adds a pool
 kept in LMDB.  All wrap ``SuffixIndex``; the batch kernel reads their arrays.
 
-A cross pool offers the batch kernel two indexes: ``base``, a read-only
-snapshot (None for in-memory pools), and ``delta``, the appendable part.
+A cross pool offers the batch kernel ``delta``, the appendable part, and
+``segments``, read-only snapshot segments (none for in-memory pools).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from suffixspec.config import (DEFAULT_CROSS_POOL_TOKENS, DEFAULT_NAMESPACE, DEFAULT_REUSE_TOKENS,
                                check_namespace)
 from suffixspec.index import SuffixIndex
+from suffixspec.native import layout as lay
 
 
 KEEP_REQUESTS = 64  # finished trees ``start`` compares a prompt with, at most
@@ -106,7 +107,7 @@ class CrossPool:
     ``max_sequences`` sequences are exceeded (None: unbounded).
     """
 
-    base = None
+    segments: tuple = ()  # snapshot segments (read-only indexes), oldest first
 
     def __init__(self, max_depth: int, max_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS,
                  max_sequences: int | None = None):
@@ -136,14 +137,16 @@ class CrossPool:
             self.generation += 1  # cached root lists may now be incomplete
         return tree
 
-    def roots(self, namespaces) -> tuple[list[int], list[int]]:
-        """Root node ids of ``namespaces`` in ``base`` and in ``delta``, -1 where none.
+    def roots(self, namespaces) -> list[list[int]]:
+        """Per namespace, its root node ids on every side, -1 where none.
 
-        Entry j of both lists is namespace j's, so its two trees are drafted
+        Side 0 is ``delta``, side k is snapshot segment k - 1 (``segments``;
+        an in-memory pool has none).  The trees of one namespace are drafted
         from together.
         """
-        return [], [int(self.delta.roots[self.trees[ns]]) if ns in self.trees else -1
-                    for ns in namespaces]
+        pad = [-1] * lay.SEGMENTS
+        return [[int(self.delta.roots[self.trees[ns]]) if ns in self.trees else -1, *pad]
+                for ns in namespaces]
 
     def want(self, namespaces) -> None:
         """Namespaces requests draw from; an in-memory pool indexes everything anyway."""

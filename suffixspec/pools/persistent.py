@@ -1,11 +1,13 @@
 """``PersistentPool``: a cross-request pool kept in LMDB.
 
-It drafts from two indexes.  The *base* is a snapshot of the index over every
-sequence up to a watermark id, stored in the pool file and read zero-copy
-(read-only arrays over LMDB's memory map), so opening a large pool costs no
-re-indexing.  The *delta* is an in-memory index over sequences added since:
-this process's requests (in flight and finished) and what other processes
-committed, picked up by ``refresh()``.
+It drafts from its snapshot *segments* and the *delta* at once, their counts
+added up (``native.union``).  A segment is an index over the sequences of one
+id range, kept as files beside the pool and memory-mapped read-only, so
+opening a large pool costs no re-indexing (``segments``).  The delta is an
+in-memory index over what no segment covers: this process's requests (in
+flight and finished), what other processes committed since, picked up by
+``refresh()``, and a range whose segment is being rebuilt after a
+``forget``.
 
 Sequences are committed to the store when a request finishes.  Snapshots are
 written by ``write_snapshot()`` (the ``ingest``, ``snapshot``, ``prune`` and
@@ -18,13 +20,10 @@ others' commits within ``refresh_interval`` seconds, or at once on
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 import weakref
 from pathlib import Path
 
@@ -36,10 +35,10 @@ from suffixspec.fingerprint import TokenizerId
 from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
 from suffixspec.native import layout as lay
-from suffixspec.pools import build, files
+from suffixspec.pools import files, segments
 from suffixspec.pools.memory import CrossPool
-from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
-                                    StoredSequence)
+from suffixspec.pools.segments import write_snapshot
+from suffixspec.pools.store import CorruptPoolError, PoolStore, StoredSequence
 
 
 WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
@@ -56,38 +55,6 @@ def _let_go_when_asked(ref, stop: threading.Event) -> None:
             if not stop.is_set():
                 pool.store.yield_to_compaction()  # the next operation reopens
         del pool
-
-
-def write_snapshot(store: PoolStore, jobs: int = 1, progress=None) -> int:
-    """Index every sequence of ``store`` into a new snapshot; returns its generation.
-
-    The index is built in ``jobs`` processes into a new folder of files
-    (``suffixspec.pools.build``), which replaces the last snapshot's in one
-    transaction; the old folder is then removed.  ``progress(tokens)``
-    follows the reading of the store.  Needs no open pool, so nothing is
-    indexed in memory besides the build's own partitions.
-    """
-    root = store.snapshot_folders
-    with files.folder_lock(root) as lock:
-        tmp = root / f"{uuid.uuid4().hex}.build"
-        try:
-            info = build.build(store.sequences(), store.max_depth, tmp, jobs=jobs,
-                               progress=progress, hold_fds=(lock,))
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)  # the last snapshot stays in use
-            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise DiskFullError(f"could not write the snapshot of {store.path} "
-                                    f"(disk full?): {e}") from e
-            if isinstance(e, RuntimeError):  # a build worker failed
-                raise PoolError(f"{store.path}: {e}") from e
-            raise
-        final = tmp.with_suffix("")
-        os.rename(tmp, final)
-        files.sync_folder(root)
-        generation = store.write_snapshot(None, {**info, "folder": final.name,
-                                                 "max_depth": store.max_depth})
-        files.remove_except(root, final.name)
-    return generation
 
 
 class PersistentPool(CrossPool):
@@ -110,8 +77,10 @@ class PersistentPool(CrossPool):
         self.refresh_interval = refresh_interval
         self.snapshot_every = snapshot_every
         self.snapshot_jobs = snapshot_jobs
-        self.base: SuffixIndex | None = None
-        self.base_trees: dict[str, int] = {}
+        self.segments: tuple[SuffixIndex, ...] = ()  # drafted, oldest first
+        self._segment_trees: list[dict[str, int]] = []
+        self._covered: list[tuple[int, int]] = []  # id ranges the segments cover
+        self._mapped: dict[str, SuffixIndex] = {}  # folder -> its segment, mapped and checked
         self._txn = None
         self._snapshot_generation = 0
         self._inode = None
@@ -140,13 +109,16 @@ class PersistentPool(CrossPool):
     # ----------------------------------------------------------- cross pool
     @property
     def tokens(self) -> int:
-        base = int(self.base.meta[lay.META_LIVE_TOKENS]) if self.base is not None else 0
-        return base + self.delta.live_tokens
+        return (sum(int(seg.meta[lay.META_LIVE_TOKENS]) for seg in self.segments)
+                + self.delta.live_tokens)
 
-    def roots(self, namespaces) -> tuple[list[int], list[int]]:
-        base = [int(self.base.roots[self.base_trees[ns]])
-                if self.base is not None and ns in self.base_trees else -1 for ns in namespaces]
-        return base, super().roots(namespaces)[1]
+    def roots(self, namespaces) -> list[list[int]]:
+        rows = super().roots(namespaces)
+        for row, ns in zip(rows, namespaces):
+            for k, (seg, trees) in enumerate(zip(self.segments, self._segment_trees)):
+                if ns in trees:
+                    row[1 + k] = int(seg.roots[trees[ns]])
+        return rows
 
     @locked
     def want(self, namespaces) -> None:
@@ -252,11 +224,11 @@ class PersistentPool(CrossPool):
     # ------------------------------------------------------------ snapshots
     @locked
     def write_snapshot(self, progress=None, jobs: int | None = None) -> int:
-        """Enforce ``max_tokens`` and ``ttl``, re-index the store, save, reload.
+        """Enforce ``max_tokens`` and ``ttl``, bring the segments up to date, reload.
 
         Returns the snapshot generation.  ``progress(tokens)`` follows the
         reading of the store; ``jobs`` (default ``snapshot_jobs``) processes
-        build the index (module-level ``write_snapshot``).
+        build each segment (``segments.write_snapshot``).
         """
         self.prune(max_tokens=self.budget, older_than=self.ttl, snapshot=False)
         generation = write_snapshot(self.store, self.snapshot_jobs if jobs is None else jobs,
@@ -271,8 +243,7 @@ class PersistentPool(CrossPool):
             return
         with files.folder_lock(root, wait=False) as lock:
             if lock is not None:
-                info = self.store.snapshot_info()
-                files.remove_except(root, info.get("folder") if info else None)
+                segments.remove_unnamed(self.store)
 
     @locked
     def prune(self, max_tokens: int | None = None, older_than: float | None = None,
@@ -300,9 +271,10 @@ class PersistentPool(CrossPool):
                timeout: float = 10.0) -> int:
         """Delete a request's or a namespace's sequences for real.
 
-        One transaction deletes them and drops the snapshot, so from then on
-        no process drafts them, even if this one is killed.  The snapshot is
-        rebuilt and the file compacted, so their tokens are gone from disk;
+        One transaction deletes them and drops the snapshot segments that
+        hold them, so from then on no process drafts them, even if this one
+        is killed.  Those segments are rebuilt (``segments``) and the file
+        compacted, so their tokens are gone from disk;
         other processes let go of the file at their next pool operation.  If
         one holds on past ``timeout`` seconds, ``compacted`` is False and the
         compaction stays pending: the next forget, ``snapshot`` or open that
@@ -317,7 +289,7 @@ class PersistentPool(CrossPool):
         return deleted
 
     def _finish_forget(self, timeout: float) -> None:
-        """Rebuild the snapshot and compact the file; sets ``compacted``."""
+        """Rebuild the dropped segments and compact the file; sets ``compacted``."""
         self.write_snapshot()
         self._close_snapshot()
         self.compacted = self.store.compact(timeout)
@@ -360,29 +332,11 @@ class PersistentPool(CrossPool):
                          name="suffixspec-pool-watcher", daemon=True).start()
 
     def _load(self) -> None:
-        """Map the current snapshot and index everything after it into a new delta.
+        """Map the current snapshot segments and index what they do not cover into a new delta.
 
         Open (in-flight) sequences keep their ids and tokens.
         """
-        current = self.store.snapshot_info()
-        if (self.base is not None and self._txn is None and current is not None
-                and current["generation"] == self._snapshot_generation):
-            watermark = current["watermark"]  # the same snapshot files: keep them mapped
-        else:
-            self._close_snapshot()
-            info, arrays, txn, generation = self._read_snapshot()
-            if info is None:
-                self.base, self.base_trees, watermark = None, {}, 0
-                self._snapshot_generation = generation
-            else:
-                self.base = SuffixIndex.from_arrays(arrays, self.max_depth)
-                self.base_trees = dict(info["namespaces"])
-                watermark = info["watermark"]
-                self._snapshot_generation = info["generation"]
-                if "folder" in info:
-                    txn.abort()  # files stay mapped without it
-                else:
-                    self._txn = txn  # arrays in the pool file: valid while it is open
+        self._map_segments()
         self._inode = os.stat(self.store.path).st_ino
         old, self.delta, self.trees = self.delta, SuffixIndex(
             self.max_depth, node_capacity=1 << 14, token_capacity=1 << 16), {}
@@ -390,52 +344,86 @@ class PersistentPool(CrossPool):
             self.delta.add_sequence(self.tree(namespace), max(old.seq_len(seq), 1), seq=seq)
             self.delta.extend(seq, old.sequence(seq))
         self._committed.clear()
-        self._seen = watermark
         self._own = set()  # the new delta holds none of them: index them from the store
+        self._seen = 0
+        for first, last in self._covered:
+            self._index_range(self._seen, first)
+            self._seen = max(self._seen, last)
         self._catch_up(None)
         self._since_snapshot = 0
         self._last_refresh = time.monotonic()
         self._stale = False
         self.generation += 1
 
-    def _read_snapshot(self) -> tuple:
-        """The snapshot's description, its arrays, the read transaction under them, its generation.
+    def _map_segments(self) -> None:
+        """Map the snapshot's segments; those mapped already stay as they are.
 
-        ``(None, None, None, 0)`` when there is none.  Snapshot files that are
-        damaged or missing are logged once and read as no snapshot: the
-        stored sequences are indexed instead, so nothing is lost (``suffixspec
-        snapshot`` writes them anew).
+        A segment whose files are damaged or missing is logged once and not
+        drafted from: its stored sequences are indexed instead, so nothing is
+        lost (``suffixspec snapshot`` writes it anew).  So are the smallest
+        segments beyond ``layout.SEGMENTS`` (a pool cut off between adding
+        segments and merging them).
         """
+        if self._txn is not None:
+            self._close_snapshot()  # arrays inside the pool file: map them again
         for attempt in range(3):
             txn = self.store.read(buffers=True)
-            info = None
             try:
                 info = self.store.snapshot_info(txn)
-                if info is None:
-                    txn.abort()
-                    return None, None, None, 0
-                if not {"namespaces", "watermark"} <= set(info):
-                    raise CorruptPoolError(f"{self.store.path}: the snapshot does not say "
-                                           f"what it holds")
-                return info, self.store.snapshot_arrays(txn, info), txn, info["generation"]
-            except FileNotFoundError as e:
-                txn.abort()  # a newer snapshot may have replaced this one just now: read again
-                problem = f"its folder {e.args[0]} is missing"
-            except CorruptPoolError as e:
-                txn.abort()
-                if info is None or "folder" not in info:
-                    raise  # the pool file itself is damaged
-                problem = str(e)
-                break
+                found, problems = self._open_segments(txn, info)
+            except FileNotFoundError:
+                txn.abort()  # a newer snapshot replaced a segment just now: read again
+                continue
             except BaseException:
                 txn.abort()
                 raise
-        if self._snapshot_warned != info["generation"]:
-            self._snapshot_warned = info["generation"]
-            logger.warning("suffixspec: the snapshot of %s is not used (%s); drafting from the "
-                           "stored sequences until `suffixspec snapshot` writes it anew",
-                           self.store.path, problem)
-        return None, None, None, info["generation"]
+            break
+        else:
+            info, found, problems = None, [], ["its folders keep being replaced"]
+            txn = None
+        if any("folder" not in seg for seg, _ in found):
+            self._txn = txn  # arrays in the pool file: valid while it is open
+        elif txn is not None:
+            txn.abort()  # files stay mapped without it
+        generation = info["generation"] if info else 0
+        if problems and self._snapshot_warned != generation:
+            self._snapshot_warned = generation
+            logger.warning("suffixspec: %d snapshot segment(s) of %s are not used (%s); drafting "
+                           "from their stored sequences until `suffixspec snapshot` writes them "
+                           "anew", len(problems), self.store.path, "; ".join(problems))
+        if len(found) > lay.SEGMENTS:
+            largest = sorted(found, key=lambda f: -int(f[0].get("tokens", 0)))[:lay.SEGMENTS]
+            found = [f for f in found if any(f is g for g in largest)]
+        self.segments = tuple(ix for _, ix in found)
+        self._segment_trees = [dict(seg["namespaces"]) for seg, _ in found]
+        self._covered = [(int(seg["first"]), int(seg["last"])) for seg, _ in found]
+        self._mapped = {seg["folder"]: ix for seg, ix in found if "folder" in seg}
+        self._snapshot_generation = generation
+
+    def _open_segments(self, txn, info) -> tuple[list, list[str]]:
+        """``(segment, index)`` of every usable segment of ``info``, and what was wrong with the others."""
+        found, problems = [], []
+        for seg in info["segments"] if info else []:
+            ix = self._mapped.get(seg.get("folder"))
+            if ix is None:
+                try:
+                    ix = SuffixIndex.from_arrays(self.store.snapshot_arrays(txn, seg),
+                                                 self.max_depth)
+                except CorruptPoolError as e:
+                    if "folder" not in seg:
+                        raise  # the pool file itself is damaged
+                    problems.append(str(e))
+                    continue
+            found.append((seg, ix))
+        return found, problems
+
+    def _index_range(self, after: int, upto: int) -> None:
+        """Index the stored sequences with ids in ``(after, upto]`` in the namespaces wanted."""
+        for seq in self.store.sequences(after=after):
+            if seq.seq_id > upto:
+                break
+            if self.wanted is None or seq.namespace in self.wanted:
+                self._index_stored(seq)
 
     def _index_stored(self, seq: StoredSequence) -> None:
         s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))
@@ -453,7 +441,7 @@ class PersistentPool(CrossPool):
             self._stale = True
 
     def _close_snapshot(self) -> None:
-        self.base = None
+        self.segments, self._segment_trees, self._covered, self._mapped = (), [], [], {}
         if self._txn is not None:
             self._txn.abort()
             self._txn = None

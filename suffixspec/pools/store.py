@@ -11,11 +11,16 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   a sorted append.
   ``b"table:<name>"`` -> msgpack ``{shape, crc, saved, data}``: a float64
   table kept beside the sequences (the proposer's calibration).
-* ``snap``: ``b"meta"`` -> msgpack ``{generation, watermark, created, tokens,
-  namespaces, arrays, folder}``.  The index arrays are files in
-  ``<pool>.snapshots/<folder>/`` (``suffixspec.pools.files``); ``arrays``
-  gives each one's dtype, shape and checksum.  Snapshots written before the
-  folder existed keep each array in ``b"a:<name>"`` (no ``folder``).
+* ``snap``: ``b"meta"`` -> msgpack ``{generation, created, segments}``.  The
+  snapshot is made of segments, each an index over the sequences with ids in
+  ``(first, last]``: ``{first, last, tokens, namespaces, arrays, folder,
+  stale}``.  A segment's arrays are files in ``<pool>.snapshots/<folder>/``
+  (``suffixspec.pools.files``); ``arrays`` gives each one's dtype, shape and
+  checksum.  ``stale``: some of its sequences were deleted since it was
+  built.  Snapshots written by earlier versions are one segment over ids up
+  to their ``watermark``; the oldest keep each array in ``b"a:<name>"`` (no
+  ``folder``).
+  ``meta`` also holds ``b"deletes"``: how many deleting transactions ran.
 
 Every write is one transaction; a commit that returned is durable.  A full map
 grows and the transaction is retried.  Growing re-maps the file, which would
@@ -28,6 +33,7 @@ own handle.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import time
@@ -295,29 +301,38 @@ class PoolStore:
 
     def add_many(self, items: Iterable[tuple]) -> list[int]:
         """Commit ``(tokens, namespace, source, request_id)`` items in one transaction."""
-        now = time.time()
-        values = []
-        for tokens, namespace, source, request_id in items:
-            check_namespace(namespace)
-            tokens = np.ascontiguousarray(tokens, np.int32)
-            data = tokens.tobytes()
-            anchors = anchor_count(tokens)
-            values.append(msgpack.packb({"ns": namespace, "src": str(source),
-                                         "rid": str(request_id), "t": now,
-                                         "n": len(data) // 4, "a": anchors,
-                                         "crc": _record_crc(data, namespace, anchors),
-                                         "tok": data}))
+        values = _records(items)
+        return self.write(lambda txn: self._append(txn, values))
+
+    def add_with_segments(self, items: Iterable[tuple],
+                          segments_for: Callable[[list[int]], list[dict]]) -> list[int]:
+        """Commit items as ``add_many`` does and, in the same transaction, add
+        the snapshot segments ``segments_for(their new ids)`` (``suffixspec
+        add-segment``): no process sees the ones without the others."""
+        values = _records(items)
 
         def put(txn):
-            meta, seqs = self.db("meta"), self.db("seqs")
-            self._upgrade_format(txn)
-            first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
-            for i, value in enumerate(values):
-                txn.put(_key(first + i), value, db=seqs, append=True)
-            txn.put(b"next_id", _key(first + len(values)), db=meta)
-            return list(range(first, first + len(values)))
+            ids = self._append(txn, values)
+            info = self.snapshot_info(txn)
+            segments = (info["segments"] if info else []) + segments_for(ids)
+            self._put_segments(txn, sorted(segments, key=lambda seg: seg["first"]))
+            return ids
 
         return self.write(put)
+
+    def _append(self, txn, values: list[bytes]) -> list[int]:
+        meta, seqs = self.db("meta"), self.db("seqs")
+        self._upgrade_format(txn)
+        first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
+        for i, value in enumerate(values):
+            txn.put(_key(first + i), value, db=seqs, append=True)
+        txn.put(b"next_id", _key(first + len(values)), db=meta)
+        return list(range(first, first + len(values)))
+
+    def holds(self, txn, seq_ids: Iterable[int]) -> bool:
+        """Whether every one of ``seq_ids`` is still stored."""
+        seqs = self.db("seqs")
+        return all(txn.get(_key(int(i)), db=seqs) is not None for i in seq_ids)
 
     def sequences(self, after: int = 0, namespace: str | None = None,
                   with_tokens: bool = True) -> Iterator[StoredSequence]:
@@ -334,18 +349,34 @@ class PoolStore:
     def delete(self, seq_ids: Iterable[int], forget: bool = False) -> int:
         """Delete sequences by id; returns how many existed.
 
-        With ``forget``, the same transaction drops the index snapshot (which
-        still holds their tokens) and marks the file for compaction, so a
-        process killed right after never leaves the deleted data draftable,
-        and the next ``compact`` erases it from disk.
+        The same transaction marks the snapshot segments that hold them
+        ``stale`` (the next snapshot rebuilds those) or, with ``forget``, drops
+        those segments (which still hold their tokens) and marks the file for
+        compaction, so a process killed right after never leaves the deleted
+        data draftable, and the next ``compact`` erases it from disk.
         """
         ids = sorted(set(seq_ids))
 
         def drop(txn):
             n = sum(bool(txn.delete(_key(i), db=self.db("seqs"))) for i in ids)
-            if forget and n:
-                _clear(txn, self.db("snap"))
-                txn.put(_COMPACT_PENDING, b"1", db=self.db("meta"))
+            if not n:
+                return 0
+            meta = self.db("meta")
+            txn.put(b"deletes", (self.deletes(txn) + 1).to_bytes(8, "big"), db=meta)
+            info = self.snapshot_info(txn)
+            if info is not None:
+                kept = []
+                for seg in info["segments"]:
+                    at = bisect.bisect_right(ids, seg["first"])
+                    if at < len(ids) and ids[at] <= seg["last"]:
+                        if forget:
+                            continue
+                        seg = {**seg, "stale": True}
+                    kept.append(seg)
+                if kept != info["segments"]:
+                    self._put_segments(txn, kept)
+            if forget:
+                txn.put(_COMPACT_PENDING, b"1", db=meta)
             return n
 
         return self.write(drop) if ids else 0
@@ -391,6 +422,8 @@ class PoolStore:
 
     # --------------------------------------------------------------- snapshot
     def snapshot_info(self, txn=None) -> dict | None:
+        """The snapshot's description, with its ``segments`` (oldest first),
+        ``watermark`` (the highest id a segment covers) and ``tokens``."""
         if txn is None:
             with self.read() as t:
                 return self.snapshot_info(t)
@@ -404,38 +437,56 @@ class PoolStore:
                 raise CorruptPoolError(f"{self.path}: the snapshot's description fails its "
                                        f"checksum")
             try:
-                info = msgpack.unpackb(raw)
-                info["generation"], info["arrays"].items()
+                return _as_segments(msgpack.unpackb(raw))
             except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
                 raise CorruptPoolError(f"{self.path}: unreadable snapshot description ({e})"
                                        ) from e
-            return info
+
+    def deletes(self, txn=None) -> int:
+        """How many deleting transactions ran on this pool (a snapshot build
+        that saw this change checks what it indexed)."""
+        if txn is None:
+            with self.read() as t:
+                return self.deletes(t)
+        return int.from_bytes(txn.get(b"deletes", db=self.db("meta")) or b"", "big")
+
+    def update_segments(self, change: Callable[[dict | None, object], list]) -> int:
+        """Replace the snapshot's segments by ``change(current description,
+        txn)`` in one transaction; returns the new generation."""
+        return self.write(lambda txn: self._put_segments(txn, change(self.snapshot_info(txn), txn)))
+
+    def _put_segments(self, txn, segments: list[dict]) -> int:
+        snap = self.db("snap")
+        generation = 1 + int.from_bytes(txn.get(b"snap_generation", db=self.db("meta")) or b"",
+                                        "big")
+        old = txn.get(b"meta", db=snap)
+        if old is not None:
+            with contextlib.suppress(ValueError, KeyError, TypeError, msgpack.UnpackException):
+                generation = max(generation, 1 + msgpack.unpackb(bytes(old))["generation"])
+        txn.put(b"snap_generation", generation.to_bytes(8, "big"), db=self.db("meta"))
+        if all("folder" in seg for seg in segments):
+            _clear(txn, snap)  # arrays an earlier version kept in the file go too
+        meta = msgpack.packb({"generation": generation, "created": time.time(),
+                              "segments": segments})
+        txn.put(b"meta", meta, db=snap)
+        txn.put(b"meta_crc", zlib.crc32(meta).to_bytes(4, "big"), db=snap)
+        return generation
 
     @property
     def snapshot_folders(self) -> Path:
         """Where the snapshot files live: ``<pool>.snapshots/``."""
         return self.path.with_name(self.path.name + ".snapshots")
 
-    def write_snapshot(self, arrays: dict[str, np.ndarray] | None, info: dict) -> int:
-        """Replace the snapshot; returns its generation.
-
-        ``arrays`` None: the arrays are files in the folder ``info["folder"]``
-        names, described by ``info["arrays"]``.
-        """
-        if arrays is None:
-            described = info["arrays"]
-            arrays = {}
-        else:
-            described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)]
-                         for name, a in arrays.items()}
+    def write_snapshot_in_file(self, arrays: dict[str, np.ndarray], info: dict) -> int:
+        """Replace the snapshot by one kept inside the pool file, as versions
+        before snapshot files wrote it (their pools still open); returns its
+        generation.  ``info`` gives its ``watermark`` and ``namespaces``."""
+        described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)]
+                     for name, a in arrays.items()}
 
         def put(txn):
             snap = self.db("snap")
-            old = txn.get(b"meta", db=snap)
-            generation = 1 + (msgpack.unpackb(bytes(old))["generation"] if old else 0)
-            generation = max(generation, int.from_bytes(
-                txn.get(b"snap_generation", db=self.db("meta")) or b"", "big") + 1)
-            txn.put(b"snap_generation", generation.to_bytes(8, "big"), db=self.db("meta"))
+            generation = self._put_segments(txn, [])
             _clear(txn, snap)
             for name, a in arrays.items():
                 txn.put(b"a:" + name.encode(), np.ascontiguousarray(a).data, db=snap)
@@ -448,14 +499,15 @@ class PoolStore:
         return self.write(put)
 
     def snapshot_arrays(self, txn, info: dict) -> dict[str, np.ndarray]:
-        """Read-only arrays over the snapshot's bytes, valid while ``txn`` is open.
+        """Read-only arrays over one snapshot segment's bytes (``info``, an item
+        of ``segments``), valid while ``txn`` is open.
 
         ``txn`` must come from ``read(buffers=True)`` for zero copy.  Every
         array is checked against its checksum (XXH3-64 for snapshot files,
         CRC-32 for arrays kept in the pool file by earlier versions): the
         kernels index them without bounds checks, so damaged bytes must never
         reach them.  Snapshot files stay valid after ``txn`` ends.  Raises
-        ``FileNotFoundError`` when the snapshot's folder is gone (a newer
+        ``FileNotFoundError`` when the segment's folder is gone (a newer
         snapshot replaced it since ``txn`` began).
         """
         if "folder" in info:
@@ -501,6 +553,7 @@ class PoolStore:
                 "max_depth": self.max_depth, "format_version": self.info["version"],
                 "snapshot_generation": snap["generation"] if snap else None,
                 "snapshot_tokens": snap["tokens"] if snap else 0,
+                "snapshot_segments": len(snap["segments"]) if snap else 0,
                 "snapshot_age_s": round(time.time() - snap["created"], 1) if snap else None}
 
     def disk_bytes(self) -> int:
@@ -519,7 +572,8 @@ class PoolStore:
         snap = self.snapshot_info()
         if snap is not None:
             with self.read(buffers=True) as txn:
-                self.snapshot_arrays(txn, snap)
+                for seg in snap["segments"]:
+                    self.snapshot_arrays(txn, seg)
         return n
 
     def compact(self, timeout: float = 10.0) -> bool:
@@ -606,6 +660,39 @@ def _clear(txn, db) -> None:
         if cur.first():
             while cur.delete():
                 pass
+
+
+def _as_segments(info: dict) -> dict:
+    """A snapshot description with ``segments``; one written by an earlier
+    version (no segments) is one segment over ids up to its watermark."""
+    info["generation"]
+    if "segments" not in info:
+        info["segments"] = [{**{k: info[k] for k in ("folder", "arrays", "namespaces", "tokens")
+                                if k in info}, "first": 0, "last": info["watermark"]}]
+    for seg in info["segments"]:
+        seg["arrays"].items(), seg["namespaces"].items()
+        if not (0 <= int(seg["first"]) <= int(seg["last"])):
+            raise ValueError(f"a segment covers ids ({seg['first']}, {seg['last']}]")
+    info["watermark"] = max((int(seg["last"]) for seg in info["segments"]), default=0)
+    info["tokens"] = sum(int(seg.get("tokens", 0)) for seg in info["segments"])
+    return info
+
+
+def _records(items: Iterable[tuple]) -> list[bytes]:
+    """Stored records of ``(tokens, namespace, source, request_id[, added])``
+    items; ``added`` (when the sequence was first stored) defaults to now."""
+    now = time.time()
+    values = []
+    for tokens, namespace, source, request_id, *added in items:
+        check_namespace(namespace)
+        tokens = np.ascontiguousarray(tokens, np.int32)
+        data = tokens.tobytes()
+        anchors = anchor_count(tokens)
+        values.append(msgpack.packb({"ns": namespace, "src": str(source), "rid": str(request_id),
+                                     "t": added[0] if added else now, "n": len(data) // 4,
+                                     "a": anchors,
+                                     "crc": _record_crc(data, namespace, anchors), "tok": data}))
+    return values
 
 
 def _checked_format(info: dict, path: Path) -> dict:

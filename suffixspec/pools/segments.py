@@ -1,0 +1,306 @@
+"""A pool's snapshot as segments, kept up to date like an LSM tree.
+
+The snapshot is a list of segments, oldest first; a segment indexes the
+stored sequences with ids in ``(first, last]`` (``store``), and ranges never
+overlap.  Sequences no segment covers (new ones, or a range whose segment a
+``forget`` dropped) are indexed in memory by each process that opens the
+pool.  Drafting reads every segment at once and adds their counts up
+(``native.union``), so a segmented pool drafts as one index over all its
+sequences would.
+
+``write_snapshot`` brings the list up to date, holding the snapshot lock:
+
+1. every range no segment covers, and every ``stale`` segment (some of its
+   sequences were deleted since), is built anew from the store (``build``);
+2. adjacent segments of about the same size (neither more than ``RATIO``
+   times the other) are merged, a merge being one build over both ranges,
+   and so are the two smallest neighbours while there are more than
+   ``layout.SEGMENTS`` (what the drafting kernel reads at once).
+
+Snapshots that add about the same number of tokens each merge like a binary
+counter: a sequence is indexed again about log2(pool / snapshot) times over
+its life, and the segments number about as many.  A large segment added from
+elsewhere (``add_pool``) is not merged with small ones.  A delete rebuilds
+only the segments that held what it deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from suffixspec.native import layout as lay
+from suffixspec.pools import build, files
+from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
+                                    TokenizerMismatchError)
+
+#: Adjacent segments merge when neither holds more than this many times the other's tokens.
+RATIO = 2
+
+
+def write_snapshot(store: PoolStore, jobs: int = 1, progress=None, upto: int | None = None,
+                   merge: bool = True) -> int:
+    """Index what no segment covers, rebuild stale segments, merge; returns the generation.
+
+    Each build runs in ``jobs`` processes into a new folder of files, and
+    one transaction swaps the new list in; folders no longer named are then
+    removed.  ``progress(tokens)`` follows the reading of the store.  Needs
+    no open pool: nothing is indexed in memory besides the builds' own
+    partitions.  A build that fails leaves the last snapshot in use.
+    ``upto`` indexes new sequences only up to that id; ``merge`` False
+    leaves segments unmerged.
+    """
+    root = store.snapshot_folders
+    with files.folder_lock(root) as lock:
+        with store.read() as txn:
+            started = store.snapshot_info(txn)
+            deletes = store.deletes(txn)
+        last = store.last_id() if upto is None else min(upto, store.last_id())
+        builder = _Builder(store, root, jobs, progress, lock)
+        try:
+            segments = _fill(builder, started["segments"] if started else [], last)
+            if merge:
+                segments = _merge(builder, segments)
+            generation = store.update_segments(
+                lambda current, txn: _reconcile(store, txn, started, current, deletes, segments,
+                                                builder.ids))
+        except BaseException as e:
+            builder.discard()
+            raise _clear_error(store, e) from e
+        remove_unnamed(store)
+    return generation
+
+
+def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
+    """Add another pool's sequences and its snapshot segments to ``store``; returns how many sequences.
+
+    ``source`` is a pool built elsewhere (``suffixspec ingest`` over a shard
+    of the logs) with the same tokenizer and ``max_depth``, whose snapshot
+    covers every sequence it holds.  Its segment files are checked and
+    copied, then one transaction adds its sequences (with new ids) and the
+    segments over them, so nothing is indexed again here.  Then
+    ``write_snapshot`` indexes what else is new and merges as usual.
+    """
+    shard = PoolStore(source, readonly=True)
+    try:
+        if shard.tokenizer.fingerprint != store.tokenizer.fingerprint:
+            raise TokenizerMismatchError(
+                f"{source} was built with tokenizer {shard.info['tokenizer']} "
+                f"({shard.info['fingerprint']}), {store.path} with {store.info['tokenizer']} "
+                f"({store.info['fingerprint']}); pools never mix token ids of different "
+                f"tokenizers")
+        if shard.max_depth != store.max_depth:
+            raise PoolError(f"{source} has max_depth {shard.max_depth}, {store.path} has "
+                            f"{store.max_depth}")
+        info = shard.snapshot_info()
+        segments = info["segments"] if info else []
+        for seg in segments:
+            if seg.get("stale") or "folder" not in seg:
+                raise PoolError(f"{source} has a snapshot segment to rebuild; run `suffixspec "
+                                f"snapshot {source}` first")
+        items, ranks = [], []
+        for seq in shard.sequences():
+            at = next((k for k, seg in enumerate(segments)
+                       if seg["first"] < seq.seq_id <= seg["last"]), None)
+            if at is None:
+                raise PoolError(f"{source}: sequence {seq.seq_id} is in no snapshot segment; "
+                                f"run `suffixspec snapshot {source}` first")
+            items.append((seq.tokens, seq.namespace, seq.source, seq.request_id, seq.added))
+            ranks.append(at)
+        with files.folder_lock(store.snapshot_folders):
+            names = [_copy_segment(shard, seg, store.snapshot_folders) for seg in segments]
+            try:
+                ids = store.add_with_segments(items, lambda ids: _mapped(segments, names, ranks,
+                                                                         ids))
+            except BaseException:
+                for name in names:
+                    shutil.rmtree(store.snapshot_folders / name, ignore_errors=True)
+                raise
+    finally:
+        shard.close()
+    write_snapshot(store, jobs)
+    return len(ids)
+
+
+# ----------------------------------------------------------------- internal
+class _Builder:
+    """Builds segments over id ranges of one store; remembers what it made."""
+
+    def __init__(self, store: PoolStore, root: Path, jobs: int, progress, lock: int):
+        self.store, self.root, self.jobs, self.lock = store, root, jobs, lock
+        self.progress = progress
+        self.ids: dict[str, np.ndarray] = {}  # folder -> ids of the sequences it indexed
+        self.made: list[Path] = []
+
+    def build(self, first: int, last: int) -> dict | None:
+        """A new segment over the stored sequences with ids in ``(first, last]``; None: there are none."""
+        head = next(self.store.sequences(after=first, with_tokens=False), None)
+        if head is None or head.seq_id > last:
+            return None
+        ids: list[int] = []
+
+        def sequences():
+            for seq in self.store.sequences(after=first):
+                if seq.seq_id > last:
+                    return
+                ids.append(seq.seq_id)
+                yield seq
+
+        tmp = self.root / f"{uuid.uuid4().hex}.build"
+        try:
+            info = build.build(sequences(), self.store.max_depth, tmp, jobs=self.jobs,
+                               progress=self.progress, hold_fds=(self.lock,))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        final = tmp.with_suffix("")
+        os.rename(tmp, final)
+        files.sync_folder(self.root)
+        self.made.append(final)
+        self.ids[final.name] = np.asarray(ids, np.int64)
+        return {"folder": final.name, "arrays": info["arrays"], "namespaces": info["namespaces"],
+                "tokens": info["tokens"], "first": first, "last": last}
+
+    def discard(self) -> None:
+        for folder in self.made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fill(builder: _Builder, segments: list[dict], last: int) -> list[dict]:
+    """Segments over every stored sequence up to id ``last``: uncovered
+    ranges, stale segments, segments kept in the pool file by an earlier
+    version and segments whose files are damaged built anew, the others kept."""
+    out = []
+    prev = 0
+    for seg in [*segments, None]:
+        upto = last if seg is None else int(seg["first"])
+        if upto > prev:
+            made = builder.build(prev, upto)
+            if made is not None:
+                out.append(made)
+        if seg is None:
+            return out
+        if seg.get("stale") or "folder" not in seg or not _intact(builder.store, seg):
+            made = builder.build(int(seg["first"]), int(seg["last"]))
+            if made is not None:
+                out.append(made)
+        else:
+            out.append(seg)
+        prev = max(prev, int(seg["last"]))
+    return out
+
+
+def _intact(store: PoolStore, seg: dict) -> bool:
+    try:
+        files.open_arrays(store.snapshot_folders / str(seg["folder"]), seg["arrays"])
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def merge_pick(tokens: list[int]) -> int | None:
+    """Which adjacent pair ``(i, i + 1)`` of segments with these sizes to merge next (None: none).
+
+    The two smallest neighbours while there are more than ``SEGMENTS``,
+    else the smallest pair of about the same size (``RATIO``).
+    """
+    pairs = [(tokens[i] + tokens[i + 1], i) for i in range(len(tokens) - 1)]
+    if len(tokens) > lay.SEGMENTS:
+        return min(pairs)[1]
+    alike = [(size, i) for size, i in pairs
+             if max(tokens[i], tokens[i + 1]) <= RATIO * max(min(tokens[i], tokens[i + 1]), 1)]
+    return min(alike)[1] if alike else None
+
+
+def _merge(builder: _Builder, segments: list[dict]) -> list[dict]:
+    segments = list(segments)
+    while len(segments) > 1:
+        i = merge_pick([int(seg["tokens"]) for seg in segments])
+        if i is None:
+            break
+        made = builder.build(int(segments[i]["first"]), int(segments[i + 1]["last"]))
+        segments[i:i + 2] = [made] if made is not None else []
+    return segments
+
+
+def _reconcile(store: PoolStore, txn, started: dict | None, current: dict | None, deletes: int,
+               segments: list[dict], built: dict[str, np.ndarray]) -> list[dict]:
+    """The list to commit, given what deletes did while the builds ran.
+
+    A kept segment takes its current state (a delete since may have marked
+    it stale, or dropped it).  A built one that indexed a sequence deleted
+    since is left out: its range is indexed from the store until the next
+    snapshot (which the deleting ``forget`` or ``prune`` writes).
+    """
+    now = {seg["folder"]: seg for seg in (current["segments"] if current else [])
+           if "folder" in seg}
+    changed = store.deletes(txn) != deletes
+    out = []
+    for seg in segments:
+        name = seg["folder"]
+        if name not in built:
+            if name not in now:
+                continue
+            seg = now[name]
+        elif changed and not store.holds(txn, built[name]):
+            continue
+        out.append(seg)
+    return out
+
+
+def remove_unnamed(store: PoolStore) -> None:
+    """Remove the folders the snapshot no longer names (hold the snapshot lock)."""
+    info = store.snapshot_info()
+    files.remove_except(store.snapshot_folders,
+                        {seg["folder"] for seg in (info["segments"] if info else [])
+                         if "folder" in seg})
+
+
+def _clear_error(store: PoolStore, e: BaseException) -> BaseException:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return DiskFullError(f"could not write the snapshot of {store.path} (disk full?): {e}")
+    if isinstance(e, RuntimeError) and not isinstance(e, PoolError):  # a build worker failed
+        return PoolError(f"{store.path}: {e}")
+    return e
+
+
+def _copy_segment(shard: PoolStore, seg: dict, root: Path) -> str:
+    """Check a segment's files and copy them into ``root``; returns the new folder's name."""
+    src = shard.snapshot_folders / str(seg["folder"])
+    try:
+        files.open_arrays(src, seg["arrays"])
+    except (OSError, ValueError) as e:
+        raise CorruptPoolError(f"{shard.path}: a snapshot segment is damaged or missing ({e}); "
+                               f"run `suffixspec snapshot {shard.path}`") from e
+    tmp = root / f"{uuid.uuid4().hex}.build"
+    tmp.mkdir(mode=0o700)
+    try:
+        for name in seg["arrays"]:
+            with open(src / f"{name}.bin", "rb") as f, files.Writer(tmp / f"{name}.bin") as out:
+                while chunk := f.read(1 << 24):
+                    out.write(np.frombuffer(chunk, np.uint8))
+            if out.checksum != seg["arrays"][name][2]:
+                raise CorruptPoolError(f"{src / name}.bin changed while it was copied")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = tmp.with_suffix("")
+    os.rename(tmp, final)
+    files.sync_folder(root)
+    return final.name
+
+
+def _mapped(segments: list[dict], names: list[str], ranks: list[int],
+            ids: list[int]) -> list[dict]:
+    """The copied segments over the new ids: segment k covers the ids of the sequences it held."""
+    out = []
+    for k, (seg, name) in enumerate(zip(segments, names)):
+        held = [i for i, r in zip(ids, ranks) if r == k]
+        if held:
+            out.append({**seg, "folder": name, "first": held[0] - 1, "last": held[-1]})
+    return out
