@@ -43,6 +43,7 @@ from suffixspec.fingerprint import BYTES
 from suffixspec.ingest import export
 from suffixspec.pools import files
 from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import PoolStore
 
 from bench_common import save_results
@@ -158,12 +159,17 @@ def _killed_base(tmp: Path) -> tuple[Path, Path, dict]:
     path = tmp / "base.lmdb"
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
     rng = np.random.default_rng(0)
+    # Two snapshot segments of about one size, left unmerged: ``snapshot``
+    # merges them, ``prune`` and ``forget`` rebuild the second, ``ingest``
+    # adds a third and merges the first two.
     for i in range(KEEP):
         pool.add(rng.integers(0, 250, 40).astype(np.int32), "keep")
+        if i == KEEP // 2:
+            write_snapshot(pool.store, merge=False)
     for _ in range(DOOMED_N):
         pool.add(np.asarray(DOOMED + [8, 9], np.int32), "doomed")
         pool.add(rng.integers(0, 250, 40).astype(np.int32), "old")
-    pool.write_snapshot()
+    write_snapshot(pool.store, merge=False)
     pool.close()
     source = tmp / "source.lmdb"
     store = PoolStore(source, tokenizer=BYTES, max_depth=16)
@@ -177,14 +183,21 @@ def _killed_base(tmp: Path) -> tuple[Path, Path, dict]:
 
 
 def _drafts(path: Path) -> list:
+    """Each probe's one-token draft as (probability, match length, tokens).
+
+    The segments a killed command leaves may differ (merged or not); drafts
+    count all segments together, so these stay the same, though which of
+    two equally frequent tokens is drafted may not.
+    """
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
-    prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="keep",
-                          policy="counts", max_spec_factor=8.0)
+    prop = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, pool=pool,
+                          namespace="keep", anchors=False)
     rng = np.random.default_rng(1)
     drafts = []
     for n in range(20):
-        prop.start_request(n, rng.integers(0, 250, 3).tolist())
-        drafts.append(prop.propose([n])[0].token_ids.tolist())
+        prop.start_request(n, rng.integers(0, 250, 2).tolist())
+        d = prop.propose([n])[0]
+        drafts.append((d.score, d.match_len, len(d.token_ids)))
     pool.close()
     return drafts
 
@@ -223,8 +236,8 @@ def _stray_folders(path: Path) -> int:
     if not folders.is_dir():
         return 0
     info = PoolStore(path, readonly=True).snapshot_info()
-    named = info.get("folder") if info else None
-    return sum(1 for f in folders.iterdir() if f.is_dir() and f.name != named)
+    named = {seg.get("folder") for seg in info["segments"]} if info else set()
+    return sum(1 for f in folders.iterdir() if f.is_dir() and f.name not in named)
 
 
 def killed(tmp: Path, op: str, runs: int) -> dict:
