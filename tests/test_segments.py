@@ -166,6 +166,9 @@ def test_pools_built_elsewhere_are_added_with_their_segments(tmp_path):
     assert got == want
     for pool in pools:
         pool.close()
+    r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "shard1.lmdb")
+    assert r.exit_code == 1 and "already" in r.output
+    assert PoolStore(tmp_path / "host.lmdb", readonly=True).stats()["sequences"] == 90
 
 
 def test_adding_a_pool_refuses_another_tokenizer_and_an_incomplete_snapshot(tmp_path):
@@ -193,6 +196,8 @@ def test_adding_a_pool_refuses_another_tokenizer_and_an_incomplete_snapshot(tmp_
     nodes.write_bytes(bytes(data))
     r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "bad.lmdb")
     assert r.exit_code == 1 and "damaged" in r.output
+    r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "host.lmdb")
+    assert r.exit_code == 1 and "the pool it would be added to" in r.output
     host = PoolStore(tmp_path / "host.lmdb")
     assert (host.stats()["sequences"], _folders(host)) == before  # nothing added
     assert sorted(p.name for p in host.snapshot_folders.iterdir() if p.is_dir()) == before[1]

@@ -10,8 +10,8 @@ One job per module:
 * ``calibration``: the calibrated policy's online acceptance statistics;
 * ``merge`` (one tree from every candidate's) and ``recency`` (the latest
   occurrence's continuation): the calibrated policy's extra candidates;
-* ``union``: a string's continuations in two indexes at once (a persistent
-  pool's snapshot and in-memory part), counts added up;
+* ``union``: a string's continuations in several indexes at once (a
+  persistent pool's snapshot segments and in-memory part), counts added up;
 * ``propose``: the batched per-step driver;
 * ``ngram`` (the prompt-lookup baseline), ``tokens`` (token-id checks);
 * ``warmup`` compiles them all, and ``cache`` keeps Numba's on-disk cache in

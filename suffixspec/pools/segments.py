@@ -84,8 +84,11 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
     covers every sequence it holds.  Its segment files are checked and
     copied, then one transaction adds its sequences (with new ids) and the
     segments over them, so nothing is indexed again here.  Then
-    ``write_snapshot`` indexes what else is new and merges as usual.
+    ``write_snapshot`` indexes what else is new and merges as usual.  A
+    shard whose segment the pool holds already is refused.
     """
+    if Path(source).resolve() == store.path.resolve():
+        raise PoolError(f"{source} is the pool it would be added to")
     shard = PoolStore(source, readonly=True)
     try:
         if shard.tokenizer.fingerprint != store.tokenizer.fingerprint:
@@ -99,10 +102,15 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
                             f"{store.max_depth}")
         info = shard.snapshot_info()
         segments = info["segments"] if info else []
+        have = store.snapshot_info()
+        held = [seg["arrays"] for seg in have["segments"]] if have else []
         for seg in segments:
             if seg.get("stale") or "folder" not in seg:
                 raise PoolError(f"{source} has a snapshot segment to rebuild; run `suffixspec "
                                 f"snapshot {source}` first")
+            if seg["arrays"] in held:
+                raise PoolError(f"{store.path} holds a segment of {source} already (added "
+                                f"before?); adding it again would count its sequences twice")
         items, ranks = [], []
         for seq in shard.sequences():
             at = next((k for k, seg in enumerate(segments)
