@@ -141,7 +141,8 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     tree on each (``roots[k]``, -1: none) and the request's own open
     sequence in side 0's tree, if any (see ``trie.suffix_position``).  Several trees are one pool's parts, and a
     path draft adds up their counts; tree drafts take one tree only.
-    ``span`` is ``(lo, hi, anchor_out)``.  A draft whose gain beats
+    Only sides ``0 .. len(pos) - 1`` are read.  ``span`` is ``(lo, hi,
+    anchor_out)``.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
     context is start-anchored: its last ``anchor_out`` tokens are output, the
     ones before are anchors, and the source follows from how many anchors a
@@ -159,7 +160,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     best_len = 0
     longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
-        for k in range(sides(segs)):
+        for k in range(pos.shape[0]):
             pos[k, 0] = -1
             if roots[k] >= 0:
                 ix = side(first, segs, k)
@@ -245,7 +246,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     m_best = 0
     source = FROM_NONE
     hi = 0
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if roots[k] >= 0:
             h, _, _ = longest_match(side(first, segs, k), roots[k], ctx, start, end, depth - 1,
                                     True, own if k == 0 else NONE)
@@ -359,7 +360,7 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
     n, best, m, source = _tree_draft(
         (local, segs, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
-        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos)
+        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1])
     solo[0] = -1
     out.n[i] = n
     out.match[i] = m
@@ -379,8 +380,11 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
         if cs >= 0 and roots[0] >= 0 and delta.seqs[cs, SEQ_ROOT] == roots[0]:
             own = (delta.seqs[cs, SEQ_SLOT], delta.seqs[cs, SEQ_LEN], out_len)
         if not knobs.tree:
+            used = n_sides
+            while used > 1 and roots[used - 1] < 0:
+                used -= 1
             best = _take(_tree_draft((delta, segs, roots, own), ctx, start, end, anchored, cross,
-                                     knobs, stats, best, row, work, pos), best, out, i)
+                                     knobs, stats, best, row, work, pos[:used]), best, out, i)
             continue
         for t in range(1, n_sides + 1):
             k = t % n_sides
@@ -388,8 +392,8 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
                 continue
             solo[k] = roots[k]
             best = _take(_tree_draft((delta, segs, solo, own if k == 0 else NONE), ctx, start,
-                                     end, anchored, cross, knobs, stats, best, row, work, pos),
-                         best, out, i)
+                                     end, anchored, cross, knobs, stats, best, row, work,
+                                     pos[:k + 1]), best, out, i)
             solo[k] = -1
     if merging and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)

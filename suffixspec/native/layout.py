@@ -112,7 +112,7 @@ Batch = namedtuple("Batch", "seqs trees cross_seqs limits cross_roots")
 
 #: Snapshot segments a persistent pool drafts from at once (``union``): the
 #: drafting kernel is compiled for this many, absent ones stand in empty.
-SEGMENTS = 6
+SEGMENTS = 4
 
 #: Drafting settings of a proposer (scalars).
 Knobs = namedtuple("Knobs", "depth factor offset min_prob tree flags")

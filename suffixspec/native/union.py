@@ -14,7 +14,8 @@ every side.
 A *position* is ``(x, off, length)``: the string ends ``off`` tokens into node
 ``x``'s edge of ``length`` tokens; ``x == -1`` when the index does not hold
 the string.  The positions of a string on every side are the rows of an
-int64 array of shape ``(sides(segs), 3)``.
+int64 array of shape ``(n, 3)``: sides ``0 .. n - 1`` take part, the others
+hold no tree (so a pool with few segments pays for no more).
 """
 
 import numpy as np
@@ -33,9 +34,9 @@ def sides(segs):
     return len(segs) + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def side(first, segs, k):
-    """Side ``k``'s index."""
+    """Side ``k``'s index (inlined: a call would pass every segment's arrays)."""
     if k == 0:
         return first
     return Index(*segs[k - 1])
@@ -67,7 +68,7 @@ def advance(index, x, off, length, tok):
 @njit(cache=True)
 def advance_all(first, segs, pos, tok):
     """Move every side's position past ``tok`` (in place)."""
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
             x, off, length = advance(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
             pos[k, 0] = x
@@ -92,7 +93,7 @@ def count_next(index, x, off, length, tok):
 def _count_all(first, segs, pos, tok):
     """Occurrences on every side that continue with ``tok``."""
     total = 0
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
             total += count_next(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
     return total
@@ -106,7 +107,7 @@ def occurrences(first, segs, pos):
     held = 0
     most = -1
     top = -1
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
             c = side(first, segs, k).nodes[pos[k, 0], COUNT]
             n += c
@@ -143,7 +144,7 @@ def best_next(first, segs, pos, discount):
     best_c = 0
     if top >= 0:
         best_c = _count_all(first, segs, pos, top)
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if k == many or pos[k, 0] < 0:
             continue
         few = side(first, segs, k)
@@ -173,7 +174,7 @@ def bound_next(first, segs, pos, discount):
     ``best_next`` visits the next tokens of all sides but one."""
     n = -discount
     c = 0
-    for k in range(sides(segs)):
+    for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
             ix = side(first, segs, k)
             _, ck, _, _ = step_best(ix.nodes, ix.arena, ix.seqs, pos[k, 0], pos[k, 1],
