@@ -39,11 +39,17 @@ def _folders(store):
     return [seg["folder"] for seg in store.snapshot_info()["segments"]]
 
 
-def _drafts(pool, contexts):
-    """Each context's one-token draft: (probability, match length, drafted)."""
-    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=1, draft_cost=0.0, pool=pool,
+def _proposer(pool=None):
+    return SuffixProposer(max_depth=DEPTH, max_spec_tokens=1, draft_cost=0.0, pool=pool,
                           tokenizer=BYTES if pool is not None else None, anchors=False,
                           cross_pool_tokens=None, namespace="a")
+
+
+def _drafts(pool, contexts):
+    """Each context's one-token draft: (probability, match length, drafted).
+
+    ``pool`` is a pool to draft from, or a proposer."""
+    prop = pool if isinstance(pool, SuffixProposer) else _proposer(pool)
     out = []
     for i, ctx in enumerate(contexts):
         prop.start_request(i, ctx)
@@ -70,8 +76,7 @@ def test_merge_pick_merges_alike_sizes_and_bounds_the_count():
 def test_snapshots_of_one_size_merge_and_drafts_stay_those_of_one_index(tmp_path):
     outs = _outputs(160, 0)
     store = PoolStore(tmp_path / "p.lmdb", tokenizer=BYTES, max_depth=DEPTH)
-    memory = SuffixProposer(max_depth=DEPTH, max_spec_tokens=1, draft_cost=0.0, anchors=False,
-                            cross_pool_tokens=None, namespace="a")
+    memory = _proposer()
     counts = []
     for k in range(8):
         chunk = outs[20 * k:20 * (k + 1)]
@@ -90,12 +95,7 @@ def test_snapshots_of_one_size_merge_and_drafts_stay_those_of_one_index(tmp_path
         seg.check_integrity()
     contexts = _contexts()
     got, _ = _drafts(pool, contexts)
-    want = []
-    for i, ctx in enumerate(contexts):
-        memory.start_request(i, ctx)
-        d = memory.propose([i])[0]
-        want.append((d.score, d.match_len, len(d.token_ids)))
-        memory.abort_request(i)
+    want, _ = _drafts(memory, contexts)
     assert got == want and sum(n for _, _, n in got) > 10
     pool.close()
 
