@@ -16,6 +16,7 @@ from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
+from suffixspec.native import union
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.pools.memory import CrossPool, RequestPool
@@ -116,10 +117,12 @@ class SuffixProposer:
         self._finished = 0
         self._calibration_failed = False
         self._load_calibration()
-        # Stand in for absent snapshot segments.  Read-only like a snapshot,
-        # so the drafting kernel is compiled for one kind of index only.
-        self._no_segments = (SuffixIndex(self.max_depth, node_capacity=16,
-                                          token_capacity=16).read_only_arrays(),) * lay.SEGMENTS
+        # Stand in for absent snapshot segments: the side table names them
+        # (``native.union``), and they stay alive as long as it is used.
+        self._empty = SuffixIndex(self.max_depth, node_capacity=16,
+                                  token_capacity=16).read_only_arrays()
+        self._no_segments = union.table([self._empty] * lay.SEGMENTS)
+        self._segments_cache = (None, self._no_segments, ())
         warmup(steps=SERVING)
         self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
@@ -396,9 +399,19 @@ class SuffixProposer:
                 if len(self._roots_cache) > 256:
                     self._roots_cache.clear()
                 self._roots_cache[key] = roots
-        segs = tuple(seg.read_only_arrays() for seg in pool.segments[:lay.SEGMENTS])
-        segs += self._no_segments[len(segs):]
-        return segs, pool.delta.read_only_arrays(), roots
+        return self._segments(pool), pool.delta.read_only_arrays(), roots
+
+    def _segments(self, pool) -> np.ndarray:
+        """The side table of the pool's snapshot segments (``native.union``),
+        made again only when the pool maps other segments; the cache keeps the
+        segments it names alive."""
+        held, segs, _ = self._segments_cache
+        if held is not pool.segments:
+            arrays = [seg.read_only_arrays() for seg in pool.segments[:lay.SEGMENTS]]
+            arrays += [self._empty] * (lay.SEGMENTS - len(arrays))
+            segs = union.table(arrays)
+            self._segments_cache = (pool.segments, segs, arrays)
+        return segs
 
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:

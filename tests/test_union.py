@@ -12,7 +12,7 @@ from suffixspec.index import SuffixIndex
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.calibrated import draft_path
-from suffixspec.native.union import NOWHERE, advance, best_next, bound_next, position
+from suffixspec.native.union import NOWHERE, advance, best_next, bound_next, position, table
 from suffixspec.pools.persistent import PersistentPool
 
 SLOW = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,22 +54,22 @@ dealt = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=20),
 
 
 def _sides(items, query):
-    """The side indexes (side 0 first) of ``items`` dealt to them, the positions of ``query``."""
+    """The side table (side 0 first) of ``items`` dealt to the sides, the
+    positions of ``query``, and the indexes (the table names their arrays:
+    they must outlive its use)."""
     built = [_index([t for t, k in items if k == side]) if any(k == side for _, k in items)
              else _index([]) for side in range(4)]
-    first = built[0][0].read_only_arrays()
-    segs = tuple(ix.read_only_arrays() for ix, _ in built[1:])
     pos = np.array([_at(ix, tree, query) for ix, tree in built], np.int64)
-    return lay.Index(*first), segs, pos
+    return table([ix.read_only_arrays() for ix, _ in built]), pos, built
 
 
 @SLOW
 @given(dealt, st.lists(st.integers(0, 3), min_size=1, max_size=4))
 def test_best_next_over_several_indexes_equals_one_index(items, query):
-    first, segs, pos = _sides(items, query)
+    sides, pos, _held = _sides(items, query)
     c, tc = _index([t for t, _ in items])
     pc = _at(c, tc, query)
-    tok, k, n = best_next(first, segs, pos, 0)
+    tok, k, n = best_next(sides, pos, 0)
     one = _next_counts(c, tc, query)
     if pc[0] < 0:
         assert (pos[:, 0] < 0).all() and n <= 0
@@ -81,26 +81,23 @@ def test_best_next_over_several_indexes_equals_one_index(items, query):
     assert k == max(one.values()) and one[tok] == k
     # The bound is one: never below the true count.
     if (pos[:, 0] >= 0).sum() > 1:
-        bound, n2 = bound_next(first, segs, pos, 0)
+        bound, n2 = bound_next(sides, pos, 0)
         assert n2 == n and k <= bound <= n
 
 
 @SLOW
 @given(dealt, st.lists(st.integers(0, 3), min_size=1, max_size=4))
 def test_path_over_several_indexes_equals_one_index_until_a_tie(items, query):
-    first, segs, pos = _sides(items, query)
+    sides, pos, _held = _sides(items, query)
     c, tc = _index([t for t, _ in items])
     pc = _at(c, tc, query)
     if pc[0] < 0:
         return
     stats = tuple(cal.new_stats(0.0))
     many, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
-    n2, _ = draft_path(first, segs, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0,
-                       many)
-    alone = np.array([pc] + [NOWHERE] * len(segs), np.int64)
-    cr = lay.Index(*c.read_only_arrays())
-    n1, _ = draft_path(cr, tuple(_index([])[0].read_only_arrays() for _ in segs), alone, DEPTH,
-                       0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, one)
+    n2, _ = draft_path(sides, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, many)
+    n1, _ = draft_path(table([c.read_only_arrays()]), np.array([pc], np.int64), DEPTH, 0.0, 0,
+                       cal.SRC_CROSS, len(query), stats, -1.0, one)
     # Token by token, as long as the most frequent next token is unique.
     prefix = list(query)
     for i in range(max(n1, n2)):

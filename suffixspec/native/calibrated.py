@@ -26,11 +26,11 @@ from .merge import merge_in, merge_out, merge_reset
 from .recency import draft_recent, latest_occurrence
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
-from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side, sides
+from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side
 
 
 @njit(cache=True)
-def draft_path(first, segs, pos, cap, thr, discount, src, match_len, stats, beat, cand):
+def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand):
     """Most frequent continuation while its probability beats ``thr``.
 
     The string sits at positions ``pos`` on every side (``union``; node -1
@@ -45,7 +45,7 @@ def draft_path(first, segs, pos, cap, thr, discount, src, match_len, stats, beat
     gain = 0.0
     while n < cap:
         d = discount if n == 0 else 0
-        tok, c, cnt = best_next(first, segs, pos, d)
+        tok, c, cnt = best_next(sides, pos, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
         fine, q = cal.token_probability(stats, src, match_len, n, c, cnt)
@@ -60,7 +60,7 @@ def draft_path(first, segs, pos, cap, thr, discount, src, match_len, stats, beat
         n += 1
         if gain + (cap - n) * (p - thr) <= beat:
             return n, -1.0
-        advance_all(first, segs, pos, tok)
+        advance_all(sides, pos, tok)
     return n, gain
 
 
@@ -137,10 +137,11 @@ def _own_end(own, length, pos):
 def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos):
     """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in ``trees``.
 
-    ``trees`` is ``(first, segs, roots, own)``: the sides (``union``), the
-    tree on each (``roots[k]``, -1: none) and the request's own open
-    sequence in side 0's tree, if any (see ``trie.suffix_position``).  Several trees are one pool's parts, and a
-    path draft adds up their counts; tree drafts take one tree only.
+    ``trees`` is ``(sides, roots, own)``: the side table (``union``), the tree on
+    each (``roots[k]``, -1: none) and the request's own open sequence in
+    side 0's tree, if any (see ``trie.suffix_position``).  Several trees are
+    one pool's parts, and a path draft adds up their counts; tree drafts
+    take one tree only.
     Only sides ``0 .. len(pos) - 1`` are read.  ``span`` is ``(lo, hi,
     anchor_out)``.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
@@ -149,12 +150,12 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     length spans.  ``pos`` is scratch for the positions.  Returns ``(n,
     gain, match_len)``, n 0 when nothing beat ``best_gain``.
     """
-    first, segs, roots, own = trees
+    sides, roots, own = trees
     lo_len, hi_len, anchor_out = span
     src, recent, limit, thr = how
     table, state = stats
     cand = work.cand
-    depth = first.active.shape[1]
+    depth = side(sides, 0).active.shape[1]
     merging = knobs.tree and knobs.flags & MERGE_TREES
     best_n = 0
     best_len = 0
@@ -163,11 +164,11 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         for k in range(pos.shape[0]):
             pos[k, 0] = -1
             if roots[k] >= 0:
-                ix = side(first, segs, k)
+                ix = side(sides, k)
                 x, off = suffix_position(ix, roots[k], ctx, end, length, own if k == 0 else NONE)
                 if x >= 0:
                     pos[k, 0], pos[k, 1], pos[k, 2] = position(ix, x, off)
-        count, held, most = occurrences(first, segs, pos)
+        count, held, most = occurrences(sides, pos)
         if held == 0:
             continue
         # As many occurrences as one token longer: every occurrence is one of
@@ -196,22 +197,22 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         # trees hold the string, the first token's count is only bounded here
         # (draft_path finds it, and gives up at once where it cannot win).
         if held > 1:
-            c, cnt = bound_next(first, segs, pos, discount)
+            c, cnt = bound_next(sides, pos, discount)
         else:
-            _, c, cnt = best_next(first, segs, pos, discount)
+            _, c, cnt = best_next(sides, pos, discount)
         if cnt <= 0 or c <= 0:
             continue
         q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
         if q <= thr or (not merging and cap * (q - thr) <= best_gain):
             continue
         if knobs.tree:  # one tree: the side that holds the string
-            ix = side(first, segs, most)
+            ix = side(sides, most)
             n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
                                  -1.0 if merging else best_gain, cand, work.heap)
             if merging:  # every candidate's whole tree goes into the merged one
                 merge_in(work.merged, cand, n)
         else:
-            n, gain = draft_path(first, segs, pos, cap, thr, discount, s, m, stats, best_gain, cand)
+            n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -239,7 +240,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     the anchors.  Returns ``(n, gain, match_len, source)``, n 0 when nothing
     beat ``best``.
     """
-    first, segs, roots, own = trees
+    sides, roots, own = trees
     c_arena, c_end, n_anchors, out_len = anchored
     depth = knobs.depth
     n_best = 0
@@ -248,7 +249,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     hi = 0
     for k in range(pos.shape[0]):
         if roots[k] >= 0:
-            h, _, _ = longest_match(side(first, segs, k), roots[k], ctx, start, end, depth - 1,
+            h, _, _ = longest_match(side(sides, k), roots[k], ctx, start, end, depth - 1,
                                     True, own if k == 0 else NONE)
             if h > hi:
                 hi = h
@@ -265,7 +266,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
         hi = out_len + n_anchors
         if hi > depth - 1:
             hi = depth - 1
-        n, gain, m = _lengths((first, segs, roots, (own[0], own[1], own[1])), c_arena, c_end,
+        n, gain, m = _lengths((sides, roots, (own[0], own[1], own[1])), c_arena, c_end,
                               (out_len + 1, hi, out_len), how, knobs, stats, best, out, work, pos)
         if n > 0:
             best = gain
@@ -325,18 +326,21 @@ def _take(drafted, best, out, i):
 
 
 @njit(cache=True)
-def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs, stats, out, work):
+def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knobs, stats, out,
+                  work):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
-    ``delta`` and the snapshot segments ``segs`` are the cross pool's sides
-    (``union``).  With ``MERGE_TREES`` in tree mode, the draft merges every
-    candidate's tree (``merge``); its match length and source are the best
-    candidate's.
+    ``tables`` are side tables (``union``): ``mine`` has one side, ``local``
+    (the requests' own trees); ``cross`` is the cross pool, ``delta`` (its
+    in-memory part) then its snapshot segments.  With ``MERGE_TREES`` in tree mode, the draft
+    merges every candidate's tree (``merge``); its match length and source
+    are the best candidate's.
     """
     merging = knobs.tree and knobs.flags & MERGE_TREES
     if merging:
         merge_reset(work.merged)
-    n_sides = sides(segs)
+    mine, cross = tables
+    n_sides = cross.shape[0]
     pos = np.empty((n_sides, 3), np.int64)
     solo = np.full(n_sides, -1, np.int64)  # one tree on one side
     l_seqs = local.seqs
@@ -358,7 +362,7 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
     solo[0] = local_roots[batch.trees[i]]
     n, best, m, source = _tree_draft(
-        (local, segs, solo, own_local), ctx, start, end,
+        (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
         (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1])
     solo[0] = -1
@@ -370,7 +374,7 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
                              own_local, (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs,
                              stats, best, row, work), best, out, i)
     anchored = (delta.arena, c_end, n_anchors, out_len)
-    cross = (np.int64(cal.SRC_CROSS), recent, limit, thr)
+    how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     # Namespace j's trees in the in-memory part (side 0) and the snapshot
     # segments: path drafts count all together (``union``), tree drafts take
     # each apart, segments first.
@@ -383,7 +387,7 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
             used = n_sides
             while used > 1 and roots[used - 1] < 0:
                 used -= 1
-            best = _take(_tree_draft((delta, segs, roots, own), ctx, start, end, anchored, cross,
+            best = _take(_tree_draft((cross, roots, own), ctx, start, end, anchored, how,
                                      knobs, stats, best, row, work, pos[:used]), best, out, i)
             continue
         for t in range(1, n_sides + 1):
@@ -391,8 +395,8 @@ def draft_request(i, recent, thr, local, local_roots, segs, delta, batch, knobs,
             if roots[k] < 0:
                 continue
             solo[k] = roots[k]
-            best = _take(_tree_draft((delta, segs, solo, own if k == 0 else NONE), ctx, start,
-                                     end, anchored, cross, knobs, stats, best, row, work,
+            best = _take(_tree_draft((cross, solo, own if k == 0 else NONE), ctx, start,
+                                     end, anchored, how, knobs, stats, best, row, work,
                                      pos[:k + 1]), best, out, i)
             solo[k] = -1
     if merging and out.n[i] > 0:

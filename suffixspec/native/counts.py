@@ -14,7 +14,7 @@ from .heap import heap_push, heap_take
 from .layout import (ALL_LENGTHS, BEST, COUNT, FIRST, FROM_CROSS, FROM_NONE, FROM_REQUEST,
                      LONG_BIAS, NEXT, SELF_DISCOUNT, SEQ_LEN, SEQ_ROOT, SEQ_SLOT)
 from .trie import anchors, edge_len, tail, label, longest_match, step_best, suffix_position
-from .union import side, sides
+from .union import NOWHERE, side
 
 
 @njit(cache=True)
@@ -157,8 +157,12 @@ def _tree_best(index, root, ctx, start, end, limit, knobs, own, out, work):
 
 
 @njit(cache=True)
-def draft_request(i, local, local_roots, segs, delta, batch, knobs, out, work):
-    """The counts policy for request ``i``: each tree's best draft, the highest rank wins."""
+def draft_request(i, local, local_roots, delta, cross, batch, knobs, out, work):
+    """The counts policy for request ``i``: each tree's best draft, the highest rank wins.
+
+    ``cross`` is the cross pool's side table (``union``): ``delta``, then the
+    snapshot segments.
+    """
     l_seqs = local.seqs
     s = batch.seqs[i]
     start, end = tail(local, s, knobs.depth)
@@ -179,18 +183,18 @@ def draft_request(i, local, local_roots, segs, delta, batch, knobs, out, work):
     cs = batch.cross_seqs[i]
     # Each tree of the in-memory part (side 0) and the snapshot segments
     # apart, segments first (``union`` names the sides).
-    n_sides = sides(segs)
+    n_sides = cross.shape[0]
     for j in range(batch.cross_roots.shape[1]):
         for t in range(1, n_sides + 1):
             k = t % n_sides
             root = batch.cross_roots[i, j, k]
             if root < 0:
                 continue
-            own = (np.int64(-1), np.int64(0), np.int64(0))
+            own = NOWHERE
             if k == 0 and cs >= 0 and delta.seqs[cs, SEQ_ROOT] == root:
                 own_len = delta.seqs[cs, SEQ_LEN]
                 own = (delta.seqs[cs, SEQ_SLOT], own_len, own_len - anchors(delta, cs))
-            n2, score2, rank2, m2 = _tree_best(side(delta, segs, k), root, ctx, start, end, limit,
+            n2, score2, rank2, m2 = _tree_best(side(cross, k), root, ctx, start, end, limit,
                                                knobs, own, work.best, work)
             if n2 > 0 and rank2 > best:
                 best = rank2

@@ -10,11 +10,13 @@ Synthetic tokens (``tokens.SYNTHETIC_BASE`` and above) mark output starts; no
 draft ever holds one.
 """
 
+import numpy as np
 from numba import njit
 
 from . import calibrated, calibration as cal, counts
 from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending,
                      Stats, Workspace)
+from .union import FIELDS, put
 
 
 @njit(cache=True)
@@ -24,7 +26,7 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
     Numba types a plain tuple of arrays several times faster than a
     namedtuple on every call, so records cross the Python boundary plain and
     are named again here (``work`` is ``(best, cand, heap, merged)``, each plain;
-    ``segs`` stay plain tuples, named where read: ``union.side``).
+    ``segs`` is the snapshot segments' side table, ``union``).
     """
     propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
@@ -44,14 +46,19 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     ``batch.seqs[i]``), which ``calibration.learn`` scores against the
     emitted tokens.
     """
+    mine = np.empty((1, FIELDS, 3), np.int64)
+    put(mine, 0, local)
+    cross = np.empty((1 + segs.shape[0], FIELDS, 3), np.int64)
+    put(cross, 0, delta)
+    cross[1:] = segs
     thr = cal.threshold(stats.state)
     if knobs.min_prob > thr:
         thr = knobs.min_prob
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
         if knobs.flags & CALIBRATED:
-            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, segs, delta,
-                                     batch, knobs, stats, out, work)
+            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
+                                     (mine, cross), batch, knobs, stats, out, work)
             n = out.n[i]
             pending.n[s] = n
             for j in range(n):  # loops, not slice copies: those compile a costly error path
@@ -59,4 +66,4 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
                 pending.parents[s, j] = out.parents[i, j]
                 pending.buckets[s, j] = out.buckets[i, j]
         else:
-            counts.draft_request(i, local, local_roots, segs, delta, batch, knobs, out, work)
+            counts.draft_request(i, local, local_roots, delta, cross, batch, knobs, out, work)

@@ -6,10 +6,15 @@ the pool are those in all of them: counted together, a draft is the one a
 single index over every sequence would give (up to the order of equally
 frequent tokens).
 
-The indexes are *sides*: side 0 is ``first`` (the in-memory part, or a
-request's own tree), side ``k > 0`` is ``segs[k - 1]``, a plain tuple in
-``Index`` field order.  All are typed alike, so one compiled variant serves
-every side.
+The indexes are *sides*, named by a side table: an int64 array of shape
+``(n, FIELDS, 3)`` whose row ``k`` gives, per ``Index`` field, the address
+of side ``k``'s array and its shape (``table``, ``put``).  Side 0 is the
+in-memory part (or a request's own tree); the others are segments.  A side is
+looked up as a record of arrays over those addresses (``side``), with no
+reference count: the caller keeps the arrays alive while the kernel runs.
+One small array passes from call to call and from Python to the kernel at
+the cost of one argument, where a tuple of records costs a few hundred ns
+to pass, or to index at run time.
 
 A *position* is ``(x, off, length)``: the string ends ``off`` tokens into node
 ``x``'s edge of ``length`` tokens; ``x == -1`` when the index does not hold
@@ -19,7 +24,9 @@ hold no tree (so a pool with few segments pays for no more).
 """
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .layout import COUNT, FIRST, NEXT, TOKEN, Index
 from .trie import _find_child, edge_len, label, step_best
@@ -27,19 +34,61 @@ from .trie import _find_child, edge_len, label, step_best
 
 NOWHERE = (np.int64(-1), np.int64(0), np.int64(0))
 
+#: Per ``Index`` field: (address, rows, columns; 0 for a one-dimensional array).
+FIELDS = len(Index._fields)
 
-@njit(cache=True)
-def sides(segs):
-    """How many sides ``first`` and ``segs`` make."""
-    return len(segs) + 1
+
+def table(indexes) -> np.ndarray:
+    """The side table of ``indexes`` (each a tuple of arrays in ``Index`` field
+    order), made in Python: the caller keeps the arrays alive while it is used."""
+    t = np.zeros((len(indexes), FIELDS, 3), np.int64)
+    for k, index in enumerate(indexes):
+        for f, a in enumerate(index):
+            assert a.flags.c_contiguous
+            t[k, f, 0] = a.ctypes.data
+            t[k, f, 1:1 + a.ndim] = a.shape
+    return t
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    """The address ``address`` (an integer) as a pointer."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], cgutils.voidptr_t)
+    return types.voidptr(address), codegen
 
 
 @njit(cache=True, inline="always")
-def side(first, segs, k):
-    """Side ``k``'s index (inlined: a call would pass every segment's arrays)."""
-    if k == 0:
-        return first
-    return Index(*segs[k - 1])
+def _row(a, t):
+    t[0] = a.ctypes.data
+    t[2] = 0
+    for d in range(a.ndim):
+        t[1 + d] = a.shape[d]
+
+
+@njit(cache=True)
+def put(sides, k, index):
+    """Make side ``k`` of the table ``sides`` name ``index`` (the caller keeps it alive)."""
+    _row(index.meta, sides[k, 0])
+    _row(index.nodes, sides[k, 1])
+    _row(index.hkeys, sides[k, 2])
+    _row(index.hvals, sides[k, 3])
+    _row(index.arena, sides[k, 4])
+    _row(index.seqs, sides[k, 5])
+    _row(index.active, sides[k, 6])
+
+
+@njit(cache=True, inline="always")
+def side(sides, k):
+    """Side ``k``: an ``Index`` over the addresses the table gives."""
+    t = sides[k]
+    return Index(carray(_pointer(t[0, 0]), t[0, 1], np.int64),
+                 carray(_pointer(t[1, 0]), (t[1, 1], t[1, 2]), np.int32),
+                 carray(_pointer(t[2, 0]), t[2, 1], np.int64),
+                 carray(_pointer(t[3, 0]), t[3, 1], np.int32),
+                 carray(_pointer(t[4, 0]), t[4, 1], np.int32),
+                 carray(_pointer(t[5, 0]), (t[5, 1], t[5, 2]), np.int64),
+                 carray(_pointer(t[6, 0]), (t[6, 1], t[6, 2]), np.int32))
 
 
 @njit(cache=True)
@@ -66,11 +115,11 @@ def advance(index, x, off, length, tok):
 
 
 @njit(cache=True)
-def advance_all(first, segs, pos, tok):
+def advance_all(sides, pos, tok):
     """Move every side's position past ``tok`` (in place)."""
     for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
-            x, off, length = advance(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
+            x, off, length = advance(side(sides, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
             pos[k, 0] = x
             pos[k, 1] = off
             pos[k, 2] = length
@@ -90,17 +139,17 @@ def count_next(index, x, off, length, tok):
 
 
 @njit(cache=True)
-def _count_all(first, segs, pos, tok):
+def _count_all(sides, pos, tok):
     """Occurrences on every side that continue with ``tok``."""
     total = 0
     for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
-            total += count_next(side(first, segs, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
+            total += count_next(side(sides, k), pos[k, 0], pos[k, 1], pos[k, 2], tok)
     return total
 
 
 @njit(cache=True)
-def occurrences(first, segs, pos):
+def occurrences(sides, pos):
     """``(n, held, most)``: occurrences of the string on every side, how many
     sides hold it, and the side with the most (the last of equals; -1: none)."""
     n = 0
@@ -109,7 +158,7 @@ def occurrences(first, segs, pos):
     top = -1
     for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
-            c = side(first, segs, k).nodes[pos[k, 0], COUNT]
+            c = side(sides, k).nodes[pos[k, 0], COUNT]
             n += c
             held += 1
             if c >= top:
@@ -119,7 +168,7 @@ def occurrences(first, segs, pos):
 
 
 @njit(cache=True)
-def best_next(first, segs, pos, discount):
+def best_next(sides, pos, discount):
     """The most frequent next token over every side's position.
 
     Returns ``(token, c, n)``: ``c`` of the ``n`` occurrences (all sides,
@@ -128,10 +177,10 @@ def best_next(first, segs, pos, discount):
     one with the most occurrences, and that side's most frequent one: a token
     only that side holds is never more frequent there than its most frequent.
     """
-    n, held, many = occurrences(first, segs, pos)
+    n, held, many = occurrences(sides, pos)
     if held == 0:
         return -1, 0, 0
-    m = side(first, segs, many)
+    m = side(sides, many)
     xm, om, lm = pos[many, 0], pos[many, 1], pos[many, 2]
     if held == 1:
         tok, c, n, _ = step_best(m.nodes, m.arena, m.seqs, xm, om, lm, discount)
@@ -143,22 +192,22 @@ def best_next(first, segs, pos, discount):
     best = top
     best_c = 0
     if top >= 0:
-        best_c = _count_all(first, segs, pos, top)
+        best_c = _count_all(sides, pos, top)
     for k in range(pos.shape[0]):
         if k == many or pos[k, 0] < 0:
             continue
-        few = side(first, segs, k)
+        few = side(sides, k)
         xf, of, lf = pos[k, 0], pos[k, 1], pos[k, 2]
         if of < lf:
             tok = label(few.arena, few.seqs, few.nodes, xf, of)
-            c = _count_all(first, segs, pos, tok)
+            c = _count_all(sides, pos, tok)
             if c > best_c:
                 best, best_c = tok, c
         else:
             y = few.nodes[xf, FIRST]
             while y != -1:
                 tok = few.nodes[y, TOKEN]
-                c = _count_all(first, segs, pos, tok)
+                c = _count_all(sides, pos, tok)
                 if c > best_c:
                     best, best_c = tok, c
                 y = few.nodes[y, NEXT]
@@ -168,7 +217,7 @@ def best_next(first, segs, pos, discount):
 
 
 @njit(cache=True)
-def bound_next(first, segs, pos, discount):
+def bound_next(sides, pos, discount):
     """``(c, n)`` as ``best_next`` gives, with ``c`` an upper bound: the sum of
     every side's most frequent count.  One lookup per side, where
     ``best_next`` visits the next tokens of all sides but one."""
@@ -176,7 +225,7 @@ def bound_next(first, segs, pos, discount):
     c = 0
     for k in range(pos.shape[0]):
         if pos[k, 0] >= 0:
-            ix = side(first, segs, k)
+            ix = side(sides, k)
             _, ck, _, _ = step_best(ix.nodes, ix.arena, ix.seqs, pos[k, 0], pos[k, 1],
                                     pos[k, 2], 0)
             c += ck

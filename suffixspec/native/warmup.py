@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import numpy as np
 from numba.core import event
 
-from . import calibration as cal, counts, layout as lay, ngram, partition, propose, trie
+from . import calibration as cal, counts, layout as lay, ngram, partition, propose, trie, union
 from . import tokens as token_checks
 
 _done: set[str] = set()
@@ -87,8 +87,7 @@ def _queries(ix, root):
 def _drafting(ix, root):
     # One batched step per policy, for two requests, with records as plain
     # tuples and batch fields as contiguous rows, exactly as the proposer
-    # passes them.  Snapshot segments are always read-only (a persistent pool's
-    # files, or the proposer's read-only stand-in).
+    # passes them; snapshot segments pass as a side table (``union``).
     b = 2
     ro = tuple(lay.read_only(ix))
     rows = np.zeros((3, b), np.int64)
@@ -100,7 +99,8 @@ def _drafting(ix, root):
     for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
                         (lay.COUNTS_POLICY, False)):
         knobs = (DEPTH, 1.0, 0.0, 0.1, tree, flags)
-        propose.propose_batch(ro, np.array([root], np.int32), (ro,) * lay.SEGMENTS, ro, batch,
+        propose.propose_batch(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS), ro,
+                              batch,
                               knobs, tuple(stats), tuple(out), tuple(pending), work)
 
 
