@@ -12,6 +12,7 @@ from suffixspec.cli import main
 from suffixspec.fingerprint import BYTES, TokenizerId
 from suffixspec.native import layout as lay
 from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools import segments
 from suffixspec.pools.segments import merge_pick, write_snapshot
 from suffixspec.pools.store import PoolStore
 
@@ -71,6 +72,58 @@ def test_merge_pick_merges_alike_sizes_and_bounds_the_count():
     assert merge_pick([1000, 400, 300, 10]) == 1
     many = [4 ** (lay.SEGMENTS - k) for k in range(lay.SEGMENTS + 1)]  # all unlike
     assert merge_pick(many) == lay.SEGMENTS - 1  # too many: the smallest neighbours
+
+
+def test_merge_pick_keeps_merged_segments_under_the_cap():
+    assert merge_pick([60, 50], cap=100) is None  # alike, but over the cap together
+    assert merge_pick([40, 50], cap=100) == 0
+    many = [90] * (lay.SEGMENTS + 1)  # too many: merged even over the cap
+    assert merge_pick(many, cap=100) is not None
+
+
+def test_a_range_over_the_cap_is_built_as_segments_under_it(tmp_path, monkeypatch):
+    outs = _outputs(120, 5)
+    total = sum(len(o) for o in outs)
+    cap = total // 3
+    monkeypatch.setattr(segments, "MAX_TOKENS", cap)
+    store = PoolStore(tmp_path / "p.lmdb", tokenizer=BYTES, max_depth=DEPTH)
+    store.add_many([(out, "a", "", "") for out in outs])
+    write_snapshot(store)
+    segs = store.snapshot_info()["segments"]
+    assert len(segs) == -(-total // cap)
+    assert all(seg["tokens"] <= cap for seg in segs) and sum(s["tokens"] for s in segs) == total
+    assert segs[0]["first"] == 0 and segs[-1]["last"] == len(outs)
+    assert all(a["last"] == b["first"] for a, b in zip(segs, segs[1:]))
+    store.close()
+    memory = _proposer()
+    for out in outs:
+        memory.cross.add(out, "a")
+    pool = PersistentPool(tmp_path / "p.lmdb")
+    assert len(pool.segments) == len(segs)
+    contexts = _contexts(seed=6)
+    got, _ = _drafts(pool, contexts)
+    want, _ = _drafts(memory, contexts)
+    assert got == want and sum(n for _, _, n in got) > 10
+    pool.close()
+
+
+def test_new_sequences_that_merge_at_once_are_indexed_once(tmp_path, monkeypatch):
+    store = _store(tmp_path / "p.lmdb", [_outputs(60, 7)])
+    store.add_many([(out, "a", "", "") for out in _outputs(60, 8)])  # about as many tokens
+    built = []
+    real = segments.build.build
+
+    def counted(sequences, *args, **kwargs):
+        seqs = list(sequences)
+        built.append((seqs[0].seq_id, seqs[-1].seq_id))
+        return real(iter(seqs), *args, **kwargs)
+
+    monkeypatch.setattr(segments.build, "build", counted)
+    write_snapshot(store)
+    assert built == [(1, 120)]  # one build over both ranges, not the new one and then both
+    segs = store.snapshot_info()["segments"]
+    assert [(s["first"], s["last"]) for s in segs] == [(0, 120)]
+    store.close()
 
 
 def test_snapshots_of_one_size_merge_and_drafts_stay_those_of_one_index(tmp_path):

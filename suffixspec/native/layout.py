@@ -111,8 +111,8 @@ Workspace = namedtuple("Workspace", "best cand heap merged")
 Batch = namedtuple("Batch", "seqs trees cross_seqs limits cross_roots")
 
 #: Snapshot segments a persistent pool drafts from at once (``union``): the
-#: drafting kernel is compiled for this many, absent ones stand in empty.
-SEGMENTS = 4
+#: side table has room for this many, absent ones stand in empty.
+SEGMENTS = 8
 
 #: Drafting settings of a proposer (scalars).
 Knobs = namedtuple("Knobs", "depth factor offset min_prob tree flags")

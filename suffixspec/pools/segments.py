@@ -8,14 +8,17 @@ pool.  Drafting reads every segment at once and adds their counts up
 (``native.union``), so a segmented pool drafts as one index over all its
 sequences would.
 
-``write_snapshot`` brings the list up to date, holding the snapshot lock:
+``write_snapshot`` brings the list up to date, holding the snapshot lock.
+It plans first, then builds each planned range once:
 
 1. every range no segment covers, and every ``stale`` segment (some of its
-   sequences were deleted since), is built anew from the store (``build``);
+   sequences were deleted since), is to be built anew from the store;
 2. adjacent segments of about the same size (neither more than ``RATIO``
    times the other) are merged, a merge being one build over both ranges,
    and so are the two smallest neighbours while there are more than
-   ``layout.SEGMENTS`` (what the drafting kernel reads at once).
+   ``layout.SEGMENTS`` (what the drafting kernel reads at once);
+3. each range to build is built (``build``): a new range that merges with
+   its neighbour at once is indexed once, over both.
 
 Snapshots that add about the same number of tokens each merge like a binary
 counter: a sequence is indexed again about log2(pool / snapshot) times over
@@ -42,6 +45,12 @@ from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, 
 #: Adjacent segments merge when neither holds more than this many times the other's tokens.
 RATIO = 2
 
+#: Stored tokens per segment, at most: a range with more is built as several
+#: segments, and segments merge only below it (unless there are more than
+#: ``layout.SEGMENTS``).  A build's memory grows with its segment (about
+#: 2.4 GB at 100M tokens, ``bench/results/scale.md``), so this bounds it.
+MAX_TOKENS = 100_000_000
+
 
 def write_snapshot(store: PoolStore, jobs: int = 1, progress=None, upto: int | None = None,
                    merge: bool = True) -> int:
@@ -63,9 +72,12 @@ def write_snapshot(store: PoolStore, jobs: int = 1, progress=None, upto: int | N
         last = store.last_id() if upto is None else min(upto, store.last_id())
         builder = _Builder(store, root, jobs, progress, lock)
         try:
-            segments = _fill(builder, started["segments"] if started else [], last)
+            plan = _fill(store, started["segments"] if started else [], last)
             if merge:
-                segments = _merge(builder, segments)
+                plan = _merge(plan)
+            segments = [builder.build(int(seg["first"]), int(seg["last"]))
+                        if seg.get("plan") else seg for seg in plan]
+            segments = [seg for seg in segments if seg is not None]
             generation = store.update_segments(
                 lambda current, txn: _reconcile(store, txn, started, current, deletes, segments,
                                                 builder.ids))
@@ -179,27 +191,50 @@ class _Builder:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _fill(builder: _Builder, segments: list[dict], last: int) -> list[dict]:
-    """Segments over every stored sequence up to id ``last``: uncovered
-    ranges, stale segments, segments kept in the pool file by an earlier
-    version and segments whose files are damaged built anew, the others kept."""
+def _fill(store: PoolStore, segments: list[dict], last: int) -> list[dict]:
+    """The plan over every stored sequence up to id ``last``: segments kept,
+    and ranges to build (``plan`` set, ``tokens`` counted in the store):
+    uncovered ranges, stale segments, segments kept in the pool file by an
+    earlier version and segments whose files are damaged."""
     out = []
     prev = 0
     for seg in [*segments, None]:
         upto = last if seg is None else int(seg["first"])
         if upto > prev:
-            made = builder.build(prev, upto)
-            if made is not None:
-                out.append(made)
+            out += _planned(store, prev, upto)
         if seg is None:
             return out
-        if seg.get("stale") or "folder" not in seg or not _intact(builder.store, seg):
-            made = builder.build(int(seg["first"]), int(seg["last"]))
-            if made is not None:
-                out.append(made)
+        if seg.get("stale") or "folder" not in seg or not _intact(store, seg):
+            out += _planned(store, int(seg["first"]), int(seg["last"]))
         else:
             out.append(seg)
         prev = max(prev, int(seg["last"]))
+    return out
+
+
+def _planned(store: PoolStore, first: int, last: int) -> list[dict]:
+    """Ranges to build over the stored sequences with ids in ``(first, last]``:
+    none if there are none, else about even ones of at most ``MAX_TOKENS``
+    tokens each (a longer sequence alone), as many as that takes."""
+    cap = MAX_TOKENS
+    ids, lengths = [], []
+    for seq in store.sequences(after=first, with_tokens=False):
+        if seq.seq_id > last:
+            break
+        ids.append(seq.seq_id)
+        lengths.append(seq.length)
+    total = sum(lengths)
+    if not ids:
+        return []
+    share = -(-total // -(-total // cap)) if total else 0
+    out = []
+    start, tokens = first, 0
+    for i, n in enumerate(lengths):
+        if tokens and (tokens >= share or tokens + n > cap):
+            out.append({"first": start, "last": ids[i - 1], "tokens": tokens, "plan": True})
+            start, tokens = ids[i - 1], 0
+        tokens += n
+    out.append({"first": start, "last": last, "tokens": tokens, "plan": True})
     return out
 
 
@@ -211,29 +246,33 @@ def _intact(store: PoolStore, seg: dict) -> bool:
     return True
 
 
-def merge_pick(tokens: list[int]) -> int | None:
+def merge_pick(tokens: list[int], cap: int | None = None) -> int | None:
     """Which adjacent pair ``(i, i + 1)`` of segments with these sizes to merge next (None: none).
 
     The two smallest neighbours while there are more than ``SEGMENTS``,
-    else the smallest pair of about the same size (``RATIO``).
+    else the smallest pair of about the same size (``RATIO``) that together
+    hold at most ``cap`` tokens (``MAX_TOKENS`` unless given).
     """
+    cap = MAX_TOKENS if cap is None else cap
     pairs = [(tokens[i] + tokens[i + 1], i) for i in range(len(tokens) - 1)]
     if len(tokens) > lay.SEGMENTS:
         return min(pairs)[1]
-    alike = [(size, i) for size, i in pairs
-             if max(tokens[i], tokens[i + 1]) <= RATIO * max(min(tokens[i], tokens[i + 1]), 1)]
+    alike = [(size, i) for size, i in pairs if size <= cap and
+             max(tokens[i], tokens[i + 1]) <= RATIO * max(min(tokens[i], tokens[i + 1]), 1)]
     return min(alike)[1] if alike else None
 
 
-def _merge(builder: _Builder, segments: list[dict]) -> list[dict]:
-    segments = list(segments)
-    while len(segments) > 1:
-        i = merge_pick([int(seg["tokens"]) for seg in segments])
+def _merge(plan: list[dict]) -> list[dict]:
+    """The plan with merges (``merge_pick``): a merged pair is one range to build."""
+    plan = list(plan)
+    while len(plan) > 1:
+        i = merge_pick([int(seg["tokens"]) for seg in plan])
         if i is None:
             break
-        made = builder.build(int(segments[i]["first"]), int(segments[i + 1]["last"]))
-        segments[i:i + 2] = [made] if made is not None else []
-    return segments
+        plan[i:i + 2] = [{"first": plan[i]["first"], "last": plan[i + 1]["last"],
+                          "tokens": int(plan[i]["tokens"]) + int(plan[i + 1]["tokens"]),
+                          "plan": True}]
+    return plan
 
 
 def _reconcile(store: PoolStore, txn, started: dict | None, current: dict | None, deletes: int,
