@@ -37,16 +37,20 @@ NOWHERE = (np.int64(-1), np.int64(0), np.int64(0))
 #: Per ``Index`` field: (address, rows, columns; 0 for a one-dimensional array).
 FIELDS = len(Index._fields)
 
+#: The type of each ``Index`` field's array, as ``side`` reads it.
+TYPES = Index((np.int64, 1), (np.int32, 2), (np.int64, 1), (np.int32, 1), (np.int32, 1),
+              (np.int64, 2), (np.int32, 2))
+
 
 def table(indexes) -> np.ndarray:
     """The side table of ``indexes`` (each a tuple of arrays in ``Index`` field
     order), made in Python: the caller keeps the arrays alive while it is used."""
     t = np.zeros((len(indexes), FIELDS, 3), np.int64)
     for k, index in enumerate(indexes):
-        for f, a in enumerate(index):
-            assert a.flags.c_contiguous
-            t[k, f, 0] = a.ctypes.data
-            t[k, f, 1:1 + a.ndim] = a.shape
+        for a, (dtype, ndim) in zip(index, TYPES):
+            if a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
+                raise ValueError("a side's arrays must be contiguous, typed as an index's")
+        put(t, k, Index(*index))
     return t
 
 
