@@ -223,10 +223,10 @@ def _planned(store: PoolStore, first: int, last: int) -> list[dict]:
             break
         ids.append(seq.seq_id)
         lengths.append(seq.length)
-    total = sum(lengths)
     if not ids:
         return []
-    share = -(-total // -(-total // cap)) if total else 0
+    total = sum(lengths)
+    share = -(-total // -(-total // cap)) if total else 0  # even parts of at most cap
     out = []
     start, tokens = first, 0
     for i, n in enumerate(lengths):
