@@ -79,7 +79,7 @@ def run(reqs, make, concurrency: int, cost: StepCost, is_suffixspec: bool) -> di
 @click.option("--step-cost", "step_cost", default="0.118,0.0057", show_default=True,
               help="FIXED,PER_TOKEN seconds (suffixspec's fit in the vLLM bench).")
 @click.option("--setting", "-s", multiple=True, metavar="NAME=VALUE",
-              help="A suffixspec setting (ProposerConfig field), e.g. -s policy=counts.")
+              help="A suffixspec setting (ProposerConfig field), e.g. -s draft_cost=0.05.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Folder for engine_replay.json and .md (bench/results to keep them).")
 def main(prompts, workloads, step_cost, setting, out):
@@ -92,7 +92,7 @@ def main(prompts, workloads, step_cost, setting, out):
         try:
             settings[name] = json.loads(value)  # numbers, true/false, null
         except ValueError:
-            settings[name] = value  # text, e.g. policy=counts
+            settings[name] = value  # text, e.g. namespace=sql
     cost = StepCost.parse(step_cost)
     rows, results = [], []
     for wl in workloads.split(","):

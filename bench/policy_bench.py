@@ -1,4 +1,4 @@
-"""Ablation of the drafting policies: each option switched off in turn, arctic beside.
+"""The drafting options measured on short slices of every trace, arctic beside.
 
 Usage (from the repository root):
 
@@ -6,9 +6,8 @@ Usage (from the repository root):
         --tokenizer ../shared/tokenizers/qwen --out bench/results
 
 Slices keep it short: sql 5,000 records, code whole, gorilla 4,000, bfcl 3,000,
-agent 10 sessions.  k 16, depth 64; the counts policy and arctic at factor 1,
-min_token_prob 0.1.  Prints MTS / est / drafted per step per trace and writes
-``policy.md``.
+agent 10 sessions.  k 16, depth 64; arctic at factor 1, min_token_prob 0.1.
+Prints MTS / est / drafted per step per trace and writes ``policy.md``.
 """
 
 from __future__ import annotations
@@ -28,20 +27,10 @@ SLICES = {"sql": ("sql_spider_bird.jsonl.gz", {"max_records": 5000}),
           "gorilla": ("tool_gorilla_apibench.jsonl.gz", {"max_records": 4000}),
           "bfcl": ("tool_bfcl.jsonl.gz", {"max_records": 3000}),
           "agent": ("agent_miniswe_swebench.jsonl.gz", {"max_sessions": 10})}
-COUNTS = {"policy": "counts"}
 VARIANTS = [
-    ("calibrated (default)", "suffixspec", {}),
-    ("calibrated, no anchors", "suffixspec", {"anchors": False}),
-    ("calibrated, longest match only", "suffixspec", {"all_match_lengths": False}),
-    ("calibrated, no self-discount", "suffixspec", {"self_discount": False}),
-    ("calibrated, with recency", "suffixspec", {"recency": True}),
-    ("calibrated tree (merged)", "suffixspec", {"tree": True}),
-    ("calibrated tree (merged), with recency", "suffixspec", {"tree": True, "recency": True}),
-    ("calibrated tree, best candidate's", "suffixspec", {"tree": True, "merge_trees": False}),
-    ("counts (all three on)", "suffixspec", COUNTS),
-    ("counts, longest match only", "suffixspec", {**COUNTS, "all_match_lengths": False}),
-    ("counts, no self-discount", "suffixspec", {**COUNTS, "self_discount": False}),
-    ("counts, no long-match bias", "suffixspec", {**COUNTS, "long_match_bias": False}),
+    ("paths (default)", "suffixspec", {}),
+    ("paths, no anchors", "suffixspec", {"anchors": False}),
+    ("trees (merged)", "suffixspec", {"tree": True}),
     ("arctic-inference", "arctic", {}),
 ]
 

@@ -12,10 +12,9 @@ Depth 64 everywhere.  Configurations (``RUNS``):
 
 * ``new``: suffixspec's default policy (calibrated, cost-aware, start
   anchors), k 16, draft cost 0.03;
-* ``old f1`` / ``old f2``: suffixspec's counts policy at arctic's defaults
-  (factor 1, min_token_prob 0.1) and at arctic's cost-aware best on these
-  traces (factor 2, min_token_prob 0.2);
-* ``arctic f1`` / ``arctic f2``: arctic-inference at the same two settings;
+* ``arctic f1`` / ``arctic f2``: arctic-inference at its defaults (factor 1,
+  min_token_prob 0.1) and at its cost-aware best on these traces (factor 2,
+  min_token_prob 0.2);
 * ``new tree``: the default policy drafting trees;
 * ``new k32 c0.01`` against ``arctic k32 f4``: a low draft cost against
   arctic's best-MTS setting (k 32, factor 4, min_token_prob 0.05);
@@ -50,8 +49,6 @@ K32 = dict(max_depth=64, max_spec_tokens=32)
 # name -> (engine, knobs, concurrency)
 RUNS = {
     "new": ("suffixspec", K16, 1),
-    "old f1": ("suffixspec", dict(F1, policy="counts"), 1),
-    "old f2": ("suffixspec", dict(F2, policy="counts"), 1),
     "arctic f1": ("arctic", F1, 1),
     "arctic f2": ("arctic", F2, 1),
     "new tree": ("suffixspec", dict(K16, tree=True), 1),
@@ -61,8 +58,8 @@ RUNS = {
     "arctic f2 @32": ("arctic", F2, 32),
 }
 # (ours, anchor) pairs the ratio table compares.
-RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("old f2", "arctic f2"),
-          ("new tree", "arctic f2"), ("new k32 c0.01", "arctic k32 f4")]
+RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("new tree", "arctic f2"),
+          ("new k32 c0.01", "arctic k32 f4")]
 
 
 def run(args) -> dict:

@@ -7,11 +7,19 @@ Numba here: the vLLM plugin reads it in processes that never draft.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-#: Drafting policies: calibrated probabilities and a cost-aware length, or
-#: arctic-inference's raw count ratios.
-POLICIES = ("calibrated", "counts")
+#: Settings earlier versions had, and what to do instead: naming one is refused
+#: with this line (``from_settings``), never silently ignored.
+REMOVED = {
+    "policy": "suffixspec drafts with its calibrated policy only; arctic-inference's rule "
+              "is in suffixspec.compat.arctic (mode=\"arctic\")",
+    "recency": "it moved drafts by at most 0.15%",
+    "merge_trees": "tree drafts always merge every candidate's tree",
+    "long_match_bias": "it belonged to the counts policy",
+    "all_match_lengths": "every match length is always tried",
+    "self_discount": "the context's own occurrence is always left out",
+}
 
 #: Where outputs go when no namespace is named.
 DEFAULT_NAMESPACE = "default"
@@ -54,39 +62,20 @@ class ProposerConfig:
         to ``propose``).
     max_spec_factor, max_spec_offset:
         A draft from a ``match_len``-token match holds at most
-        ``match_len * max_spec_factor + max_spec_offset`` tokens.  Unset: 1.0
-        for the counts policy, no cap for the calibrated one.
+        ``match_len * max_spec_factor + max_spec_offset`` tokens.  Unset: no
+        cap (the draft cost sets the length).
     min_token_prob:
         Drafting stops before a token whose estimated probability falls
-        below this.  Unset: 0.1 for the counts policy, none for the
-        calibrated one (its draft cost sets the bar).
+        below this.  Unset: none (the draft cost sets the bar).
     tree:
-        Draft best-first token trees instead of single paths.
-    merge_trees:
-        Tree drafts: merge the trees of every candidate (each match length
-        in each pool) into one draft, keeping its most probable tokens,
-        instead of drafting the best candidate's tree.
-    recency:
-        Calibrated policy: also draft what followed the latest earlier
-        occurrence of the request's longest match in its own tokens, scored
-        in its own calibration source.
-    policy:
-        ``"calibrated"`` or ``"counts"`` (arctic-inference's policy).
+        Draft best-first token trees, merged from every candidate's (each
+        match length in each pool), instead of single paths.
     draft_cost:
-        Calibrated policy: verification cost of one drafted token, as a share
-        of a target-model step.
+        Verification cost of one drafted token, as a share of a
+        target-model step.
     anchors:
-        Calibrated policy: also match the start of the output against the
-        starts of past outputs (see ``suffixspec.anchors``).
-    all_match_lengths:
-        Draft from every match length and keep the best draft, instead of
-        only from the longest match.
-    self_discount:
-        Leave the context's own occurrence (which has no continuation yet) out
-        of the first token's probability.
-    long_match_bias:
-        Counts policy: rank a draft from an L-token match by ``score * (1 + L
-        / (4 * max_depth))``, a mild preference for longer matches.
+        Also match the start of the output against the starts of past
+        outputs (see ``suffixspec.anchors``).
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
@@ -103,9 +92,9 @@ class ProposerConfig:
         A request whose prompt starts with a finished request's prompt and
         output takes over its trie and indexes only the tokens after them.
 
-    The three candidate-search options are on by default because the replay
-    over the shared traces measured each as helping; ``bench/policy_bench.py``
-    re-measures them.
+    Drafts are calibrated (``suffixspec.native.calibrated``): every match
+    length of every pool is tried, the context's own occurrence is left out
+    of the counts, and the draft with the best expected gain wins.
     """
 
     max_depth: int = 64
@@ -114,14 +103,8 @@ class ProposerConfig:
     max_spec_offset: float = 0.0
     min_token_prob: float | None = None
     tree: bool = False
-    merge_trees: bool = True
-    recency: bool = False
-    policy: str = "calibrated"
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True
-    all_match_lengths: bool = True
-    self_discount: bool = True
-    long_match_bias: bool = True
     cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
     cross_pool_requests: int | None = None
     namespace: str = DEFAULT_NAMESPACE
@@ -133,8 +116,6 @@ class ProposerConfig:
             raise ValueError(f"max_depth must be in [2, 1024], got {self.max_depth}")
         if self.max_spec_tokens < 0:
             raise ValueError(f"max_spec_tokens must be >= 0, got {self.max_spec_tokens}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.max_spec_factor is not None and not 0 <= self.max_spec_factor < float("inf"):
             raise ValueError(f"max_spec_factor must be finite and >= 0, got "
                              f"{self.max_spec_factor}")
@@ -150,23 +131,30 @@ class ProposerConfig:
         if self.shared_namespace is not None:
             check_namespace(self.shared_namespace)
 
-    @property
-    def counts(self) -> bool:
-        return self.policy == "counts"
+    @classmethod
+    def from_settings(cls, base: ProposerConfig | None = None, **settings) -> ProposerConfig:
+        """``base`` (default: the defaults) with ``settings`` changed; a setting
+        that does not exist, or no longer does (``REMOVED``), is one
+        ``ValueError`` line."""
+        known = {f.name for f in fields(cls)}
+        for name in settings:
+            if name in REMOVED:
+                raise ValueError(f"setting {name!r} was removed in suffixspec 0.2: "
+                                 f"{REMOVED[name]}")
+            if name not in known:
+                raise ValueError(f"unknown setting {name!r}; the settings are "
+                                 f"{', '.join(sorted(known))}")
+        return replace(base or cls(), **settings)
 
     @property
     def spec_factor(self) -> float:
         """The length cap's factor in force: -1.0 for no cap."""
-        if self.max_spec_factor is not None:
-            return float(self.max_spec_factor)
-        return ARCTIC_SPEC_FACTOR if self.counts else -1.0
+        return -1.0 if self.max_spec_factor is None else float(self.max_spec_factor)
 
     @property
     def token_prob_floor(self) -> float:
         """The probability floor in force."""
-        if self.min_token_prob is not None:
-            return float(self.min_token_prob)
-        return ARCTIC_MIN_TOKEN_PROB if self.counts else 0.0
+        return 0.0 if self.min_token_prob is None else float(self.min_token_prob)
 
     def replace(self, **changes) -> ProposerConfig:
-        return replace(self, **changes)
+        return self.from_settings(self, **changes)

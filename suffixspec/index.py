@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from suffixspec.native import counts, trie
+from suffixspec.native import query, trie
 from suffixspec.native import layout as lay
 from suffixspec.native.layout import heap_scratch
 
@@ -260,7 +260,7 @@ class SuffixIndex:
         """Most-frequent-continuation path from ``match``: (tokens, probs, score)."""
         tokens = np.empty(max_tokens, np.int32)
         probs = np.empty(max_tokens, np.float32)
-        n, score = counts.draft_path(self.arrays(), match.node, match.offset, max_tokens,
+        n, score = query.draft_path(self.arrays(), match.node, match.offset, max_tokens,
                                      min_prob, tokens, probs, 0)
         return tokens[:n], probs[:n], float(score)
 
@@ -270,7 +270,7 @@ class SuffixIndex:
         parents = np.empty(max_tokens, np.int32)
         probs = np.empty(max_tokens, np.float32)
         heap = heap_scratch(max_tokens, min_prob)
-        n, score = counts.draft_tree(self.arrays(), match.node, match.offset, max_tokens,
+        n, score = query.draft_tree(self.arrays(), match.node, match.offset, max_tokens,
                                      min_prob, tokens, parents, probs, heap)
         return tokens[:n], parents[:n], probs[:n], float(score)
 

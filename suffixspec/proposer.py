@@ -36,18 +36,6 @@ def _distinct(req_ids) -> None:
         raise ValueError("the same request appears twice in one call")
 
 
-def policy_flags(config: ProposerConfig) -> int:
-    """The kernels' policy flags for ``config``."""
-    counts = config.counts
-    return ((lay.ALL_LENGTHS if config.all_match_lengths else 0)
-            | (lay.SELF_DISCOUNT if config.self_discount else 0)
-            | (lay.LONG_BIAS if config.long_match_bias and counts else 0)
-            | (0 if counts else lay.CALIBRATED)
-            | (lay.ANCHORED if config.anchors and not counts else 0)
-            | (lay.MERGE_TREES if config.merge_trees and not counts else 0)
-            | (lay.RECENT if config.recency and not counts else 0))
-
-
 class SuffixProposer:
     """Drafts continuations from suffix tries over the request and past outputs.
 
@@ -69,11 +57,10 @@ class SuffixProposer:
 
     def __init__(self, config: ProposerConfig | None = None, *, pool=None, tokenizer=None,
                  **settings):
-        config = ProposerConfig(**settings) if config is None else config.replace(**settings)
+        config = ProposerConfig.from_settings(config, **settings)
         self.config = config
         self.max_depth = int(config.max_depth)
         self.max_spec_tokens = int(config.max_spec_tokens)
-        self.policy = config.policy
         self.max_spec_factor = config.spec_factor
         self.max_spec_offset = float(config.max_spec_offset)
         self.min_token_prob = config.token_prob_floor
@@ -81,7 +68,7 @@ class SuffixProposer:
         self.namespace = config.namespace
         self.shared_namespace = config.shared_namespace
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
-                               self.min_token_prob, self.tree, policy_flags(config))
+                               self.min_token_prob, self.tree, bool(config.anchors))
         self.stats = cal.new_stats(float(config.draft_cost))
         self._stats_flat = tuple(self.stats)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
@@ -252,13 +239,34 @@ class SuffixProposer:
         if load is None:
             return
         try:
-            table = load(self.stats.table.shape)
+            kept = load()
         except PoolError as e:
             logger.warning("suffixspec: the pool's calibration is not used (%s); it is "
                            "learned again", e)
             return
-        if table is not None:
-            self.stats.table[:] = table  # in place: the kernels hold this array
+        if kept is None:
+            return
+        table = cal.upgrade_table(kept)
+        if table is None:
+            logger.warning("suffixspec: the pool's calibration table has a layout this "
+                           "version does not know (%s rows); it is learned again", kept.shape[0])
+            return
+        self.stats.table[:] = table  # in place: the kernels hold this array
+
+    def close(self) -> None:
+        """Keep the calibration in a persistent pool and close the pool; the
+        proposer drafts no more.  Also on leaving a ``with`` block."""
+        with self._lock:
+            self.save_calibration()
+            close = getattr(self.cross, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> SuffixProposer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @locked
     def abort_request(self, req_id: Hashable) -> None:

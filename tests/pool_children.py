@@ -4,7 +4,7 @@ Each runs in its own interpreter (``python -c SCRIPT ARGS``), so a crash or a
 SIGKILL hits the child, not the runner.
 """
 
-# Opens each pool path given and drafts three prompts from it (counts policy);
+# Opens each pool path given and drafts three prompts from it (drafted tokens free);
 # prints one JSON line per path: its drafts, or the CorruptPoolError it raised.
 PROBE = r"""
 import json, shutil, sys
@@ -16,7 +16,7 @@ for path in sys.argv[1:]:
     try:
         pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
         prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a",
-                              policy="counts", max_spec_factor=8.0)
+                              draft_cost=0.0, max_spec_factor=8.0)
         drafts = []
         for n, prompt in enumerate(([1, 2, 3], [40, 41], [7, 8, 9, 10])):
             prop.start_request(n, prompt)

@@ -59,14 +59,14 @@ def test_anchored_query_finds_exactly_the_outputs_with_that_start(data):
         assert all(t < SYNTHETIC_BASE for t in tokens.tolist())
 
 
+@pytest.mark.slow
 @SLOW
 @given(st.lists(st.tuples(st.lists(st.integers(0, 4), max_size=20),
                           st.lists(st.integers(0, 4), min_size=1, max_size=30)),
                 min_size=1, max_size=10),
-       st.booleans(), st.sampled_from([0.0, 0.03]), st.booleans())
-def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost, recency):
-    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=cost,
-                       recency=recency)
+       st.booleans(), st.sampled_from([0.0, 0.03]))
+def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=cost)
     for n, (prompt, output) in enumerate(requests):
         # Every other request shares a prompt, so anchored queries match.
         p.start_request(n, prompt if n % 2 else requests[0][0])
@@ -168,18 +168,23 @@ def test_output_start_is_drafted_from_past_outputs_of_the_same_prompt():
     d = p.propose(["new"])[0]
     # Nothing in the prompt precedes 40 anywhere; only the anchors do.
     assert d.source == "anchor" and d.token_ids.tolist()[:3] == output[:3]
-    counts = SuffixProposer(max_depth=16, max_spec_tokens=8, policy="counts")
+    plain = SuffixProposer(max_depth=16, max_spec_tokens=8, anchors=False)
     for n in range(3):
-        counts.start_request(n, prompt)
-        counts.extend(n, output)
-        counts.finish_request(n)
-    counts.start_request("new", prompt)
-    assert len(counts.propose(["new"])[0]) == 0
+        plain.start_request(n, prompt)
+        plain.extend(n, output)
+        plain.finish_request(n)
+    plain.start_request("new", prompt)
+    assert len(plain.propose(["new"])[0]) == 0
 
 
-def test_bad_policy_settings_are_refused():
-    with pytest.raises(ValueError, match="policy"):
-        SuffixProposer(policy="greedy")
+def test_bad_and_removed_settings_are_refused_in_one_line():
+    for removed in ("policy", "recency", "merge_trees", "long_match_bias", "all_match_lengths",
+                    "self_discount"):
+        with pytest.raises(ValueError, match=f"'{removed}' was removed in suffixspec 0.2") as e:
+            SuffixProposer(**{removed: True})
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="unknown setting 'greedy'"):
+        SuffixProposer(greedy=True)
     with pytest.raises(ValueError, match="draft_cost"):
         SuffixProposer(draft_cost=-0.1)
     with pytest.raises(ValueError, match="max_spec_factor"):
@@ -222,3 +227,26 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     after = cal.probability(table, state, cross, 1, 1, 2)
     assert cal.shared_of(request) == cal.shared_of(cross)
     assert after < 0.5 * before
+
+
+def test_a_table_kept_by_suffixspec_0_1_keeps_every_row_but_the_dropped_source():
+    old_src = cal.N_SRC_0_1
+    old_coarse = old_src * cal.N_SHARED
+    rows = cal.N_SHARED + old_coarse + old_coarse * cal.N_RECENT * cal.N_DEPTH
+    old = np.random.default_rng(0).random((rows, 2))
+    new = cal.upgrade_table(old)
+    assert new.shape == (cal.TABLE_ROWS, 2)
+    rng = np.random.default_rng(1)
+    for _ in range(500):  # a bucket's rows hold what 0.1 kept for it, at 0.1's row numbers
+        src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
+        n = rng.integers(1, 40)
+        fine = cal.bucket(src + cal.N_SRC * recent, rng.integers(0, 40), rng.integers(0, 12),
+                          rng.integers(1, n + 1), n)
+        shared, depth = cal.shared_of(fine), (fine - cal.N_SHARED - cal.N_COARSE) % cal.N_DEPTH
+        old_fine = (cal.N_SHARED + old_coarse
+                    + ((src * cal.N_SHARED + shared) * cal.N_RECENT + recent) * cal.N_DEPTH + depth)
+        assert np.array_equal(new[fine], old[old_fine])
+        assert np.array_equal(new[cal.coarse_of(fine)], old[cal.N_SHARED + src * cal.N_SHARED
+                                                           + shared])
+        assert np.array_equal(new[shared], old[shared])
+    assert cal.upgrade_table(np.zeros((3, 2))) is None

@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # Serving as engines do it, after ``warmup`` of the serving steps: batches of one and several
-# requests, read-only and int64 token arrays, every policy, a cross pool in
+# requests, read-only and int64 token arrays, paths and trees, a cross pool in
 # memory and a persistent pool with a snapshot.  Prints the kernels that
 # gained a specialization (compiled, or loaded from Numba's cache) meanwhile.
 SERVE = """
@@ -44,7 +46,7 @@ def serve(prop, rounds=3):
             prop.finish_request(rid)
         prop.abort_request(ids[-1])
 
-for settings in ({}, {"tree": True}, {"policy": "counts"}, {"cross_pool_tokens": 0}):
+for settings in ({}, {"tree": True}, {"anchors": False}, {"cross_pool_tokens": 0}):
     serve(SuffixProposer(**settings))
 folder = tempfile.mkdtemp()
 for day in range(2):
@@ -74,7 +76,7 @@ def _replay(cache) -> dict:
     row = json.loads(out.strip().splitlines()[-1])
     return {k: v for k, v in row.items() if "_us_" not in k}  # drafts, not timings
 
-
+@pytest.mark.slow
 def test_a_first_run_compiles_on_two_cores_and_fills_the_cache_for_the_next(tmp_path):
     cold = _replay(tmp_path)  # empty cache: the drafting kernel compiles in a child process
     probe = ("from suffixspec.kernels import from_cache; from suffixspec.native.warmup import "

@@ -1,4 +1,4 @@
-"""SuffixProposer: lifecycle, batching, limits, policies and bad input."""
+"""SuffixProposer: lifecycle, batching, limits, settings and bad input."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
 
 
 def make(**kw):
-    """A proposer with the counts policy, whose drafts follow the raw counts exactly."""
+    """A proposer whose path drafts follow the most frequent continuation as far as
+    a ``match_len``-token cap allows: drafted tokens cost nothing, so none that
+    ever followed is left out."""
     kw.setdefault("max_spec_tokens", 8)
-    kw.setdefault("policy", "counts")
+    kw.setdefault("draft_cost", 0.0)
+    kw.setdefault("max_spec_factor", 1.0)
     return SuffixProposer(max_depth=16, **kw)
 
 
@@ -200,8 +203,8 @@ def test_warmup_compiles_every_kernel_including_read_only_variants():
     warmup()
     for kernel in KERNELS:
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
-    from suffixspec.native import counts, propose, trie
-    for kernel in (trie.longest_match, counts.draft_path, counts.draft_tree, trie.continuations,
+    from suffixspec.native import propose, query, trie
+    for kernel in (trie.longest_match, query.draft_path, query.draft_tree, trie.continuations,
                    propose.propose_batch):
         assert any(_read_only(t) for sig in kernel.signatures for t in sig), kernel.__name__
 

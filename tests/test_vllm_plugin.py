@@ -25,6 +25,8 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed", allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # each test starts real engines
+
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE / "vllm_scenarios.py"
 SQL_TRACE = HERE.parent.parent / "shared" / "data" / "traces" / "sql_spider_bird.jsonl.gz"
@@ -129,7 +131,7 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     assert 0.9 * accepted(result) <= ours <= accepted(result)
     # Repeated prompts draft from past outputs (their starts through the anchors).
     assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
-    assert "suffixspec drafter: calibrated policy, up to 8 tokens, depth 32" in log
+    assert "suffixspec drafter: up to 8 tokens, depth 32" in log
     assert 'suffixspec serves method "suffix": arctic-inference is not installed' in log
     # No SUFFIXSPEC_DRAFT_COST: the draft cost comes from the engine's own step times.
     assert "draft cost measured from step times" in log
@@ -258,8 +260,8 @@ def test_two_engines_at_once_share_a_pool_and_outputs_stay_identical(model, prom
         assert result["batch"] == baseline["batch"]
     assert_committed_once(stored_outputs(pool), runs[0]["batch"] + runs[1]["batch"])
     with PoolStore(pool) as store:  # the engines' calibration was kept at shutdown
-        kept = store.load_table("calibration", (cal.TABLE_ROWS, 2))
-    assert kept is not None and kept[:, 1].sum() > 0
+        kept = store.load_table("calibration")
+    assert kept.shape == (cal.TABLE_ROWS, 2) and kept[:, 1].sum() > 0
 
 
 def test_preempted_requests_resume_and_are_committed_once(model, prompts, baseline, tmp_path):
@@ -354,7 +356,7 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
             raise
     text = log_path.read_text()
     assert code == 0, text[-6000:]
-    assert "suffixspec drafter: calibrated policy, up to 8 tokens" in text  # the engine process used the plugin
+    assert "suffixspec drafter: up to 8 tokens" in text  # the engine process used the plugin
     assert "suffixspec metrics at shutdown" in text
 
 

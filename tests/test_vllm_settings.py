@@ -38,8 +38,8 @@ def test_settings_take_each_field_type_and_proposer_defaults():
     assert (got.snapshot_every, got.draft_cost, got.shared_namespace) == (5000, 0.1, "shared")
     default = s.Settings()
     assert default.draft_cost is None  # measured from the engine's steps
-    assert (default.cross_tokens, default.namespace, default.policy) == (
-        ProposerConfig.cross_pool_tokens, ProposerConfig.namespace, ProposerConfig.policy)
+    assert (default.cross_tokens, default.namespace) == (
+        ProposerConfig.cross_pool_tokens, ProposerConfig.namespace)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -66,18 +66,19 @@ def test_tested_release_range():
     assert not ok(None) and not ok("not a version")
 
 
-def test_policy_settings_and_which_vllm_length_knobs_are_honoured():
+def test_removed_settings_and_which_vllm_length_knobs_are_honoured(tmp_path):
     from types import SimpleNamespace
 
-    assert s.Settings.from_env({"SUFFIXSPEC_POLICY": "counts",
-                                "SUFFIXSPEC_DRAFT_COST": "0.05"}) == s.Settings(
-        policy="counts", draft_cost=0.05)
-    with pytest.raises(ValueError, match="policy='greedy'"):
-        s.Settings.from_env({"SUFFIXSPEC_POLICY": "greedy"})
+    assert s.Settings.from_env({"SUFFIXSPEC_DRAFT_COST": "0.05"}) == s.Settings(draft_cost=0.05)
+    with pytest.raises(ValueError, match="SUFFIXSPEC_POLICY.* was removed in suffixspec 0.2"):
+        s.Settings.from_env({"SUFFIXSPEC_POLICY": "counts"})
+    config = tmp_path / "c.json"
+    config.write_text('{"recency": true}')
+    with pytest.raises(ValueError, match="setting recency .* was removed"):
+        s.Settings.from_env({"SUFFIXSPEC_CONFIG": str(config)})
     vllm_defaults = SimpleNamespace(suffix_decoding_max_spec_factor=1.0,
                                     suffix_decoding_min_token_prob=0.1)
     user_set = SimpleNamespace(suffix_decoding_max_spec_factor=2.0,
                                suffix_decoding_min_token_prob=0.2)
-    assert s.length_knobs(vllm_defaults, "calibrated") == (None, None)
-    assert s.length_knobs(user_set, "calibrated") == (2.0, 0.2)
-    assert s.length_knobs(vllm_defaults, "counts") == (1.0, 0.1)
+    assert s.length_knobs(vllm_defaults) == (None, None)
+    assert s.length_knobs(user_set) == (2.0, 0.2)

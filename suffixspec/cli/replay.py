@@ -11,7 +11,7 @@ import click
 from tqdm import tqdm
 
 from suffixspec.cli.common import KernelLoader, load_tokenizer, open_pool
-from suffixspec.config import DEFAULT_DRAFT_COST, DEFAULT_NAMESPACE, POLICIES, ProposerConfig
+from suffixspec.config import DEFAULT_DRAFT_COST, DEFAULT_NAMESPACE, ProposerConfig
 from suffixspec.fingerprint import BYTES
 from suffixspec.native.warmup import SERVING
 from suffixspec.replay.engines import ENGINES, make_proposer
@@ -56,18 +56,16 @@ def _step_cost(ctx, param, value):
               help="Draft length limit per step.")
 @click.option("--max-depth", type=click.IntRange(2, 1024), default=ProposerConfig.max_depth, show_default=True,
               help="Longest indexed substring (suffixspec, arctic).")
-@click.option("--policy", type=click.Choice(POLICIES), default=ProposerConfig.policy, show_default=True,
-              help="suffixspec drafting policy: calibrated and cost-aware, or raw counts.")
 @click.option("--draft-cost", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_DRAFT_COST,
               show_default=True,
               help="Verification cost of one drafted token, as a share of a step "
-                   "(calibrated policy).")
+                   "(suffixspec).")
 @click.option("--max-spec-factor", type=click.FloatRange(0), default=None,
               help="Draft at most match_len * factor tokens (default: arctic 1.0; suffixspec "
-                   "1.0 with --policy counts, else no cap).")
+                   "no cap).")
 @click.option("--min-token-prob", type=click.FloatRange(0, 1), default=None,
               help="Stop drafting below this estimated probability (default: arctic 0.1; "
-                   "suffixspec 0.1 with --policy counts, else none).")
+                   "suffixspec none).")
 @click.option("--tree/--path", default=False, show_default=True,
               help="Draft token trees instead of single paths.")
 @click.option("--concurrency", "-c", type=click.IntRange(1), default=1, show_default=True,
@@ -91,7 +89,7 @@ def _step_cost(ctx, param, value):
                    "output tokens per unit of that time (e.g. 1,0.1 for a CPU, 1,0.01 for a GPU "
                    "at small batch).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trace on stdout.")
-def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, draft_cost,
+def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, draft_cost,
                max_spec_factor, min_token_prob, tree, concurrency, sessions, records, ngram_min, ngram_max,
                pool, namespace, step_cost, as_json):
     """Replay recorded requests and report what speculation would save.
@@ -135,8 +133,7 @@ def replay_cmd(traces, tokenizer, engine, max_spec_tokens, max_depth, policy, dr
     options = {}
     pool_obj = None
     if engine == "suffixspec":
-        options = {"cross_pool_tokens": None, "namespace": namespace, "policy": policy,
-                   "draft_cost": draft_cost}
+        options = {"cross_pool_tokens": None, "namespace": namespace, "draft_cost": draft_cost}
         if pool is not None:
             tok_id = tok_id if traces else BYTES
             pool_obj = options["pool"] = open_pool(pool, tok_id, max_depth)

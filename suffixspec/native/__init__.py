@@ -5,11 +5,11 @@ One job per module:
 * ``layout``: array fields, flags and the named records kernels exchange;
 * ``trie``: the suffix trie (insert, remove, match, check);
 * ``heap``: the frontier of tree drafts;
-* ``counts``, ``calibrated``, ``arctic``: the three drafting policies, each
-  with one path drafter and one tree drafter;
-* ``calibration``: the calibrated policy's online acceptance statistics;
-* ``merge`` (one tree from every candidate's) and ``recency`` (the latest
-  occurrence's continuation): the calibrated policy's extra candidates;
+* ``calibrated``: the drafting policy (calibrated probabilities, cost-aware
+  length), with ``calibration``, its online acceptance statistics, and
+  ``merge``, one tree draft from every candidate's;
+* ``arctic``: arctic-inference's rule, for ``suffixspec.compat.arctic``;
+* ``query``: raw-count drafts from one position (``SuffixIndex``'s queries);
 * ``union``: a string's continuations in several indexes at once (a
   persistent pool's snapshot segments and in-memory part), counts added up;
 * ``propose``: the batched per-step driver;

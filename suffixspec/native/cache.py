@@ -35,11 +35,11 @@ def source_digest() -> str:
 
 def cached_kernels():
     """Every ``cache=True`` dispatcher defined in this package."""
-    from . import (arctic, calibrated, calibration, counts, heap, merge, ngram, partition,
-                   propose, recency, tokens, trie, union)
+    from . import (arctic, calibrated, calibration, heap, merge, ngram, partition, propose,
+                   query, tokens, trie, union)
 
-    for module in (arctic, calibrated, calibration, counts, heap, merge, ngram, partition,
-                   propose, recency, tokens, trie, union):
+    for module in (arctic, calibrated, calibration, heap, merge, ngram, partition, propose,
+                   query, tokens, trie, union):
         for value in vars(module).values():
             cache = getattr(value, "_cache", None)
             if getattr(value, "__module__", None) == module.__name__ and hasattr(cache, "flush"):

@@ -3,9 +3,11 @@
 Each drafted token's probability is the product of calibrated acceptance
 estimates (``calibration``), and a draft grows while its next token's
 probability beats the threshold that the draft cost sets (``thr``).  Drafts
-are compared by their expected net gain, ``sum(p - thr)``.  With
-``ANCHORED`` a request also queries the cross-request trees with its
-start-anchored context ``[prompt key, prompt-start key, BOS, output so far]``
+are compared by their expected net gain, ``sum(p - thr)``, over every match
+length of every pool; the context's own occurrence, which has no
+continuation yet, is left out of the first token's counts.  Tree drafts merge
+every candidate's tree into one (``merge``).  With ``knobs.anchors`` a
+request also queries the cross-request trees with its start-anchored context ``[prompt key, prompt-start key, BOS, output so far]``
 (its own open sequence in the delta index), so the start of an output is
 matched against the starts of past outputs.
 
@@ -19,11 +21,9 @@ from numba import njit
 
 from . import calibration as cal
 from .heap import heap_push, heap_take
-from .layout import (ALL_LENGTHS, ANCHORED, COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE,
-                     FROM_REQUEST, MERGE_TREES, NEXT, RECENT, SELF_DISCOUNT, SEQ_LEN, SEQ_OFF,
-                     SEQ_ROOT, SEQ_SLOT, TOKEN)
+from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE, FROM_REQUEST,
+                     NEXT, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT, TOKEN)
 from .merge import merge_in, merge_out, merge_reset
-from .recency import draft_recent, latest_occurrence
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
 from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side
@@ -141,7 +141,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     each (``roots[k]``, -1: none) and the request's own open sequence in
     side 0's tree, if any (see ``trie.suffix_position``).  Several trees are
     one pool's parts, and a path draft adds up their counts; tree drafts
-    take one tree only.
+    take one tree only, and every candidate's tree goes into the merged one.
     Only sides ``0 .. len(pos) - 1`` are read.  ``span`` is ``(lo, hi,
     anchor_out)``.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
@@ -156,7 +156,6 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     table, state = stats
     cand = work.cand
     depth = side(sides, 0).active.shape[1]
-    merging = knobs.tree and knobs.flags & MERGE_TREES
     best_n = 0
     best_len = 0
     longer = -1  # occurrences of the last length tried
@@ -191,7 +190,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         if cap <= 0:
             continue
         discount = 0
-        if knobs.flags & SELF_DISCOUNT and _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])):
+        if _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])):
             discount = 1
         # Every later token is at most as probable as the first.  Where several
         # trees hold the string, the first token's count is only bounded here
@@ -203,14 +202,13 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         if cnt <= 0 or c <= 0:
             continue
         q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
-        if q <= thr or (not merging and cap * (q - thr) <= best_gain):
+        if q <= thr or (not knobs.tree and cap * (q - thr) <= best_gain):
             continue
         if knobs.tree:  # one tree: the side that holds the string
             ix = side(sides, most)
             n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
-                                 -1.0 if merging else best_gain, cand, work.heap)
-            if merging:  # every candidate's whole tree goes into the merged one
-                merge_in(work.merged, cand, n)
+                                 -1.0, cand, work.heap)
+            merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
             n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand)
             for i in range(n):
@@ -254,15 +252,14 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
             if h > hi:
                 hi = h
     if hi > 0:
-        lo = 1 if knobs.flags & ALL_LENGTHS else hi
-        n, gain, m = _lengths(trees, ctx, end, (lo, hi, np.int64(-1)), how, knobs, stats, best,
-                              out, work, pos)
+        n, gain, m = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1)), how, knobs, stats,
+                              best, out, work, pos)
         if n > 0:
             best = gain
             n_best = n
             m_best = m
             source = FROM_REQUEST if how[0] == cal.SRC_REQUEST else FROM_CROSS
-    if knobs.flags & ANCHORED and n_anchors > 0 and out_len + 1 < depth:
+    if knobs.anchors and n_anchors > 0 and out_len + 1 < depth:
         hi = out_len + n_anchors
         if hi > depth - 1:
             hi = depth - 1
@@ -274,43 +271,6 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
             m_best = m
             source = FROM_ANCHOR
     return n_best, best, m_best, source
-
-
-@njit(cache=True)
-def _recent(local, root, s, start, end, own, how, knobs, stats, best, out, work):
-    """The recency candidate of request sequence ``s`` (``recency``), if it beats ``best``.
-
-    Merged into the tree draft when merging.  Returns ``(n, gain, match_len,
-    source)`` as ``_tree_draft`` does, n 0 when nothing beat ``best``.
-    """
-    src, recent, limit, thr = how
-    hi, x, off = longest_match(local, root, local.arena, start, end, knobs.depth - 1, True, own)
-    if hi <= 0:
-        return 0, best, 0, FROM_NONE
-    e = latest_occurrence(local.arena, local.seqs[s, SEQ_OFF], end, hi)
-    if e < 0:
-        return 0, best, 0, FROM_NONE
-    cap = limit
-    if knobs.factor >= 0.0:
-        c2 = int(hi * knobs.factor + knobs.offset + 1e-6)
-        if c2 < cap:
-            cap = c2
-    discount = 0
-    if knobs.flags & SELF_DISCOUNT and off == edge_len(local.nodes, local.seqs, x):
-        discount = 1
-    cand = work.cand
-    n, gain = draft_recent(local, x, off, (e, end), cap, thr, discount,
-                           src + cal.N_SRC * recent, hi, stats, cand)
-    if knobs.tree and knobs.flags & MERGE_TREES:
-        merge_in(work.merged, cand, n)
-    if n == 0 or gain <= best:
-        return 0, best, 0, FROM_NONE
-    for j in range(n):
-        out.tokens[j] = cand.tokens[j]
-        out.parents[j] = cand.parents[j]
-        out.probs[j] = cand.probs[j]
-        out.buckets[j] = cand.buckets[j]
-    return n, gain, hi, FROM_REQUEST
 
 
 @njit(cache=True)
@@ -332,12 +292,11 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
 
     ``tables`` are side tables (``union``): ``mine`` has one side, ``local``
     (the requests' own trees); ``cross`` is the cross pool, ``delta`` (its
-    in-memory part) then its snapshot segments.  With ``MERGE_TREES`` in tree mode, the draft
-    merges every candidate's tree (``merge``); its match length and source
-    are the best candidate's.
+    in-memory part) then its snapshot segments.  A tree draft merges every
+    candidate's tree (``merge``); its match length and source are the best
+    candidate's.
     """
-    merging = knobs.tree and knobs.flags & MERGE_TREES
-    if merging:
+    if knobs.tree:
         merge_reset(work.merged)
     mine, cross = tables
     n_sides = cross.shape[0]
@@ -369,10 +328,6 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
-    if knobs.flags & RECENT:
-        best = _take(_recent(local, np.int64(local_roots[batch.trees[i]]), s, start, end,
-                             own_local, (np.int64(cal.SRC_RECENT), recent, limit, thr), knobs,
-                             stats, best, row, work), best, out, i)
     anchored = (delta.arena, c_end, n_anchors, out_len)
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     # Namespace j's trees in the in-memory part (side 0) and the snapshot
@@ -399,7 +354,7 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
                                      end, anchored, how, knobs, stats, best, row, work,
                                      pos[:k + 1]), best, out, i)
             solo[k] = -1
-    if merging and out.n[i] > 0:
+    if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0
     for t in range(out.n[i]):

@@ -4,7 +4,7 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
-whole-prompt key, or the recency candidate), how the request's previous draft fared, the match
+whole-prompt key), how the request's previous draft fared, the match
 length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
@@ -45,8 +45,7 @@ from .layout import Stats
 SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
-SRC_RECENT = 5  # the request's own tree, along what followed the latest occurrence (``recency``)
-N_SRC = 6
+N_SRC = 5
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0
@@ -83,6 +82,25 @@ EMA = 0.01
 
 def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
+
+
+#: Sources of the tables suffixspec 0.1 kept (a sixth, the recency candidate, came last).
+N_SRC_0_1 = 6
+
+
+def upgrade_table(table: np.ndarray) -> np.ndarray | None:
+    """A table of this layout from one kept by an earlier version, or None when
+    ``table`` is of no known layout.  suffixspec 0.1's had a sixth source,
+    dropped here with its rows; every other row keeps its counts."""
+    if table.shape == (TABLE_ROWS, 2):
+        return table
+    old_coarse = N_SRC_0_1 * N_SHARED
+    if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
+        return None
+    shared = table[:N_SHARED]
+    coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
+    fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
+    return np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)])
 
 
 def new_stats(draft_cost: float) -> Stats:

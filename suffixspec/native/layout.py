@@ -63,17 +63,6 @@ TIES_ARCTIC = 1
 EMPTY = -1
 FREED = -2  # COUNT of a node on the free list
 
-# Policy flags (bench/policy_bench.py measures each).
-ALL_LENGTHS = 1     # try every match length, keep the best, not just the longest
-SELF_DISCOUNT = 2   # leave the context's own occurrence out of the first probability
-LONG_BIAS = 4       # counts policy: a match of length L ranks (1 + L / (4 * depth)) times its sum
-CALIBRATED = 8      # calibrated probabilities and cost-aware length (else: counts)
-ANCHORED = 16       # also query cross trees with the start-anchored context
-MERGE_TREES = 32    # tree drafts: merge every candidate's tree into one draft
-RECENT = 64         # also draft what followed the latest occurrence of the request's match
-DEFAULT_POLICY = ALL_LENGTHS | SELF_DISCOUNT | CALIBRATED | ANCHORED
-COUNTS_POLICY = ALL_LENGTHS | SELF_DISCOUNT | LONG_BIAS
-
 # Draft sources (``Outputs.source``).
 FROM_NONE = -1
 FROM_REQUEST = 0
@@ -98,9 +87,8 @@ Candidate = namedtuple("Candidate", "tokens parents probs buckets")
 #: and ``size``: nodes in use, first first-level node.
 Merged = namedtuple("Merged", "tokens parents probs buckets first next where size")
 
-#: Scratch of one propose call: a tree's best draft, the draft being built, the
-#: frontier, the merged tree.
-Workspace = namedtuple("Workspace", "best cand heap merged")
+#: Scratch of one propose call: the draft being built, the frontier, the merged tree.
+Workspace = namedtuple("Workspace", "cand heap merged")
 
 #: The requests of one step.  Request ``i`` reads its context from sequence
 #: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
@@ -114,8 +102,9 @@ Batch = namedtuple("Batch", "seqs trees cross_seqs limits cross_roots")
 #: side table has room for this many, absent ones stand in empty.
 SEGMENTS = 8
 
-#: Drafting settings of a proposer (scalars).
-Knobs = namedtuple("Knobs", "depth factor offset min_prob tree flags")
+#: Drafting settings of a proposer (scalars): the trie depth, the length cap
+#: (``factor`` -1: none), the probability floor, tree drafts, start anchors.
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors")
 
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
@@ -158,7 +147,7 @@ def merged(k: int) -> Merged:
 
 def workspace(max_tokens: int, min_prob: float = 0.0) -> Workspace:
     k = max(max_tokens, 1)
-    return Workspace(candidate(k), candidate(k), heap_scratch(k, min_prob), merged(k))
+    return Workspace(candidate(k), heap_scratch(k, min_prob), merged(k))
 
 
 def outputs(rows: int, max_tokens: int) -> Outputs:

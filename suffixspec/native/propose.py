@@ -4,18 +4,17 @@ Indexes of three kinds take part: ``local`` holds one tree per request;
 ``delta`` and the ``segs`` hold cross-request trees (a pool's appendable
 part and a persistent pool's read-only snapshot segments, ``union``; any of
 them may be a stand-in with no roots).  Which
-trees each request reads is in the ``Batch`` record.  The policy is chosen
-by ``knobs.flags``: ``calibrated`` with ``CALIBRATED``, else ``counts``.
-Synthetic tokens (``tokens.SYNTHETIC_BASE`` and above) mark output starts; no
+trees each request reads is in the ``Batch`` record; drafts follow the
+calibrated policy (``calibrated``).  Synthetic tokens (``tokens.SYNTHETIC_BASE`` and above) mark output starts; no
 draft ever holds one.
 """
 
 import numpy as np
 from numba import njit
 
-from . import calibrated, calibration as cal, counts
-from .layout import (CALIBRATED, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending,
-                     Stats, Workspace)
+from . import calibrated, calibration as cal
+from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending, Stats,
+                     Workspace)
 from .union import FIELDS, put
 
 
@@ -25,24 +24,22 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
 
     Numba types a plain tuple of arrays several times faster than a
     namedtuple on every call, so records cross the Python boundary plain and
-    are named again here (``work`` is ``(best, cand, heap, merged)``, each plain;
+    are named again here (``work`` is ``(cand, heap, merged)``, each plain;
     ``segs`` is the snapshot segments' side table, ``union``).
     """
     propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
-            Workspace(Candidate(*work[0]), Candidate(*work[1]), Heap(*work[2]),
-                      Merged(*work[3])))
+            Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2])))
 
 
 @njit(cache=True)
 def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """Draft for every request of a step, from its own tree and cross trees.
 
-    A draft holds at most ``batch.limits[i]`` tokens.  Calibrated policy:
-    tokens while their probability beats ``max(threshold(state), min_prob)``,
-    at most ``match_len * factor + offset`` of them when ``factor >= 0``.
-    Counts policy: see ``counts``.  Drafts are rows of ``out``.  Calibrated
-    drafts are also kept as the request's pending draft (row
+    A draft holds at most ``batch.limits[i]`` tokens: tokens while their
+    probability beats ``max(threshold(state), min_prob)``, at most
+    ``match_len * factor + offset`` of them when ``factor >= 0``.  Drafts are
+    rows of ``out``, and are kept as the request's pending draft (row
     ``batch.seqs[i]``), which ``calibration.learn`` scores against the
     emitted tokens.
     """
@@ -56,14 +53,11 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
         thr = knobs.min_prob
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
-        if knobs.flags & CALIBRATED:
-            calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
-                                     (mine, cross), batch, knobs, stats, out, work)
-            n = out.n[i]
-            pending.n[s] = n
-            for j in range(n):  # loops, not slice copies: those compile a costly error path
-                pending.tokens[s, j] = out.tokens[i, j]
-                pending.parents[s, j] = out.parents[i, j]
-                pending.buckets[s, j] = out.buckets[i, j]
-        else:
-            counts.draft_request(i, local, local_roots, delta, cross, batch, knobs, out, work)
+        calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
+                                 (mine, cross), batch, knobs, stats, out, work)
+        n = out.n[i]
+        pending.n[s] = n
+        for j in range(n):  # loops, not slice copies: those compile a costly error path
+            pending.tokens[s, j] = out.tokens[i, j]
+            pending.parents[s, j] = out.parents[i, j]
+            pending.buckets[s, j] = out.buckets[i, j]

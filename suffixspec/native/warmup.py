@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import numpy as np
 from numba.core import event
 
-from . import calibration as cal, counts, layout as lay, ngram, partition, propose, trie, union
+from . import calibration as cal, layout as lay, ngram, partition, propose, query, trie, union
 from . import tokens as token_checks
 
 _done: set[str] = set()
@@ -78,16 +78,17 @@ def _queries(ix, root):
     for index in (ix, lay.read_only(ix)):
         for c in (ctx, _readonly(ctx)):
             length, x, off = trie.longest_match(index, root, c, 0, 2, DEPTH, True, own)
-            counts.draft_path(index, x, off, K, 0.1, work.cand.tokens, work.cand.probs, 1)
-            counts.draft_tree(index, x, off, K, 0.1, work.cand.tokens, work.cand.parents,
-                              work.cand.probs, work.heap)
+            query.draft_path(index, x, off, K, 0.1, work.cand.tokens, work.cand.probs, 1)
+            query.draft_tree(index, x, off, K, 0.1, work.cand.tokens, work.cand.parents,
+                             work.cand.probs, work.heap)
             trie.continuations(index, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
 
 
 def _drafting(ix, root):
-    # One batched step per policy, for two requests, with records as plain
-    # tuples and batch fields as contiguous rows, exactly as the proposer
-    # passes them; snapshot segments pass as a side table (``union``).
+    # One batched step drafting paths and one drafting trees, for two
+    # requests, with records as plain tuples and batch fields as contiguous
+    # rows, exactly as the proposer passes them; snapshot segments pass as a
+    # side table (``union``).
     b = 2
     ro = tuple(lay.read_only(ix))
     rows = np.zeros((3, b), np.int64)
@@ -96,9 +97,8 @@ def _drafting(ix, root):
     batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots)
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
-    for flags, tree in ((lay.DEFAULT_POLICY, False), (lay.DEFAULT_POLICY, True),
-                        (lay.COUNTS_POLICY, False)):
-        knobs = (DEPTH, 1.0, 0.0, 0.1, tree, flags)
+    for tree in (False, True):
+        knobs = (DEPTH, 1.0, 0.0, 0.1, tree, True)
         propose.propose_batch(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS), ro,
                               batch,
                               knobs, tuple(stats), tuple(out), tuple(pending), work)
@@ -178,6 +178,6 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
 KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
            trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
-           counts.draft_path, counts.draft_tree, trie.continuations, trie.check_integrity,
+           query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn,
            ngram.ngram_propose, token_checks.first_bad_token)

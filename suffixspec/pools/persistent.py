@@ -300,10 +300,10 @@ class PersistentPool(CrossPool):
         with self._lock:
             self.store.save_table("calibration", table)
 
-    def load_calibration(self, shape: tuple[int, ...]) -> np.ndarray | None:
-        """The calibration table last kept here, if it has this ``shape``."""
+    def load_calibration(self) -> np.ndarray | None:
+        """The calibration table last kept here, as it was kept (None: none)."""
         with self._lock:
-            return self.store.load_table("calibration", shape)
+            return self.store.load_table("calibration")
 
     def close(self) -> None:
         self._watch_stop.set()

@@ -398,10 +398,9 @@ class PoolStore:
                                "saved": time.time(), "data": data.tobytes()})
         self.write(lambda txn: txn.put(b"table:" + name.encode(), value, db=self.db("meta")))
 
-    def load_table(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        """The table kept under ``name``; None when there is none or it has
-        another shape (kept by another version).  A damaged one raises
-        ``CorruptPoolError``."""
+    def load_table(self, name: str) -> np.ndarray | None:
+        """The table kept under ``name``, in the shape it was kept in; None
+        when there is none.  A damaged one raises ``CorruptPoolError``."""
         with self.read() as txn, self._damage_is_corruption():
             raw = txn.get(b"table:" + name.encode(), db=self.db("meta"))
             raw = None if raw is None else bytes(raw)
@@ -416,9 +415,7 @@ class PoolStore:
             raise CorruptPoolError(f"{self.path}: unreadable table {name!r} ({e})") from e
         if not intact:
             raise CorruptPoolError(f"{self.path}: table {name!r} fails its checksum")
-        if stored != tuple(shape):
-            return None
-        return table.reshape(shape).copy()
+        return table.reshape(stored).copy()
 
     # --------------------------------------------------------------- snapshot
     def snapshot_info(self, txn=None) -> dict | None:

@@ -42,30 +42,21 @@ class DrafterMetrics:
     finished_before_ready: int = 0  # of them, requests that finished while the kernels compiled
     step_cost: object = None       # the drafter's StepCostEstimator, when it measures
     pools: dict[str, PoolCounts] = field(default_factory=lambda: {p: PoolCounts() for p in POOLS})
-    _pending: dict = field(default_factory=dict)   # req_id -> (draft tokens, pool)
     _last_log: float = field(default_factory=time.monotonic)
 
-    def drafted(self, req_id, tokens: np.ndarray, pool: str) -> None:
-        """``tokens`` were handed to the engine for ``req_id``'s next step."""
-        self._pending[req_id] = (tokens, pool)
-
-    def emitted(self, req_id, tokens: np.ndarray, scheduled: int) -> None:
-        """The engine verified ``scheduled`` tokens of ``req_id``'s last draft and
-        emitted ``tokens``."""
-        pending = self._pending.pop(req_id, None)
-        if pending is None or scheduled <= 0:
+    def emitted(self, request, tokens: np.ndarray, scheduled: int) -> None:
+        """The engine verified ``scheduled`` tokens of the draft it was handed for
+        ``request`` (its ``draft``, from pool ``source``) and emitted ``tokens``."""
+        draft, request.draft = request.draft, None
+        if draft is None or scheduled <= 0:
             return
-        draft, pool = pending
         draft = draft[:scheduled]
-        counts = self.pools[pool]
+        counts = self.pools[request.source]
         counts.drafts += 1
         counts.drafted_tokens += int(draft.shape[0])
         k = min(draft.shape[0], tokens.shape[0])
         mismatch = np.flatnonzero(draft[:k] != tokens[:k])
-        self.pools[pool].accepted_tokens += int(mismatch[0]) if mismatch.size else k
-
-    def forget(self, req_id) -> None:
-        self._pending.pop(req_id, None)
+        counts.accepted_tokens += int(mismatch[0]) if mismatch.size else k
 
     def as_dict(self) -> dict:
         return {"steps": self.steps, "steps_before_ready": self.steps_before_ready,

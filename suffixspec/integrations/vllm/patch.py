@@ -109,45 +109,6 @@ def explain_when_suffix_is_asked(level: int, message: str, answer: bool | None =
     speculative.has_arctic_inference = has_arctic_inference
 
 
-def install_runner_hooks(runner_cls) -> None:
-    """Tell the drafter what the runner knows of its requests.
-
-    Before each step's state update the drafter gets the runner's request
-    states (their sampling params say where each output must end).
-    ``_on_request_state_removed`` runs for finished and aborted requests only;
-    a preempted request keeps its state in the runner and is not reported.
-    """
-    _wrap(runner_cls, "_update_states",
-          lambda runner, drafter, scheduler_output: drafter.see_requests(runner.requests),
-          before=True)
-    _wrap(runner_cls, "_on_request_state_removed",
-          lambda runner, drafter, req_id, req_state: drafter.request_removed(req_id))
-    _wrap(runner_cls, "shutdown", lambda runner, drafter: drafter.close(), before=True)
-
-
-def _wrap(cls, name: str, notify, before: bool = False) -> None:
-    original = getattr(cls, name)
-    if getattr(original, "_suffixspec", False):
-        return
-
-    def wrapper(self, *args):
-        from suffixspec.integrations.vllm.drafter import SuffixSpecDrafter
-
-        drafter = getattr(self, "drafter", None)
-        mine = isinstance(drafter, SuffixSpecDrafter)
-        if mine and before:
-            notify(self, drafter, *args)
-        result = original(self, *args)
-        if mine and not before:
-            notify(self, drafter, *args)
-        return result
-
-    wrapper._suffixspec = True
-    wrapper.__name__ = name
-    wrapper.__doc__ = original.__doc__
-    setattr(cls, name, wrapper)
-
-
 def _guard_llvmlite_scan() -> None:
     """Keep vLLM's CPU kernel registration from failing once Numba is loaded.
 

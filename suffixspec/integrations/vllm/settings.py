@@ -21,11 +21,9 @@ over the file.
 ``SUFFIXSPEC_CROSS_TOKENS``     token budget of the cross-request pool
 ``SUFFIXSPEC_SNAPSHOT_EVERY``   re-snapshot the pool after this many tokens
 ``SUFFIXSPEC_LOG_INTERVAL``     seconds between metric log lines (0: never)
-``SUFFIXSPEC_POLICY``           ``calibrated`` (default) or ``counts``
-                                (arctic-inference's drafting policy)
-``SUFFIXSPEC_DRAFT_COST``       calibrated policy: verification cost of one
-                                drafted token, as a share of a step; unset:
-                                measured from the engine's step times
+``SUFFIXSPEC_DRAFT_COST``       verification cost of one drafted token, as a
+                                share of a step; unset: measured from the
+                                engine's step times
 ==============================  ==============================================
 """
 
@@ -38,8 +36,7 @@ from dataclasses import dataclass, fields
 from typing import get_type_hints
 from pathlib import Path
 
-from suffixspec.config import (ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR, POLICIES,
-                               ProposerConfig)
+from suffixspec.config import ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR, REMOVED, ProposerConfig
 
 PREFIX = "SUFFIXSPEC_"
 TRUE = {"1", "true", "yes", "on"}
@@ -84,13 +81,7 @@ class Settings:
     cross_tokens: int = ProposerConfig.cross_pool_tokens
     snapshot_every: int | None = None
     log_interval: float = 10.0
-    policy: str = ProposerConfig.policy
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
-
-    def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"suffixspec setting policy={self.policy!r}: choose from "
-                             f"{', '.join(POLICIES)}")
 
     @classmethod
     def from_env(cls, environ=os.environ) -> Settings:
@@ -98,10 +89,10 @@ class Settings:
         config = environ.get(PREFIX + "CONFIG")
         if config:
             values.update(_read_file(Path(config)))
-        for f in fields(cls):
-            raw = environ.get(PREFIX + f.name.upper())
+        for name in [f.name for f in fields(cls)] + list(REMOVED):
+            raw = environ.get(PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[f.name] = raw
+                values[name] = raw
         return cls(**{name: _convert(cls, name, value) for name, value in values.items()})
 
 
@@ -120,6 +111,9 @@ def _convert(cls, name: str, value):
     from pydantic import TypeAdapter, ValidationError
 
     known = {f.name: f for f in fields(cls)}
+    if name in REMOVED:
+        raise ValueError(f"suffixspec setting {name} ({PREFIX}{name.upper()}) was removed in "
+                         f"suffixspec 0.2: {REMOVED[name]}")
     if name not in known:
         raise ValueError(f"unknown suffixspec setting {name!r}; known: {', '.join(known)}")
     kind = get_type_hints(cls)[name]
@@ -135,15 +129,13 @@ VLLM_DEFAULT_SPEC_FACTOR = ARCTIC_SPEC_FACTOR
 VLLM_DEFAULT_MIN_TOKEN_PROB = ARCTIC_MIN_TOKEN_PROB
 
 
-def length_knobs(spec_config, policy: str) -> tuple[float | None, float | None]:
-    """``(max_spec_factor, min_token_prob)`` to honour; None: the policy's own rule.
+def length_knobs(spec_config) -> tuple[float | None, float | None]:
+    """``(max_spec_factor, min_token_prob)`` to honour; None: suffixspec's own rule.
 
-    The counts policy takes both as given.  The calibrated policy takes each
-    only when it differs from vLLM's default, i.e. when a user set it.
+    Each is taken only when it differs from vLLM's default, i.e. when a user
+    set it.
     """
     factor = spec_config.suffix_decoding_max_spec_factor
     min_prob = spec_config.suffix_decoding_min_token_prob
-    if policy == "counts":
-        return factor, min_prob
     return (None if factor == VLLM_DEFAULT_SPEC_FACTOR else factor,
             None if min_prob == VLLM_DEFAULT_MIN_TOKEN_PROB else min_prob)
