@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +76,7 @@ corpus = st.lists(st.tuples(st.sampled_from(["a", "b"]),
                   min_size=1, max_size=12)
 
 
+@pytest.mark.slow
 @SLOW
 @given(corpus, st.integers(1, 60))
 def test_partitions_laid_together_equal_one_index(tmp_path_factory, seqs, partition_tokens):
@@ -96,8 +98,10 @@ def test_worker_processes_build_the_same_index(tmp_path):
     ix, info = _snapshot(tmp_path / "s", stored, jobs=2, partition_tokens=1000)
     assert info["partitions"] > 2
     _assert_same(one, one_trees, ix, info["namespaces"], stored)
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(
-        f"{name}.bin" for name in info["arrays"])  # the build's own files are gone
+    # The build's own files are gone (whether opening the arrays recorded them as
+    # verified depends on how long ago they were written).
+    assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.name != files.VERIFIED) == sorted(
+        f"{name}.bin" for name in info["arrays"])
 
 
 def test_dealing_tokens_evens_out_the_partitions():

@@ -69,7 +69,7 @@ def _cli(*args):
 def _doomed_bytes_in(path) -> bool:
     return np.asarray(DOOMED, np.int32).tobytes() in path.read_bytes()
 
-
+@pytest.mark.slow
 def test_forget_and_prune_beside_live_writers_and_a_reader(tmp_path):
     path = tmp_path / "pool.lmdb"
     PoolStore(path, tokenizer=BYTES, max_depth=DEPTH).close()

@@ -1,0 +1,74 @@
+"""A fingerprint of every draft suffixspec makes on the replay slices.
+
+Usage (from the repository root):
+
+    python bench/draft_digest.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen
+
+Replays the slices of ``policy_bench`` (sql 5,000 records, code whole,
+gorilla 4,000, bfcl 3,000, agent 10 sessions) with the default settings,
+drafting paths and merged trees, and prints per slice MTS / est / drafted
+per step and an XXH3-64 digest over every draft's tokens, parents and
+probabilities.  Two commits whose lines are equal draft identically on
+every step: run it before and after a change that must not move drafts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import xxhash
+
+from suffixspec.native import warmup
+from suffixspec.replay.engines import make_proposer
+from suffixspec.replay.harness import replay
+from suffixspec.replay.traces import hf_encoder, load_trace
+
+from bench_common import parser
+from policy_bench import SLICES
+
+MODES = {"path": {}, "tree": {"tree": True}}
+
+
+class Recording:
+    """A proposer that hashes every draft it hands out."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.hash = xxhash.xxh3_64()
+
+    def propose(self, req_ids, max_spec_tokens=None):
+        drafts = self.inner.propose(req_ids, max_spec_tokens)
+        for d in drafts:
+            self.hash.update(d.token_ids.tobytes())
+            self.hash.update(d.parents.tobytes())
+            self.hash.update(d.probs.tobytes())
+            self.hash.update(b"|")
+        return drafts
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--only", nargs="*", choices=list(SLICES), help="these slices only")
+    args = ap.parse_args()
+    encode = hf_encoder(args.tokenizer)
+    warmup()
+    for name in args.only or list(SLICES):
+        file, kw = SLICES[name]
+        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        for mode, options in MODES.items():
+            proposer = Recording(make_proposer("suffixspec", requests, cross_pool_tokens=None,
+                                               **options))
+            m = replay(requests, proposer).metrics()
+            print(f"{name:8s} {mode}: MTS {m['mean_tokens_per_step']:.4f} est {m['est']:.4f} "
+                  f"drafted {m['drafted_per_step']:.4f} digest {proposer.hash.hexdigest()}",
+                  flush=True)
+    print("done", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
