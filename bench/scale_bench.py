@@ -160,7 +160,7 @@ def measure(tmp: Path, tok, base, size: int, jobs: list[int], grow: int, probe: 
         row["grown"] = fill_store(store, permuted_copies(base, seed=1), grow)
     row["grow"] = build(jobs[-1], "new", row["grown"])
     with PoolStore(path) as store:
-        row["segments"] = len(store.snapshot_info()["segments"])
+        row["segments"] = len(store.snapshot().segments)
     print(json.dumps({"size": size, "grow": row["grow"]}), file=sys.stderr)
     time.sleep(3)  # file times settle: the first open may record its check
     runs = [py(_OPEN, path, probe).split() for _ in range(4)]

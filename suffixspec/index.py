@@ -189,6 +189,24 @@ class SuffixIndex:
                 "seqs": self.seqs[: self._next_seq], "roots": self.roots[: self._next_tree]}
 
     @classmethod
+    def over_tokens(cls, max_depth: int, arena: np.ndarray, sequences: int,
+                    trees: int) -> SuffixIndex:
+        """An index of ``trees`` empty trees over the token storage ``arena``
+        (shared, not copied), with rows for ``sequences`` sequences that a
+        kernel places over it (``native.partition.index_run``)."""
+        ix = cls(max_depth, node_capacity=1 << 16, token_capacity=1)
+        ix.arena = arena
+        for _ in range(trees):
+            ix.add_tree()
+        ix.seqs = np.zeros((max(sequences, 1), lay.SEQ_FIELDS), np.int64)
+        ix._next_seq = sequences
+        return ix
+
+    def grow_for(self, seq: int) -> None:
+        """Room for the kernel that stopped at sequence ``seq`` (nodes, child table)."""
+        self._make_room(seq, 0)
+
+    @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], max_depth: int) -> SuffixIndex:
         """A query-only index over (read-only) arrays from ``to_arrays``."""
         ix = cls.__new__(cls)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from itertools import accumulate
 from typing import Hashable, Sequence
@@ -12,15 +13,14 @@ import numpy as np
 from suffixspec.anchors import start_anchors
 from suffixspec.config import ProposerConfig, check_namespace
 from suffixspec.draft import Draft
-from suffixspec.index import SuffixIndex
 from suffixspec.locking import locked
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
-from suffixspec.native import union
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.pools.store import PoolError
+from suffixspec.pools.view import EMPTY_VIEW
 from suffixspec.tokens import as_token_ids
 
 
@@ -45,8 +45,9 @@ class SuffixProposer:
 
     pool:
         A persistent cross-request pool: a path (opened or created as a
-        ``PersistentPool`` with ``tokenizer``) or a pool object
-        (``CrossPool`` or ``PersistentPool``).  Replaces the in-memory pool.
+        ``PersistentPool`` with ``tokenizer``; several proposers may open one
+        file) or a pool object (``CrossPool`` or ``PersistentPool``).
+        Replaces the in-memory pool.
     tokenizer:
         The ``TokenizerId`` of the engine's tokenizer, checked against a
         persistent pool's (needed to create one).
@@ -77,7 +78,7 @@ class SuffixProposer:
         self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens))
         self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         cross_tokens = config.cross_pool_tokens
-        if pool is not None and not isinstance(pool, CrossPool):
+        if isinstance(pool, (str, os.PathLike)):
             from suffixspec.pools.persistent import PersistentPool
 
             if tokenizer is None:
@@ -99,17 +100,12 @@ class SuffixProposer:
         self._cross_seq: dict[Hashable, int] = {}
         self._draw_from: dict[Hashable, tuple[str, ...]] = {}  # req_id -> namespaces
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._roots_cache: dict = {}
+        # Root rows per (namespaces, batch size), for one view and delta state.
+        self._roots_for: tuple = (None, -1, None, {})
         self._no_roots = np.full((8, 1, 1 + lay.SEGMENTS), -1, np.int64)
         self._finished = 0
         self._calibration_failed = False
         self._load_calibration()
-        # Stand in for absent snapshot segments: the side table names them
-        # (``native.union``), and they stay alive as long as it is used.
-        self._empty = SuffixIndex(self.max_depth, node_capacity=16,
-                                  token_capacity=16).read_only_arrays()
-        self._no_segments = union.table([self._empty] * lay.SEGMENTS)
-        self._segments_cache = (None, self._no_segments, ())
         warmup(steps=SERVING)
         self._work_flat = lay.flat(lay.workspace(self.max_spec_tokens, self.min_token_prob))
         # The latest draft of each request (row: its sequence in the request
@@ -201,7 +197,7 @@ class SuffixProposer:
                   *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
-            self.cross.delta.extend_many(rows[2], tokens, offsets)
+            self.cross.delta.index.extend_many(rows[2], tokens, offsets)
 
     @locked
     def finish_request(self, req_id: Hashable) -> None:
@@ -256,11 +252,10 @@ class SuffixProposer:
     def close(self) -> None:
         """Keep the calibration in a persistent pool and close the pool; the
         proposer drafts no more.  Also on leaving a ``with`` block."""
-        with self._lock:
-            self.save_calibration()
-            close = getattr(self.cross, "close", None)
-            if close is not None:
-                close()
+        self.save_calibration()
+        close = getattr(self.cross, "close", None)
+        if close is not None:
+            close()  # not under the lock: a pool's writer thread takes it to finish
 
     def __enter__(self) -> SuffixProposer:
         return self
@@ -289,14 +284,15 @@ class SuffixProposer:
 
     @locked
     def output_sequence(self, req_id: Hashable) -> int | None:
-        """The cross-pool sequence an active request's output goes to (None: none)."""
+        """The handle of the cross-pool sequence an active request's output goes to
+        (None: none)."""
         self._check_active(req_id)
         return self._cross_seq.get(req_id)
 
     @locked
     def discard_output(self, seq: int) -> None:
-        """Take output sequence ``seq`` (see ``output_sequence``) out of the
-        cross pool; if its request is still active, its output stops going there."""
+        """Take output sequence ``seq`` (a handle, see ``output_sequence``) out of
+        the cross pool; if its request is still active, its output stops going there."""
         owner = next((r for r, s in self._cross_seq.items() if s == seq), None)
         if owner is not None:
             del self._cross_seq[owner]
@@ -307,10 +303,8 @@ class SuffixProposer:
         """(bytes held, tokens indexed) of the cross-request pool (snapshot included)."""
         if self.cross is None:
             return 0, 0
-        snapshot = sum(a.nbytes for seg in self.cross.segments
-                       for a in (seg.meta, seg.nodes, seg.hkeys, seg.hvals, seg.arena, seg.seqs,
-                                 seg.roots))
-        return self.cross.delta.memory_bytes() + snapshot, self.cross.tokens
+        snapshot = sum(s.nbytes() for s in self.cross.view.segments)
+        return self.cross.delta.index.memory_bytes() + snapshot, self.cross.tokens
 
     @property
     def active_requests(self):
@@ -331,19 +325,24 @@ class SuffixProposer:
             return []
         if b > 1:
             _distinct(req_ids)
+        if self.cross is not None:
+            self.cross.refresh()  # first: a reload moves outputs to other delta sequences
         rows = _fields(self._row(r) for r in req_ids)
         limits = self._limits(max_spec_tokens, b)
         if self._out.n.shape[0] < b:
             self.outputs = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
         out = self._out
         local = self.requests.index
-        segs, delta, cross_roots = self._cross_args(req_ids)
+        # The view owns every array its side table names; holding it for the
+        # call keeps them mapped whatever the pool does meanwhile.
+        view, delta, cross_roots = self._cross_args(req_ids)
         if self.step_cost is not None:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
         # Records as plain tuples (see ``native.layout``): typed faster per call.
         batch = (rows[1], rows[0], rows[2], limits, cross_roots)
-        propose_batch(local.read_only_arrays(), local.roots, segs, delta, batch, self._knobs_flat,
-                      self._stats_flat, self._out_flat, self._pending_flat, self._work_flat)
+        propose_batch(local.read_only_arrays(), local.roots, view.table, delta, batch,
+                      self._knobs_flat, self._stats_flat, self._out_flat, self._pending_flat,
+                      self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
         drafts = []
         for i in range(b):
@@ -384,42 +383,39 @@ class SuffixProposer:
         self._out, self._out_flat = out, tuple(out)
 
     def _cross_args(self, req_ids):
-        """The cross pool's snapshot segments and delta arrays, and each
-        request's roots in them (``(b, namespaces, 1 + SEGMENTS)``).
+        """The cross pool's view (its snapshot segments), its delta's arrays, and
+        each request's roots in them (``(b, namespaces, 1 + SEGMENTS)``).
 
-        Root arrays are cached per pool generation; a batch whose requests
-        all draw from the same namespaces (the usual case) is one cache hit.
+        Root rows are kept per view and delta state; a batch whose requests
+        all draw from the same namespaces (the usual case) is one lookup.
         """
         b = len(req_ids)
         pool = self.cross
         if pool is None:
             if self._no_roots.shape[0] < b:
                 self._no_roots = np.full((2 * b, 1, 1 + lay.SEGMENTS), -1, np.int64)
-            return self._no_segments, self.requests.index.read_only_arrays(), self._no_roots[:b]
-        pool.refresh()
+            return EMPTY_VIEW, self.requests.index.read_only_arrays(), self._no_roots[:b]
+        view, delta = pool.view, pool.delta
+        held_view, held_gen, held_delta, cache = self._roots_for
+        if held_view is not view or held_delta is not delta or held_gen != delta.generation:
+            cache = {}
+            self._roots_for = (view, delta.generation, delta, cache)
         draws = [self._draw_from[r] for r in req_ids]
         first = draws[0]
-        key = (pool.generation, first, b) if all(d is first for d in draws) else None
-        roots = self._roots_cache.get(key) if key is not None else None
+        key = (first, b) if all(d is first for d in draws) else None
+        roots = cache.get(key) if key is not None else None
         if roots is None:
-            roots = _roots([pool.roots(d) for d in draws])
+            width = max(1, max(len(d) for d in draws))
+            roots = np.full((b, width, 1 + lay.SEGMENTS), -1, np.int64)
+            for i, d in enumerate(draws):
+                for j, ns in enumerate(d):
+                    roots[i, j, 0] = delta.root(ns)
+                    roots[i, j, 1:] = view.roots(ns)
             if key is not None:
-                if len(self._roots_cache) > 256:
-                    self._roots_cache.clear()
-                self._roots_cache[key] = roots
-        return self._segments(pool), pool.delta.read_only_arrays(), roots
-
-    def _segments(self, pool) -> np.ndarray:
-        """The side table of the pool's snapshot segments (``native.union``),
-        made again only when the pool maps other segments; the cache keeps the
-        segments it names alive."""
-        held, segs, _ = self._segments_cache
-        if held is not pool.segments:
-            arrays = [seg.read_only_arrays() for seg in pool.segments[:lay.SEGMENTS]]
-            arrays += [self._empty] * (lay.SEGMENTS - len(arrays))
-            segs = union.table(arrays)
-            self._segments_cache = (pool.segments, segs, arrays)
-        return segs
+                if len(cache) > 256:
+                    cache.clear()
+                cache[key] = roots
+        return view, delta.index.read_only_arrays(), roots
 
     def _check_active(self, req_id: Hashable) -> None:
         if req_id not in self.requests.requests:
@@ -431,7 +427,8 @@ class SuffixProposer:
             tree, seq = self.requests.requests[req_id]
         except (KeyError, TypeError):
             raise ValueError(f"unknown request {req_id!r}: not started, or already finished") from None
-        return tree, seq, self._cross_seq.get(req_id, -1)
+        handle = self._cross_seq.get(req_id)
+        return tree, seq, -1 if handle is None else self.cross.seq_of(handle)
 
     def _limits(self, max_spec_tokens, b: int) -> np.ndarray:
         if max_spec_tokens is None:
@@ -459,14 +456,3 @@ def _fields(rows) -> np.ndarray:
     at the first step with two requests.
     """
     return np.array(list(rows), np.int64).reshape(-1, 3).T.copy()
-
-
-def _roots(rows: list[list[list[int]]]) -> np.ndarray:
-    """Per request, per namespace, root ids on every side, as one int64 array
-    padded with -1 (namespaces a request does not draw from)."""
-    width = max(1, max(len(r) for r in rows))
-    out = np.full((len(rows), width, 1 + lay.SEGMENTS), -1, np.int64)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = r
-    return out

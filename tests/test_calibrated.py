@@ -39,9 +39,9 @@ def test_anchored_query_finds_exactly_the_outputs_with_that_start(data):
              for p, o in items]
     for anchors, out in keyed:
         pool.add(out, "ns", anchors)
-        pool.delta.check_integrity()
-    ix = pool.delta
-    tree = pool.trees["ns"]
+        pool.delta.index.check_integrity()
+    ix = pool.delta.index
+    tree = pool.delta.trees["ns"]
     q_anchors, q_out = data.draw(st.sampled_from(keyed))
     i = data.draw(st.integers(0, q_out.shape[0]))
     prefix = q_out[:i]
@@ -76,7 +76,7 @@ def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
             p.extend(n, [t])
         p.finish_request(n)
     p.requests.index.check_integrity()
-    p.cross.delta.check_integrity()
+    p.cross.delta.index.check_integrity()
 
 
 def _reference_update(table, draft, emitted, buckets):

@@ -103,7 +103,7 @@ def test_merged_draft_is_a_tree_scoring_at_least_the_best_path(outputs, prompt):
         p.start_request("q", prompt)
         drafts.append(p.propose(["q"])[0])
         p.requests.index.check_integrity()
-        p.cross.delta.check_integrity()
+        p.cross.delta.index.check_integrity()
     best, merged = drafts
     assert merged.score >= best.score - 1e-4
     pairs = set()

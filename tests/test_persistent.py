@@ -47,13 +47,15 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
     pool = pool_at(path)
     prop = proposer(pool)
     run_request(prop, "a", [1, 2], PATTERN)
+    pool.flush()  # commits reach the file from the pool's writer thread
     assert pool.store.stats()["sequences"] == 1
     pool.write_snapshot()
     run_request(prop, "b", [3], [700, 701, 702, 703, 704, 705])  # after the snapshot
     pool.close()
 
     pool = pool_at(path)
-    assert len(pool.segments) == 1 and not pool.segments[0].nodes.flags.writeable  # zero-copy
+    segs = pool.view.segments
+    assert len(segs) == 1 and not segs[0].index.nodes.flags.writeable  # zero-copy
     assert pool.tokens == len(PATTERN) + 6 + 2 * 3  # and each output's three start anchors
     prop = proposer(pool)
     prop.start_request("c", [5, 5] + PATTERN[:3])
@@ -61,9 +63,9 @@ def test_outputs_survive_restart_and_serve_from_the_snapshot(tmp_path):
     assert d.source == "cross" and d.token_ids.tolist() == PATTERN[3:]
     prop.start_request("d", [700, 701, 702])
     assert prop.propose(["d"])[0].token_ids.tolist()[:3] == [703, 704, 705]
-    for seg in pool.segments:
-        seg.check_integrity()
-    pool.delta.check_integrity()
+    for seg in pool.view.segments:
+        seg.index.check_integrity()
+    pool.delta.index.check_integrity()
 
 
 def test_own_outputs_after_the_snapshot_stay_drafted_when_the_pool_reloads(tmp_path):
@@ -74,11 +76,12 @@ def test_own_outputs_after_the_snapshot_stay_drafted_when_the_pool_reloads(tmp_p
     run_request(prop, "a", [1, 2], [600, 601, 602, 603])
     pool.write_snapshot()
     run_request(prop, "b", [3], PATTERN)  # committed by this process, after the snapshot
-    pool.want(["another"])  # the next refresh reloads
-    pool.refresh()
+    pool.want(["another"])  # a reload in the background...
+    pool._loader.join()
+    pool.refresh()  # ...which the next refresh takes
     prop.start_request("c", [5] + PATTERN[:3])
     assert prop.propose(["c"])[0].token_ids.tolist() == PATTERN[3:]
-    pool.delta.check_integrity()
+    pool.delta.index.check_integrity()
 
 
 def test_aborted_requests_are_not_stored(tmp_path):
@@ -87,6 +90,7 @@ def test_aborted_requests_are_not_stored(tmp_path):
     prop.start_request("a", [1])
     prop.extend("a", PATTERN)
     prop.abort_request("a")
+    pool.flush()
     assert pool.store.stats()["sequences"] == 0
     prop.start_request("b", PATTERN[:3])
     assert len(prop.propose(["b"])[0]) == 0
@@ -121,7 +125,7 @@ def test_another_process_commits_are_seen_on_refresh(tmp_path):
     assert pool.tokens == 0  # not yet refreshed
     pool.refresh(force=True)
     assert pool.tokens == sum(n for _, _, n in committed)
-    pool.delta.check_integrity()
+    pool.delta.index.check_integrity()
 
 
 @pytest.mark.slow
@@ -236,17 +240,22 @@ def test_ttl_and_budget_delete_oldest_first(tmp_path):
         pool.add(np.arange(base, base + 20, dtype=np.int32))
     assert pool.prune(older_than=0.2) == 1
     assert [int(s.tokens[0]) for s in pool.store.sequences()] == [200, 300, 400]
-    pool.budget = 45
+    pool.max_tokens = 45
     pool.write_snapshot()
     assert [int(s.tokens[0]) for s in pool.store.sequences()] == [300, 400]
     assert pool.tokens == 40
 
 
-def test_snapshot_every_keeps_the_delta_small(tmp_path):
+def test_snapshot_every_writes_the_snapshot_from_a_child_process(tmp_path):
     pool = pool_at(tmp_path / "pool.lmdb", snapshot_every=50)
     for i in range(6):
         pool.add(np.arange(i * 20, i * 20 + 20, dtype=np.int32))
-    assert pool.segments and pool.delta.live_tokens < 50
+        pool.flush()  # the child snapshots what is in the file
+    assert pool.snapshotting() or pool.store.snapshot() is not None
+    while pool.snapshotting():
+        time.sleep(0.05)
+    pool.refresh(force=True)
+    assert pool.view.segments and pool.delta.tokens < 50
     assert pool.tokens == 120
 
 
@@ -264,9 +273,10 @@ def test_map_growth_while_the_snapshot_is_mapped(tmp_path):
         prop.start_request(f"probe{i}", [3] + PATTERN[:3])
         assert prop.propose([f"probe{i}"])[0].token_ids.tolist()[:5] == PATTERN[3:8]
         prop.abort_request(f"probe{i}")
+    pool.flush()
     assert store.env.info()["map_size"] > 256 * 1024
-    for seg in pool.segments:
-        seg.check_integrity()
+    for seg in pool.view.segments:
+        seg.index.check_integrity()
 
 
 def test_a_pool_path_needs_the_tokenizer(tmp_path):
@@ -274,8 +284,9 @@ def test_a_pool_path_needs_the_tokenizer(tmp_path):
         SuffixProposer(max_depth=DEPTH, pool=tmp_path / "pool.lmdb")
     prop = SuffixProposer(max_depth=DEPTH, pool=tmp_path / "pool.lmdb", tokenizer=BYTES)
     run_request(prop, "a", [1], PATTERN)
-    assert prop.cross.store.stats()["sequences"] == 1
-    prop.cross.close()
+    prop.close()
+    with PoolStore(tmp_path / "pool.lmdb") as store:
+        assert store.stats()["sequences"] == 1
 
 
 COMMIT_MANY = r"""
@@ -301,21 +312,22 @@ def test_a_reader_indexes_only_its_namespaces_in_bounded_steps(tmp_path):
     path = tmp_path / "pool.lmdb"
     pool = pool_at(path)
     pool.catch_up_tokens = 2_000
+    pool.refresh_interval = 0.0
     prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=4, pool=pool, namespace="mine")
     prop.start_request("r", [1, 2])
     prop.propose(["r"])
     _commit_elsewhere(path, 300, 100, "other")  # another tenant's 30k tokens
     _commit_elsewhere(path, 5, 100, "mine")
-    pool.refresh(force=True)
+    pool.refresh()
     steps = 1
     while pool.behind:  # each call reads about catch_up_tokens, then returns
-        assert pool.delta.live_tokens <= 5 * 100 + 3
+        assert pool.delta.tokens <= 5 * 100 + 3
         pool.refresh()
         steps += 1
     assert steps >= 30 // 2  # 30k tokens read in about 2k-token steps
-    assert "other" not in pool.trees  # never indexed
+    assert "other" not in pool.delta.trees  # never indexed
     assert pool.store.stats()["namespaces"]["other"]["sequences"] == 300
-    assert pool.delta.live_tokens == 5 * 100 + 3  # mine's 5 outputs and r's 3 anchors
+    assert pool.delta.tokens == 5 * 100 + 3  # mine's 5 outputs and r's 3 anchors
     pool.close()
 
 
@@ -330,9 +342,10 @@ def test_memory_stays_within_the_budget_without_snapshots(tmp_path):
     pool.refresh(force=True)
     while pool.behind:
         pool.refresh()
-    assert pool.tokens <= 1_000 and pool.delta.live_tokens <= 1_000
+    pool.flush()
+    assert pool.tokens <= 1_000 and pool.delta.tokens <= 1_000
     assert pool.store.stats()["tokens"] == 40 * 50 + 100 * 100  # the store keeps them all
-    pool.delta.check_integrity()
+    pool.delta.index.check_integrity()
     pool.close()
 
 

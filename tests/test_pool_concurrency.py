@@ -78,11 +78,11 @@ def test_forget_and_prune_beside_live_writers_and_a_reader(tmp_path):
             for tag, log in zip((1, 2), logs)]
     reader = _spawn(READER, path, 8.0)
     doomed = _spawn(WRITER, path, "doomed", 3, 1.5, "doomed")
-    assert doomed.wait(timeout=60) == 0, doomed.stderr.read()
+    assert doomed.communicate(timeout=60) and doomed.returncode == 0, doomed.stderr
     assert _doomed_bytes_in(path)
     results = [_cli("forget", path, "--namespace", "doomed")]
     doomed2 = _spawn(WRITER, path, "doomed2", 4, 1.0, "doomed")
-    assert doomed2.wait(timeout=60) == 0, doomed2.stderr.read()
+    assert doomed2.communicate(timeout=60) and doomed2.returncode == 0, doomed2.stderr
     results.append(_cli("prune", path, "--namespace", "doomed2", "--max-tokens", "0"))
     results.append(_cli("forget", path, "--namespace", "doomed2"))
     for r in results:

@@ -53,7 +53,7 @@ def test_finished_output_feeds_other_requests_and_abort_does_not():
     assert p.cross.tokens == before
     p.start_request("d", [40, 41])
     assert len(p.propose(["d"])[0]) == 0
-    p.cross.delta.check_integrity()
+    p.cross.delta.index.check_integrity()
 
 
 def test_batched_propose_equals_one_by_one():
@@ -125,7 +125,7 @@ def test_many_requests_reuse_trees_and_rebuild_stays_sound():
         (p.finish_request if i % 3 else p.abort_request)(i)
     assert not p.active_requests
     p.requests.index.check_integrity()
-    p.cross.delta.check_integrity()
+    p.cross.delta.index.check_integrity()
     assert p.cross.tokens <= 300
 
 
@@ -238,7 +238,7 @@ def test_extend_batch_equals_extend_one_by_one():
         assert [d.token_ids.tolist() for d in a] == [d.token_ids.tolist() for d in b]
     assert one.cross.tokens == many.cross.tokens
     many.requests.index.check_integrity()
-    many.cross.delta.check_integrity()
+    many.cross.delta.index.check_integrity()
 
 
 def test_extend_batch_refuses_bad_input_before_appending_anything():
@@ -311,7 +311,7 @@ def test_threads_sharing_a_proposer_never_mix_requests_or_namespaces():
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors, errors[0]
     p.requests.index.check_integrity()
-    p.cross.delta.check_integrity()
+    p.cross.delta.index.check_integrity()
 
 
 def test_small_input_mistakes_are_refused():

@@ -37,7 +37,7 @@ def _store(path, chunks, request_ids=None):
 
 
 def _folders(store):
-    return [seg["folder"] for seg in store.snapshot_info()["segments"]]
+    return [seg.folder for seg in store.snapshot().segments]
 
 
 def _proposer(pool=None):
@@ -89,17 +89,17 @@ def test_a_range_over_the_cap_is_built_as_segments_under_it(tmp_path, monkeypatc
     store = PoolStore(tmp_path / "p.lmdb", tokenizer=BYTES, max_depth=DEPTH)
     store.add_many([(out, "a", "", "") for out in outs])
     write_snapshot(store)
-    segs = store.snapshot_info()["segments"]
+    segs = store.snapshot().segments
     assert len(segs) == -(-total // cap)
-    assert all(seg["tokens"] <= cap for seg in segs) and sum(s["tokens"] for s in segs) == total
-    assert segs[0]["first"] == 0 and segs[-1]["last"] == len(outs)
-    assert all(a["last"] == b["first"] for a, b in zip(segs, segs[1:]))
+    assert all(seg.tokens <= cap for seg in segs) and sum(s.tokens for s in segs) == total
+    assert segs[0].first == 0 and segs[-1].last == len(outs)
+    assert all(a.last == b.first for a, b in zip(segs, segs[1:]))
     store.close()
     memory = _proposer()
     for out in outs:
         memory.cross.add(out, "a")
     pool = PersistentPool(tmp_path / "p.lmdb")
-    assert len(pool.segments) == len(segs)
+    assert len(pool.view.segments) == len(segs)
     contexts = _contexts(seed=6)
     got, _ = _drafts(pool, contexts)
     want, _ = _drafts(memory, contexts)
@@ -121,8 +121,8 @@ def test_new_sequences_that_merge_at_once_are_indexed_once(tmp_path, monkeypatch
     monkeypatch.setattr(segments.build, "build", counted)
     write_snapshot(store)
     assert built == [(1, 120)]  # one build over both ranges, not the new one and then both
-    segs = store.snapshot_info()["segments"]
-    assert [(s["first"], s["last"]) for s in segs] == [(0, 120)]
+    segs = store.snapshot().segments
+    assert [(s.first, s.last) for s in segs] == [(0, 120)]
     store.close()
 
 
@@ -137,15 +137,15 @@ def test_snapshots_of_one_size_merge_and_drafts_stay_those_of_one_index(tmp_path
         for out in chunk:
             memory.cross.add(out, "a")
         write_snapshot(store)
-        counts.append(len(store.snapshot_info()["segments"]))
+        counts.append(len(store.snapshot().segments))
     assert max(counts) <= 3 and counts[-1] < 8  # merged as they came
-    segs = store.snapshot_info()["segments"]
-    assert segs[0]["first"] == 0 and segs[-1]["last"] == 160
-    assert all(a["last"] == b["first"] for a, b in zip(segs, segs[1:]))
+    segs = store.snapshot().segments
+    assert segs[0].first == 0 and segs[-1].last == 160
+    assert all(a.last == b.first for a, b in zip(segs, segs[1:]))
     store.close()
     pool = PersistentPool(tmp_path / "p.lmdb")
-    for seg in pool.segments:
-        seg.check_integrity()
+    for seg in pool.view.segments:
+        seg.index.check_integrity()
     contexts = _contexts()
     got, _ = _drafts(pool, contexts)
     want, _ = _drafts(memory, contexts)
@@ -163,12 +163,12 @@ def test_forget_rebuilds_only_the_segments_that_held_the_request(tmp_path):
     secret = pool.store.add(np.array([7, 8, 9, 66, 67, 68, 69, 70], np.int32), "a",
                             request_id="secret")
     pool.write_snapshot()  # a third, small segment holds it...
-    assert len(pool.segments) == 2 or len(pool.segments) == 3
+    assert len(pool.view.segments) == 2 or len(pool.view.segments) == 3
     assert pool.forget(request_id="secret") == 1
     after = _folders(pool.store)
     assert after[0] == before[0]  # ...and the large segment was not rebuilt
-    assert all(secret > seg["last"] or secret <= seg["first"] or seg["folder"] not in before
-               for seg in pool.store.snapshot_info()["segments"])
+    assert all(secret > seg.last or secret <= seg.first or seg.folder not in before
+               for seg in pool.store.snapshot().segments)
     data = b"".join(p.read_bytes() for p in pool.store.snapshot_folders.rglob("*.bin"))
     assert np.array([66, 67, 68, 69, 70], np.int32).tobytes() not in data
     pool.close()
@@ -178,12 +178,12 @@ def test_prune_marks_segments_stale_and_the_next_snapshot_rebuilds_them(tmp_path
     store = _store(tmp_path / "p.lmdb", [_outputs(80, 1), _outputs(10, 2)])
     old, new = _folders(store)
     assert store.delete([85]) == 1
-    segs = store.snapshot_info()["segments"]
-    assert [bool(s.get("stale")) for s in segs] == [False, True]
+    segs = store.snapshot().segments
+    assert [bool(s.stale) for s in segs] == [False, True]
     write_snapshot(store, merge=False)
     folders = _folders(store)
     assert folders[0] == old and folders[1] != new
-    assert not any(s.get("stale") for s in store.snapshot_info()["segments"])
+    assert not any(s.stale for s in store.snapshot().segments)
     store.close()
 
 
@@ -206,8 +206,8 @@ def test_pools_built_elsewhere_are_added_with_their_segments(tmp_path):
     store = PoolStore(tmp_path / "host.lmdb")
     assert store.stats()["sequences"] == 90
     shard0 = PoolStore(tmp_path / "shard0.lmdb", readonly=True)
-    copied = shard0.snapshot_info()["segments"][0]["arrays"]
-    assert any(seg["arrays"] == copied for seg in store.snapshot_info()["segments"])  # not rebuilt
+    copied = shard0.snapshot().segments[0].arrays
+    assert any(seg.arrays == copied for seg in store.snapshot().segments)  # not rebuilt
     shard0.close()
     store.close()
     # The host drafts as one index over its own outputs and both shards would.
@@ -219,8 +219,9 @@ def test_pools_built_elsewhere_are_added_with_their_segments(tmp_path):
     assert got == want
     for pool in pools:
         pool.close()
+    # Adding a shard again (a retried run) skips it, and goes on with the others.
     r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "shard1.lmdb")
-    assert r.exit_code == 1 and "already" in r.output
+    assert r.exit_code == 0 and "skipped" in r.output and "already" in r.output
     assert PoolStore(tmp_path / "host.lmdb", readonly=True).stats()["sequences"] == 90
 
 
@@ -255,3 +256,25 @@ def test_adding_a_pool_refuses_another_tokenizer_and_an_incomplete_snapshot(tmp_
     assert (host.stats()["sequences"], _folders(host)) == before  # nothing added
     assert sorted(p.name for p in host.snapshot_folders.iterdir() if p.is_dir()) == before[1]
     host.close()
+
+
+def test_a_forget_during_a_merge_keeps_the_segments_that_hold_nothing_it_deletes(tmp_path,
+                                                                                 monkeypatch):
+    store = _store(tmp_path / "p.lmdb", [_outputs(40, 1), _outputs(40, 2)],
+                   request_ids=None)
+    first, second = store.snapshot().segments
+    real = segments._Builder.build
+
+    def build_and_forget(self, lo, hi):  # the merge builds while a forget lands
+        made = real(self, lo, hi)
+        store.delete([first.first + 3], forget=True)
+        return made
+
+    monkeypatch.setattr(segments._Builder, "build", build_and_forget)
+    write_snapshot(store)  # would merge the two
+    kept = store.snapshot().segments
+    # The merged segment indexed the deleted sequence: left out.  The segment
+    # the forget dropped is gone; the other one stays, so only the forgotten
+    # segment's range is indexed from the store until the next snapshot.
+    assert [seg.folder for seg in kept] == [second.folder]
+    store.close()

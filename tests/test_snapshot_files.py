@@ -15,7 +15,7 @@ import pytest
 
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.pools import files
+from suffixspec.pools import files, view
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import PoolStore
@@ -86,9 +86,9 @@ def test_a_killed_segment_build_or_merge_loses_nothing_and_leaves_no_folder(tmp_
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)  # removes stray folders
     pool.store.check()
     assert [s.seq_id for s in pool.store.sequences(with_tokens=False)] == ids
-    info = pool.store.snapshot_info()
-    named = sorted(seg["folder"] for seg in info["segments"]) if info else []
-    assert _folders(path) == named and len(pool.segments) == len(named)
+    info = pool.store.snapshot()
+    named = sorted(seg.folder for seg in info.segments) if info else []
+    assert _folders(path) == named and len(pool.view.segments) == len(named)
     pool.close()
     assert _drafts(path) == reference
 
@@ -108,7 +108,7 @@ while time.monotonic() < end:
     drafted += len(prop.propose([steps])[0]) > 0
     prop.abort_request(steps)
     steps += 1
-print(steps, drafted, pool.generation)
+print(steps, drafted, pool.view.generation)
 """
 
 @pytest.mark.slow
@@ -125,7 +125,7 @@ def test_a_reader_keeps_drafting_while_segments_are_added_and_merged(tmp_path):
         store.add(np.concatenate([HEAD, rng.integers(20, 70, 100)]).astype(np.int32), "a")
         write_snapshot(store)  # a new segment, merged with others: folders the reader maps go
         written += 1
-    merged = len(store.snapshot_info()["segments"]) < 1 + written
+    merged = len(store.snapshot().segments) < 1 + written
     store.close()
     out, err = reader.communicate(timeout=120)
     assert reader.returncode == 0, err
@@ -152,8 +152,8 @@ def test_damaged_or_missing_snapshot_files_are_logged_and_nothing_is_lost(tmp_pa
     assert _drafts(path) == reference
     write_snapshot(PoolStore(path))  # writes it anew
     pool = PersistentPool(path)
-    assert len(pool.segments) == 1 and _folders(path) == [pool.store.snapshot_info()[
-        "segments"][0]["folder"]]
+    assert len(pool.view.segments) == 1 and _folders(path) == [
+        pool.store.snapshot().segments[0].folder]
     pool.close()
 
 
@@ -168,7 +168,7 @@ def test_snapshot_files_are_private(tmp_path):
 
 _FULL_DISK = """
 import resource, signal, sys
-from suffixspec.pools.persistent import write_snapshot
+from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import DiskFullError, PoolStore
 # Writes past this size fail as on a full disk (EFBIG instead of ENOSPC).
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -194,8 +194,8 @@ def test_a_full_disk_during_a_build_keeps_the_last_snapshot(tmp_path):
     assert "could not write the snapshot" in out.stdout, out.stdout + out.stderr
     assert _folders(path) == before  # the half-written folder is gone
     pool = PersistentPool(path)
-    assert [seg["folder"] for seg in pool.store.snapshot_info()["segments"]] == before
-    assert len(pool.segments) == 1
+    assert [seg.folder for seg in pool.store.snapshot().segments] == before
+    assert len(pool.view.segments) == 1
     pool.close()
     assert _drafts(path) == reference
 
@@ -204,25 +204,31 @@ def test_files_checked_once_are_not_read_again_until_written(tmp_path, monkeypat
     path = tmp_path / "pool.lmdb"
     _pool(path, n=30)
     store = PoolStore(path)
-    seg = store.snapshot_info()["segments"][0]
-    folder = store.snapshot_folders / seg["folder"]
+    seg = store.snapshot().segments[0]
+    folder = store.snapshot_folders / seg.folder
     monkeypatch.setattr(files, "RACY_S", -1.0)  # no wait for file times to settle
-    read = []
-    checksum = files.file_checksum
+    read, checked = [], []
+    checksum, check = files.file_checksum, view.check_segment
     monkeypatch.setattr(files, "file_checksum", lambda p: read.append(p) or checksum(p))
-    files.open_arrays(folder, seg["arrays"])
-    assert len(read) == len(seg["arrays"])  # the first open reads every file
-    files.open_arrays(folder, seg["arrays"])
-    assert len(read) == len(seg["arrays"])  # the next reads none
+    monkeypatch.setattr(view, "check_segment", lambda *a: checked.append(1) or check(*a))
+
+    def open_it():
+        _, stamps = view.open_segment(folder, seg, DEPTH, None, store.stamps(seg.folder))
+        if stamps is not None:
+            store.record_stamps(seg.folder, stamps)
+
+    open_it()
+    assert len(read) == len(seg.arrays) and checked == [1]  # the first open checks everything
+    open_it()
+    assert len(read) == len(seg.arrays) and checked == [1]  # the next reads nothing
+    # A stamp file copied into the folder plays no part: stamps live in the pool file.
+    (folder / ".verified").write_text('{"nodes": [0, 0, 0, 0, 0]}')
+    open_it()
+    assert len(read) == len(seg.arrays)
     nodes = folder / "nodes.bin"
     data = bytearray(nodes.read_bytes())
     data[len(data) // 3] ^= 0x04
     nodes.write_bytes(bytes(data))  # written since: checked again, and refused
     with pytest.raises(ValueError, match="checksum"):
-        files.open_arrays(folder, seg["arrays"])
-    (folder / files.VERIFIED).write_text("{not json")  # a damaged record: every file is read
-    read.clear()
-    with pytest.raises(ValueError, match="checksum"):
-        files.open_arrays(folder, seg["arrays"])
-    assert read
+        open_it()
     store.close()

@@ -124,7 +124,7 @@ def test_a_pool_drafts_from_its_snapshot_and_new_outputs_counted_together(tmp_pa
     pool.write_snapshot()
     for out in ([1, 2, 3, 9], [1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 3, 8]):
         pool.add(np.array(out, np.int32), "default")
-    assert len(pool.segments) == 1
+    assert len(pool.view.segments) == 1
     drafts = {}
     for name, cross in (("pool", pool), ("memory", None)):
         p = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, pool=cross,
@@ -155,7 +155,7 @@ def test_a_pool_of_several_segments_drafts_as_one_index(tmp_path):
             memory.cross.add(out, "default")
         if hi < 90:
             pool.write_snapshot()
-    assert len(pool.segments) == 3 and pool.store.snapshot_info()["segments"][0]["last"] == 60
+    assert len(pool.view.segments) == 3 and pool.store.snapshot().segments[0].last == 60
     assert pool.tokens == memory.cross.tokens
     segmented = SuffixProposer(max_depth=16, max_spec_tokens=1, draft_cost=0.0, pool=pool,
                                tokenizer=tok, anchors=False, cross_pool_tokens=None)

@@ -210,11 +210,10 @@ def snapshot_cmd(pool, jobs, as_json):
                 generation = _snapshot_with_progress(store, jobs)
             except PoolError as e:
                 raise click.ClickException(str(e)) from e
-            tokens, compacted = store.snapshot_info()["tokens"], True
-    if pending:  # a cut-short forget: snapshot and compact, with the pool open
+            tokens, compacted = store.snapshot().tokens, True
+    if pending:  # a cut-short forget: opening the pool finishes it (snapshot, compaction)
         with open_pool(pool, snapshot_jobs=jobs) as p:
-            p._finish_forget(timeout=10.0)
-            generation = p.store.snapshot_info()["generation"]
+            generation = p.store.snapshot().generation
             tokens, compacted = p.tokens, p.compacted
     _emit({"generation": generation, "tokens": tokens, "compacted": compacted,
            "seconds": round(time.perf_counter() - t0, 3)}, as_json)
@@ -238,7 +237,7 @@ def add_segment_cmd(pool, sources, jobs, as_json):
     Example:
       suffixspec add-segment pool.lmdb shard-0.lmdb shard-1.lmdb
     """
-    from suffixspec.pools.segments import add_pool
+    from suffixspec.pools.segments import AlreadyAdded, add_pool
 
     t0 = time.perf_counter()
     if not Path(pool).exists():
@@ -248,13 +247,17 @@ def add_segment_cmd(pool, sources, jobs, as_json):
     else:
         store = _store(pool)
     added = 0
+    skipped = []
     with store:
         for source in sources:
             try:
                 added += add_pool(store, source, jobs=jobs)
+            except AlreadyAdded as e:  # a retried run goes on with the others
+                click.echo(f"skipped: {e}", err=True)
+                skipped.append(source)
             except PoolError as e:
                 raise click.ClickException(str(e)) from e
-        info = store.snapshot_info()
-    _emit({"sequences": added, "segments": len(info["segments"]) if info else 0,
-           "snapshot_tokens": info["tokens"] if info else 0,
+        snap = store.snapshot()
+    _emit({"sequences": added, "skipped": skipped, "segments": len(snap.segments) if snap else 0,
+           "snapshot_tokens": snap.tokens if snap else 0,
            "seconds": round(time.perf_counter() - t0, 3)}, as_json)

@@ -297,7 +297,7 @@ class _ProposerTries:
         self.scratch = _Scratch()
 
     def global_index(self) -> SuffixIndex | None:
-        return None if self.proposer.cross is None else self.proposer.cross.delta
+        return None if self.proposer.cross is None else self.proposer.cross.delta.index
 
     def start(self, req_id, prompt: np.ndarray) -> int | None:
         self.proposer.start_request(req_id, prompt)
@@ -324,9 +324,10 @@ class _ProposerTries:
             mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec,
                             self.scratch)
             pool = prop.cross
-            if pool is None or not pool.trees:
+            if pool is None or not pool.delta.trees:
                 return mine
-            other = _best_of(pool.delta, pool.trees[next(iter(pool.trees))], ctx, limit, knobs,
+            trees = pool.delta.trees
+            other = _best_of(pool.delta.index, trees[next(iter(trees))], ctx, limit, knobs,
                              tree_spec, self.scratch)
             return mine if mine.score >= other.score else other
         factor, offset, min_prob = (default if given == arctic else given

@@ -136,22 +136,17 @@ def _build_one(work: Path, max_depth: int, p: int, table, keep: np.ndarray,
                arena: np.ndarray) -> dict:
     """Index the suffixes ``keep`` selects over the token file ``arena``."""
     lengths, trees = table["lengths"], table["trees"]
-    ix = SuffixIndex(max_depth, node_capacity=1 << 16, token_capacity=1)
+    n = lengths.shape[0]
     # Sequences are placed in order, exactly over their tokens, which
     # indexing writes again unchanged: every partition shares ``arena``.
-    ix.arena = arena
-    for _ in range(int(table["n_trees"])):
-        ix.add_tree()
-    n = lengths.shape[0]
-    ix.seqs = np.zeros((max(n, 1), lay.SEQ_FIELDS), np.int64)
-    ix._next_seq = n
+    ix = SuffixIndex.over_tokens(max_depth, arena, n, int(table["n_trees"]))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     roots = ix.roots[trees].astype(np.int64)
     i = 0
     while i < n:
-        i = part.index_run(ix._flat(), np.int64(i), offsets, roots, keep)
+        i = part.index_run(tuple(ix.arrays()), np.int64(i), offsets, roots, keep)
         if i < n:
-            ix._make_room(int(i), 0)  # nodes or child table ran short
+            ix.grow_for(int(i))  # nodes or child table ran short
     arrays = ix.to_arrays()
     # Every partition has the same token storage and sequences: only the
     # first one's sequences are kept, and the token file is written already.

@@ -5,10 +5,11 @@ A snapshot folder holds ``meta``, ``nodes``, ``hkeys``, ``hvals``, ``arena``,
 ``SuffixIndex.to_arrays``, raw, native byte order).  Their description lives
 in the pool file, so a folder is only used by the pool that names it.
 Arrays are written streaming (``Writer``), read as read-only memory maps, and
-checked against their size and checksum before any kernel sees them: the
-kernels index them without bounds checks.  A file that has not been written
-since its last check (same size, inode and file times, ``VERIFIED``) is not
-read again, so reopening a large pool costs no checksum.  The checksum is XXH3-64
+checked against their size and checksum before any kernel sees them (and
+their structure, ``validate``): the kernels index them without bounds
+checks.  A file that has not been written since its last check (same size,
+inode and file times, as stamped in the pool file) is not read again, so
+reopening a large pool costs no checksum.  The checksum is XXH3-64
 (``xxhash``), which checks a map several times faster than CRC-32, so a large
 pool opens quickly.
 """
@@ -17,11 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import mmap
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -88,26 +87,26 @@ def sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-#: In a snapshot folder: the files whose checksum was verified, with their
-#: size, inode, mtime and ctime then.  A file whose stat is unchanged since
-#: has not been written through the file system, so it is not read again.
-VERIFIED = ".verified"
-
-#: A stamp is kept only for a file last changed this long before: file times
-#: tick coarsely, so a write just after a check could leave them unchanged.
+#: A file's stamp is kept only once it was last changed this long before: file
+#: times tick coarsely, so a write just after a check could leave them unchanged.
 RACY_S = 2.0
 
 
-def open_arrays(folder: Path, described: dict, check: bool = True) -> dict[str, np.ndarray]:
-    """Read-only memory maps of a snapshot folder's arrays.
+def open_arrays(folder: Path, described: dict,
+                stamps: dict | None = None) -> tuple[dict[str, np.ndarray], set[str], dict]:
+    """Read-only memory maps of a snapshot folder's arrays, checked.
 
-    Raises ``ValueError`` naming the file when one has another size or (with
-    ``check``) fails its checksum; ``FileNotFoundError`` when one is gone.
-    A file is checked only if it was written since its last check
-    (``VERIFIED``), which then records it.
+    ``stamps`` name files checked before: ``name -> [size, inode, mtime,
+    ctime, checksum]``.  A file whose stat and checksum are as stamped is not
+    read; every other one is checked against its checksum.  Returns the
+    arrays, the names checked now, and the stamps of those (the ones last
+    changed more than ``RACY_S`` ago) to keep.  Raises ``ValueError`` naming
+    the file when one has another size or fails its checksum,
+    ``FileNotFoundError`` when one is gone.
     """
     folder = Path(folder)
-    stamps = _read_stamps(folder) if check else {}
+    stamps = stamps or {}
+    checked: set[str] = set()
     fresh = {}
     out = {}
     for name, (dtype, shape, checksum) in described.items():
@@ -118,38 +117,17 @@ def open_arrays(folder: Path, described: dict, check: bool = True) -> dict[str, 
         if st.st_size != size:
             raise ValueError(f"{path} has {st.st_size} bytes, its description says {size}")
         stamp = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, checksum]
-        if check and stamps.get(name) != stamp:
+        if stamps.get(name) != stamp:
             if file_checksum(path) != checksum:
                 raise ValueError(f"{path} fails its checksum")
+            checked.add(name)
             if time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
                 fresh[name] = stamp
         if size == 0:
             out[name] = np.zeros(shape, dt)
         else:
             out[name] = np.memmap(path, dt, "r", shape=tuple(shape)).view(np.ndarray)
-    if fresh:
-        _write_stamps(folder, {**stamps, **fresh})
-    return out
-
-
-def _read_stamps(folder: Path) -> dict:
-    try:
-        stamps = json.loads((folder / VERIFIED).read_text())
-        return stamps if isinstance(stamps, dict) else {}
-    except (OSError, ValueError):
-        return {}  # none yet, or unreadable: every file is checked
-
-
-def _write_stamps(folder: Path, stamps: dict) -> None:
-    """Record verified files, if the folder can be written (a reader's may not)."""
-    tmp = folder / f"{VERIFIED}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(stamps, f)
-        os.replace(tmp, folder / VERIFIED)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    return out, checked, fresh
 
 
 @contextlib.contextmanager

@@ -5,8 +5,9 @@
 token budget with oldest-first eviction.  ``suffixspec.pools.persistent`` adds a pool
 kept in LMDB.  All wrap ``SuffixIndex``; the batch kernel reads their arrays.
 
-A cross pool offers the batch kernel ``delta``, the appendable part, and
-``segments``, read-only snapshot segments (none for in-memory pools).
+A cross pool offers the batch kernel ``delta`` (``Delta``), the appendable
+part, and ``view`` (``suffixspec.pools.view``), its read-only snapshot
+segments (none for in-memory pools).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from suffixspec.config import (DEFAULT_CROSS_POOL_TOKENS, DEFAULT_NAMESPACE, DEFAULT_REUSE_TOKENS,
                                check_namespace)
 from suffixspec.index import SuffixIndex
-from suffixspec.native import layout as lay
+from suffixspec.pools.view import EMPTY_VIEW
 
 
 KEEP_REQUESTS = 64  # finished trees ``start`` compares a prompt with, at most
@@ -98,16 +99,94 @@ class RequestPool:
         return best
 
 
+class Delta:
+    """The appendable, in-memory part of a cross-request pool: one tree per namespace.
+
+    ``begin`` opens a sequence for a request's output, ``extend`` appends,
+    ``close`` ends it and keeps it committed (oldest first, for eviction),
+    ``remove`` takes one out.  ``generation`` bumps whenever a tree's root may
+    have changed (a new namespace, a rebuild).
+    """
+
+    def __init__(self, max_depth: int):
+        self.max_depth = max_depth
+        self.index = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
+                                 token_capacity=1 << 16)
+        self.trees: dict[str, int] = {}
+        self.committed: OrderedDict[int, None] = OrderedDict()
+        self.generation = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.index.live_tokens
+
+    def tree(self, namespace: str) -> int:
+        """The tree of ``namespace``, created on first use."""
+        tree = self.trees.get(namespace)
+        if tree is None:
+            tree = self.trees[namespace] = self.index.add_tree()
+            self.generation += 1  # cached root lists may now be incomplete
+        return tree
+
+    def root(self, namespace: str) -> int:
+        """``namespace``'s root node (-1: none yet)."""
+        tree = self.trees.get(namespace)
+        return -1 if tree is None else int(self.index.roots[tree])
+
+    def begin(self, namespace: str, anchors: np.ndarray | None = None,
+              capacity: int = 256, seq: int | None = None) -> int:
+        """Open a sequence that starts with ``anchors`` (see ``suffixspec.anchors``)."""
+        s = self.index.add_sequence(self.tree(namespace), capacity=capacity, seq=seq)
+        if anchors is not None and anchors.shape[0]:
+            self.index.extend(s, anchors)
+        return s
+
+    def extend(self, seq: int, tokens: np.ndarray) -> None:
+        self.index.extend(seq, tokens)
+
+    def add(self, tokens: np.ndarray, namespace: str) -> int:
+        """Index a finished sequence in one call and keep it committed."""
+        seq = self.begin(namespace, capacity=max(tokens.shape[0], 1))
+        self.index.extend(seq, tokens)
+        self.close(seq)
+        return seq
+
+    def close(self, seq: int) -> None:
+        self.index.close(seq)
+        self.committed[seq] = None
+
+    def remove(self, seq: int) -> None:
+        self.committed.pop(seq, None)
+        self.index.remove(seq)
+
+    def evict(self, over) -> list[int]:
+        """Remove committed sequences, oldest first, while ``over()``; returns them."""
+        gone = []
+        while self.committed and over():
+            seq, _ = self.committed.popitem(last=False)
+            self.index.remove(seq)
+            gone.append(seq)
+        return gone
+
+    def maybe_rebuild(self) -> None:
+        """Removed sequences keep their tokens while labels may read them;
+        rebuilding reclaims them once they outweigh the live ones."""
+        if self.index.dead_tokens > max(self.index.live_tokens, 1 << 16):
+            self.index.rebuild()
+            self.generation += 1
+
+
 class CrossPool:
-    """Outputs of past and in-flight requests, one tree per namespace.
+    """Outputs of past and in-flight requests, in memory, one tree per namespace.
 
     ``begin(namespace)`` opens a sequence for a request's output, ``extend``
     appends to it, ``commit`` keeps it and ``discard`` removes it.  Committed
     sequences are evicted oldest first once ``max_tokens`` tokens or
-    ``max_sequences`` sequences are exceeded (None: unbounded).
+    ``max_sequences`` sequences are exceeded (None: unbounded).  It has no
+    snapshot: its ``view`` is empty.
     """
 
-    segments: tuple = ()  # snapshot segments (read-only indexes), oldest first
+    view = EMPTY_VIEW
 
     def __init__(self, max_depth: int, max_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS,
                  max_sequences: int | None = None):
@@ -118,45 +197,25 @@ class CrossPool:
         self.max_depth = max_depth
         self.max_tokens = max_tokens
         self.max_sequences = max_sequences
-        self.delta = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
-                                 token_capacity=1 << 16)
-        self.trees: dict[str, int] = {}
-        self._committed: OrderedDict[int, None] = OrderedDict()
-        self.generation = 0  # bumps whenever tree ids may have changed
+        self.delta = Delta(max_depth)
         self._lock = threading.RLock()  # shared with the proposer drafting from it
 
     @property
     def tokens(self) -> int:
-        return self.delta.live_tokens
-
-    def tree(self, namespace: str) -> int:
-        """The delta tree of ``namespace``, created on first use."""
-        tree = self.trees.get(namespace)
-        if tree is None:
-            tree = self.trees[namespace] = self.delta.add_tree()
-            self.generation += 1  # cached root lists may now be incomplete
-        return tree
-
-    def roots(self, namespaces) -> list[list[int]]:
-        """Per namespace, its root node ids on every side, -1 where none.
-
-        Side 0 is ``delta``, side k is snapshot segment k - 1 (``segments``;
-        an in-memory pool has none).  The trees of one namespace are drafted
-        from together.
-        """
-        pad = [-1] * lay.SEGMENTS
-        return [[int(self.delta.roots[self.trees[ns]]) if ns in self.trees else -1, *pad]
-                for ns in namespaces]
+        return self.delta.tokens
 
     def want(self, namespaces) -> None:
         """Namespaces requests draw from; an in-memory pool indexes everything anyway."""
 
     def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
-        """Open a sequence for an output; it starts with ``anchors`` (see ``suffixspec.anchors``)."""
-        seq = self.delta.add_sequence(self.tree(check_namespace(namespace)), capacity=256)
-        if anchors is not None and anchors.shape[0]:
-            self.delta.extend(seq, anchors)
-        return seq
+        """Open a sequence for an output; it starts with ``anchors`` (see
+        ``suffixspec.anchors``).  Returns its handle: here its delta sequence."""
+        return self.delta.begin(check_namespace(namespace), anchors)
+
+    @staticmethod
+    def seq_of(handle: int) -> int:
+        """The delta sequence of an open output (its handle, in memory)."""
+        return handle
 
     def extend(self, seq: int, tokens: np.ndarray) -> None:
         self.delta.extend(seq, tokens)
@@ -171,29 +230,20 @@ class CrossPool:
 
     def commit(self, seq: int, request_id: str = "") -> None:
         self.delta.close(seq)
-        self._committed[seq] = None
-        self._evict()
+        self.delta.evict(self._over)
+        self.delta.maybe_rebuild()
 
     def discard(self, seq: int) -> None:
-        self._committed.pop(seq, None)
         self.delta.remove(seq)
-        self._maybe_rebuild()
+        self.delta.maybe_rebuild()
 
-    def refresh(self, force: bool = False) -> None:
+    def refresh(self) -> None:
         """In-memory pools have nothing to pick up from other processes."""
 
-    def _evict(self) -> None:
-        while self._committed and (
-                (self.max_tokens is not None and self.delta.live_tokens > self.max_tokens)
-                or (self.max_sequences is not None
-                    and len(self._committed) > self.max_sequences)):
-            seq, _ = self._committed.popitem(last=False)
-            self.delta.remove(seq)
-        self._maybe_rebuild()
+    def close(self) -> None:
+        """Nothing to let go of."""
 
-    def _maybe_rebuild(self) -> None:
-        # Removed sequences keep their tokens while labels may read them;
-        # rebuilding reclaims them once they outweigh the live ones.
-        if self.delta.dead_tokens > max(self.delta.live_tokens, 1 << 16):
-            self.delta.rebuild()
-            self.generation += 1
+    def _over(self) -> bool:
+        return ((self.max_tokens is not None and self.delta.tokens > self.max_tokens)
+                or (self.max_sequences is not None
+                    and len(self.delta.committed) > self.max_sequences))

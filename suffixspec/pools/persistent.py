@@ -1,240 +1,367 @@
-"""``PersistentPool``: a cross-request pool kept in LMDB.
+"""``PersistentPool``: a cross-request pool kept in LMDB, shared by every process on a host.
 
-It drafts from its snapshot *segments* and the *delta* at once, their counts
-added up (``native.union``).  A segment is an index over the sequences of one
-id range, kept as files beside the pool and memory-mapped read-only, so
-opening a large pool costs no re-indexing (``segments``).  The delta is an
-in-memory index over what no segment covers: this process's requests (in
-flight and finished), what other processes committed since, picked up by
-``refresh()``, and a range whose segment is being rebuilt after a
-``forget``.
+It drafts from its snapshot *segments* (``view``, memory-mapped, read-only)
+and the *delta* (an in-memory ``Delta``) at once, their counts added up
+(``native.union``).  The delta holds what no segment covers: this process's
+requests (in flight and finished), what other processes committed since,
+picked up by ``refresh``, and ranges whose segment is being rebuilt.
 
-Sequences are committed to the store when a request finishes.  Snapshots are
-written by ``write_snapshot()`` (the ``ingest``, ``snapshot``, ``prune`` and
-``forget`` commands call it, and a pool may call it itself every
-``snapshot_every`` committed tokens); that is also when ``max_tokens`` and
-``ttl`` are enforced, so between snapshots a pool may hold more.  Readers see
-others' commits within ``refresh_interval`` seconds, or at once on
-``refresh(force=True)``.
+Serving calls (``refresh``, ``begin``, ``extend``, ``commit``, ``discard``)
+return in bounded time whatever maintenance runs beside them:
+
+* commits go to the pool file from a writer thread, so a commit never waits
+  for the file (a compaction holds it while it rewrites it);
+* ``refresh`` picks up others' commits ``catch_up_tokens`` at a time, and
+  only when it can read the file without waiting;
+* when the snapshot changes (a merge, a ``forget``, an ``add-segment``), or
+  a namespace is asked for, a loader thread maps and checks the new segments
+  and indexes what they leave uncovered into a new delta, which the next
+  ``refresh`` swaps in; segments a ``forget`` dropped, and sequences it
+  deleted, stop being drafted at once;
+* with ``snapshot_every``, the snapshot is written by a child process.
+
+``write_snapshot``, ``prune`` and ``forget`` (the CLI's maintenance) run in
+the calling thread.  Readers see others' commits within
+``refresh_interval`` seconds, or at once on ``refresh(force=True)``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import subprocess
+import sys
 import threading
 import time
-import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from suffixspec.anchors import anchor_count
-from suffixspec.config import DEFAULT_NAMESPACE
+from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
 from suffixspec.fingerprint import TokenizerId
-from suffixspec.index import SuffixIndex
-from suffixspec.locking import locked
 from suffixspec.native import layout as lay
 from suffixspec.pools import files, segments
-from suffixspec.pools.memory import CrossPool
-from suffixspec.pools.segments import write_snapshot
-from suffixspec.pools.store import CorruptPoolError, PoolStore, StoredSequence
+from suffixspec.pools.memory import Delta
+from suffixspec.pools.store import PoolError, PoolStore
+from suffixspec.pools.view import MappedSegment, PoolView, open_segment
 
-
-WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
 logger = logging.getLogger(__name__)
 
+#: Seconds between looks for others' commits and a new snapshot.
+REFRESH_INTERVAL = 1.0
+#: Tokens of others' commits one ``refresh`` indexes at most (about 20 ms here).
+CATCH_UP_TOKENS = 1 << 13
+#: Stored sequences read at once by the loader (it takes the store between reads).
+READ_BATCH = 512
+#: Commits stored in one transaction at most.
+WRITE_BATCH = 1024
+#: Times the loader reads the snapshot again when a newer one replaced it while it mapped.
+MAP_ATTEMPTS = 5
 
-def _let_go_when_asked(ref, stop: threading.Event) -> None:
-    """Close the pool's file whenever a compaction asks, until ``stop``."""
-    while not stop.wait(WATCH_INTERVAL):
-        pool = ref()
-        if pool is None or pool._watch_pid != os.getpid():
-            return
-        with pool._lock:  # never during a proposer call or a pool operation
-            if not stop.is_set():
-                pool.store.yield_to_compaction()  # the next operation reopens
-        del pool
+
+class _Replaced(Exception):
+    """A segment's folder is gone: a newer snapshot replaced it."""
 
 
-class PersistentPool(CrossPool):
+@dataclass
+class _Prepared:
+    """A delta and view the loader made, to swap in at the next ``refresh``."""
+
+    view: PoolView
+    delta: Delta
+    ids: dict[int, int]            # committed delta sequence -> store id
+    upto: int                      # stored ids up to this are in it, or in the view
+    copied: dict[int, tuple]       # open output's handle -> (its sequence here, tokens copied)
+    wanted: frozenset | None
+    deletes: int
+    inode: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class PersistentPool:
     """A cross-request pool in an LMDB file; see the module docstring.
 
-    ``path`` names the pool file; creating one needs ``tokenizer`` and
-    ``max_depth``, and opening one with another tokenizer is refused.
+    ``path`` names the pool file (or is a ``PoolStore``); creating one needs
+    ``tokenizer`` and ``max_depth``, and opening one with another tokenizer
+    is refused.  Pools of one file in one process share its ``PoolStore`` and
+    lock, and each has its own delta and view, as separate processes would.
+    ``max_tokens`` and ``ttl`` bound the pool at each snapshot (``max_tokens``
+    bounds the tokens indexed in memory too).
     """
 
     def __init__(self, path: str | Path | PoolStore, tokenizer: TokenizerId | None = None,
                  max_depth: int | None = None, max_tokens: int | None = None,
-                 ttl: float | None = None, refresh_interval: float = 1.0,
+                 ttl: float | None = None, refresh_interval: float = REFRESH_INTERVAL,
                  snapshot_every: int | None = None, durable: bool = True,
-                 catch_up_tokens: int = 1 << 17, snapshot_jobs: int = 1):
-        self.store = path if isinstance(path, PoolStore) else PoolStore(
-            path, tokenizer, max_depth, durable=durable)
-        super().__init__(self.store.max_depth, max_tokens=None)
-        self.budget = max_tokens
+                 catch_up_tokens: int = CATCH_UP_TOKENS, snapshot_jobs: int = 1):
+        self._shared = not isinstance(path, PoolStore)
+        self.store = PoolStore.shared(path, tokenizer, max_depth, durable) if self._shared \
+            else path
+        self.max_depth = self.store.max_depth
+        self.max_tokens = max_tokens
         self.ttl = ttl
         self.refresh_interval = refresh_interval
         self.snapshot_every = snapshot_every
         self.snapshot_jobs = snapshot_jobs
-        self.segments: tuple[SuffixIndex, ...] = ()  # drafted, oldest first
-        self._segment_trees: list[dict[str, int]] = []
-        self._covered: list[tuple[int, int]] = []  # id ranges the segments cover
-        self._mapped: dict[str, SuffixIndex] = {}  # folder -> its segment, mapped and checked
-        self._txn = None
-        self._snapshot_generation = 0
-        self._inode = None
-        self._seen = 0            # highest store id indexed (base or delta)
-        self._own: set[int] = set()  # ids this process committed and indexed already
-        self._open: dict[int, str] = {}  # open delta sequence -> namespace
-        self._since_snapshot = 0
-        self._last_refresh = 0.0
-        self._stale = False
-        self.wanted: set[str] | None = None  # namespaces to index (None: all)
         self.catch_up_tokens = catch_up_tokens
-        self.behind = False  # other processes' commits are still being indexed
+        self._lock = self.store.lock  # shared with the proposers drafting from it
+        self.delta = Delta(self.max_depth)
+        self.view = PoolView()
+        self.wanted: set[str] | None = None  # namespaces to index (None: all)
+        self.behind = False  # others' commits are still being indexed
         self.compacted = True  # False while a forget's compaction is pending
-        self.store.remap_listeners.append(self._drop_snapshot_view)
-        self._snapshot_warned = None  # generation of the unusable snapshot last logged
-        self._watch_stop = threading.Event()
-        self._watch_pid = None
-        self._load()
-        if not self.store.readonly:
-            self.store.remove_leftovers()
-            self._remove_stale_snapshots()
-            if self.store.compaction_pending():
-                self._finish_forget(timeout=0.0)  # a forget was cut short: finish it
-        self._watch()
+        self._open: dict[int, tuple[int, str]] = {}  # open output: handle -> (sequence, namespace)
+        self._handles = 0
+        self._ids: dict[int, int] = {}  # committed delta sequence -> store id
+        self._seen = 0  # stored ids up to this are indexed (delta or view)
+        self._own: set[int] = set()  # ids this process committed and indexed already
+        self._deletes = 0
+        self._inode = None
+        self._last_refresh = 0.0
+        self._since_snapshot = 0
+        self._loader: threading.Thread | None = None
+        self._prepared: _Prepared | None = None
+        self._reload = False  # a reload is due once the current one ends
+        self._warned: set[str] = set()
+        self._snapshotter: subprocess.Popen | None = None
+        self._writes: queue.Queue = queue.Queue()
+        self._writing = 0  # commits taken by the writer and not yet stored
+        self._write_error: Exception | None = None
+        self._closed = False
+        with self._lock:
+            self._swap(self._prepare())
+            if not self.store.readonly:
+                self.store.remove_leftovers()
+                self._remove_stale_snapshots()
+                if self.store.compaction_pending():
+                    try:  # a forget was cut short: finish it
+                        self._finish_forget(timeout=0.0)
+                    except PoolError as e:  # what it deleted is not drafted: serve on
+                        self._warn("forget", f"suffixspec: a forget on {self.store.path} is "
+                                             f"not finished ({e}); the next open or `suffixspec "
+                                             f"snapshot` that can, finishes it")
+        self.store.watch()
+        self._writer = threading.Thread(target=self._write_loop, name="suffixspec-pool-writer",
+                                        daemon=True)
+        self._writer.start()
 
     # ----------------------------------------------------------- cross pool
     @property
     def tokens(self) -> int:
-        return (sum(int(seg.meta[lay.META_LIVE_TOKENS]) for seg in self.segments)
-                + self.delta.live_tokens)
+        return self.view.tokens + self.delta.tokens
 
-    def roots(self, namespaces) -> list[list[int]]:
-        rows = super().roots(namespaces)
-        for row, ns in zip(rows, namespaces):
-            for k, (seg, trees) in enumerate(zip(self.segments, self._segment_trees)):
-                if ns in trees:
-                    row[1 + k] = int(seg.roots[trees[ns]])
-        return rows
-
-    @locked
     def want(self, namespaces) -> None:
-        """Index only these namespaces (and any asked for later) of what others commit.
+        """Index only these namespaces (and any asked for later) of what is not in the view.
 
-        Until the first call every namespace is indexed.  A namespace asked
-        for later is picked up at the next ``refresh``.
+        Until the first call every namespace is indexed.  One asked for later
+        is indexed in the background (its new commits at once).
         """
-        new = set(namespaces) if self.wanted is None else set(namespaces) - self.wanted
-        if new:
-            self.wanted = new | (self.wanted or set())
-            self._stale = True
+        with self._lock:
+            new = set(namespaces) if self.wanted is None else set(namespaces) - self.wanted
+            if new:
+                first = self.wanted is None  # everything is indexed until then
+                self.wanted = new | (self.wanted or set())
+                if not first:
+                    self._start_loader()
 
-    @locked
     def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
-        seq = super().begin(namespace, anchors)
-        self._open[seq] = namespace
-        return seq
+        """Open a sequence for an output, after its ``anchors``; returns its handle.
 
-    @locked
-    def commit(self, seq: int, request_id: str = "") -> None:
-        """Store the finished sequence (one transaction) and keep it indexed."""
-        namespace = self._open.pop(seq)
-        tokens = self.delta.sequence(seq)
-        self.delta.close(seq)
-        if tokens.shape[0] == anchor_count(tokens):
-            return  # no output
-        store_id = self.store.add(tokens, namespace, source="engine", request_id=str(request_id))
-        self._own.add(store_id)
-        self._committed[seq] = None
-        self._evict()
-        if self._stale:
-            self._load()  # the map grew: map the snapshot again
-        self._since_snapshot += tokens.shape[0]
-        if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
-            self.write_snapshot()
+        The handle stays valid when the pool reloads its delta; ``seq_of``
+        gives the sequence the output has in the delta now.
+        """
+        with self._lock:
+            seq = self.delta.begin(check_namespace(namespace), anchors)
+            self._handles += 1
+            self._open[self._handles] = (seq, namespace)
+            return self._handles
 
-    @locked
-    def discard(self, seq: int) -> None:
-        self._open.pop(seq, None)
-        self.delta.remove(seq)
+    def seq_of(self, handle: int) -> int:
+        """The delta sequence of an open output."""
+        return self._open[handle][0]
 
-    @locked
+    def extend(self, handle: int, tokens: np.ndarray) -> None:
+        with self._lock:
+            self.delta.extend(self._open[handle][0], tokens)
+
+    def commit(self, handle: int, request_id: str = "") -> None:
+        """Keep the finished output: drafted from at once, stored by the writer thread."""
+        with self._lock:
+            seq, namespace = self._open.pop(handle)
+            tokens = self.delta.index.sequence(seq)
+            self.delta.close(seq)
+            if tokens.shape[0] == anchor_count(tokens):
+                self.delta.remove(seq)
+                return  # no output
+            self._writing += 1
+            self._writes.put((tokens, namespace, str(request_id), self.delta, seq))
+            self._evict()
+            self._since_snapshot += tokens.shape[0]
+            if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
+                self._snapshot_in_child()
+
+    def discard(self, handle: int) -> None:
+        with self._lock:
+            seq, _ = self._open.pop(handle)
+            self.delta.remove(seq)
+
     def add(self, tokens: np.ndarray, namespace: str = DEFAULT_NAMESPACE,
             anchors: np.ndarray | None = None) -> int:
-        seq = self.begin(namespace, anchors)
-        self.delta.extend(seq, tokens)
-        self.commit(seq)
-        return seq
+        """Commit a finished output (after its ``anchors``) in one call."""
+        handle = self.begin(namespace, anchors)
+        self.extend(handle, tokens)
+        self.commit(handle)
+        return handle
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every commit so far is in the pool file; False on ``timeout``.
+        Raises the writer's error, if it met one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._write_error is not None:
+                    raise self._write_error
+                if not self._writing:
+                    return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
 
     # -------------------------------------------------------------- refresh
-    @locked
     def refresh(self, force: bool = False) -> None:
-        """Pick up what other processes committed, or a newer snapshot."""
-        self._watch()
-        now = time.monotonic()
-        if self.store.yield_to_compaction() or self._stale:
-            self._load()  # waits for the compaction, then maps the new file
+        """Pick up a reloaded delta and view, others' commits, a new snapshot.
+
+        Bounded: nothing here waits for the file or indexes more than
+        ``catch_up_tokens``; what takes longer runs in the loader thread.
+        ``force`` (tools and tests, not serving): everything at once, a new
+        snapshot included, however long it takes.
+        """
+        if force:
+            self.flush()
+            with self._lock:
+                if self._file_replaced():
+                    self.store._let_go()
+                snap = self.store.snapshot()
+                if (snap.generation if snap else 0) != self.view.generation:
+                    self.reload()
+                self._drop_deleted(self.store.deletes())
+                self._catch_up(None)
             return
-        if not force and not self.behind and now - self._last_refresh < self.refresh_interval:
-            return
-        self._last_refresh = now
+        with self._lock:
+            if self._prepared is not None:
+                self._swap(self._prepared)
+            now = time.monotonic()
+            if not force and not self.behind and now - self._last_refresh < self.refresh_interval:
+                return
+            if not self.store.can_open_now():  # a compaction holds the file
+                return
+            self._last_refresh = now
+            try:
+                self._refresh_from_file()
+            except (PoolError, OSError) as e:  # drafting goes on from what is in memory
+                self._warn("refresh", f"suffixspec: {self.store.path} cannot be read ({e}); "
+                                      f"drafting from what was loaded")
+
+    def _refresh_from_file(self) -> None:
         if self._file_replaced():
-            self.store.close()
-            self._load()
+            self.store._let_go()  # a compaction or a copy replaced it: open the new one
+            self._start_loader()
             return
-        info = self.store.snapshot_info()
-        if (info["generation"] if info else 0) != self._snapshot_generation:
-            self._load()
-            return
-        self._catch_up(self.catch_up_tokens)
-        self._own = {i for i in self._own if i > self._seen}
+        with self.store.read() as txn:
+            snap = self.store.snapshot(txn)
+            deletes = self.store.deletes(txn)
+        if deletes != self._deletes:  # what a prune or forget deleted goes at once
+            self._drop_deleted(deletes)
+            self._keep_listed(snap)
+        if (snap.generation if snap else 0) != self.view.generation:
+            self._start_loader()  # until it ends, merged segments are drafted as they were
+        if not self._writing:  # while our commits are being stored, their ids are unknown
+            self._catch_up(self.catch_up_tokens)
 
     def _catch_up(self, budget: int | None) -> None:
-        """Index what others committed in the namespaces wanted.
-
-        Stops after about ``budget`` tokens (None: all); ``behind`` says the
-        next refresh goes on at once, so no single call does unbounded work.
-        """
+        """Index what others committed in the namespaces wanted, about ``budget``
+        tokens at most (None: all); ``behind`` says the next refresh goes on."""
         self.behind = False
         spent = 0
         for seq in self.store.sequences(after=self._seen):
             if seq.seq_id not in self._own and (self.wanted is None
                                                 or seq.namespace in self.wanted):
-                self._index_stored(seq)
+                self._ids[self.delta.add(seq.tokens, seq.namespace)] = seq.seq_id
             self._seen = max(self._seen, seq.seq_id)
             spent += seq.length + 64  # reading a record costs too, indexed or not
             if budget is not None and spent >= budget:
                 self.behind = True
                 break
+        self._own = {i for i in self._own if i > self._seen}
         self._evict()
 
     def _evict(self) -> None:
-        """Keep the indexed tokens within the budget by dropping the oldest from memory.
+        """Keep the indexed tokens within ``max_tokens`` by dropping the oldest
+        from memory (the file keeps them until a snapshot applies the budget)."""
+        if self.max_tokens is not None:
+            for seq in self.delta.evict(lambda: self.tokens > self.max_tokens):
+                self._ids.pop(seq, None)
+        self.delta.maybe_rebuild()  # keeps sequence ids
 
-        The store keeps them until the next snapshot applies the budget there.
-        """
-        while self._committed and self.budget is not None and self.tokens > self.budget:
-            seq, _ = self._committed.popitem(last=False)
+    def _drop_deleted(self, deletes: int) -> None:
+        """Stop drafting what was deleted since (``prune``, ``forget``)."""
+        if deletes == self._deletes:
+            return
+        with self.store.read() as txn:
+            gone = [seq for seq, sid in self._ids.items() if not self.store.holds(txn, (sid,))]
+        for seq in gone:
+            del self._ids[seq]
             self.delta.remove(seq)
-        self._maybe_rebuild()
+        self._deletes = deletes
+
+    def _keep_listed(self, snap) -> None:
+        """Stop drafting segments the snapshot no longer lists, at once."""
+        listed = {seg.folder for seg in snap.segments} if snap else set()
+        kept = tuple(s for s in self.view.segments if s.segment.folder in listed)
+        if len(kept) != len(self.view.segments):
+            self.view = PoolView(self.view.generation, kept)
 
     # ------------------------------------------------------------ snapshots
-    @locked
     def write_snapshot(self, progress=None, jobs: int | None = None) -> int:
         """Enforce ``max_tokens`` and ``ttl``, bring the segments up to date, reload.
 
-        Returns the snapshot generation.  ``progress(tokens)`` follows the
-        reading of the store; ``jobs`` (default ``snapshot_jobs``) processes
-        build each segment (``segments.write_snapshot``).
+        Runs in the calling thread (maintenance, not serving).  Returns the
+        snapshot generation.  ``progress(tokens)`` follows the reading of the
+        store; ``jobs`` (default ``snapshot_jobs``) processes build each
+        segment (``segments.write_snapshot``).
         """
-        self.prune(max_tokens=self.budget, older_than=self.ttl, snapshot=False)
-        generation = write_snapshot(self.store, self.snapshot_jobs if jobs is None else jobs,
-                                    progress)
-        self._load()
+        self.flush()
+        prune(self.store, max_tokens=self.max_tokens, older_than=self.ttl)
+        generation = segments.write_snapshot(self.store, self.snapshot_jobs if jobs is None
+                                             else jobs, progress)
+        self.reload()
         return generation
+
+    def reload(self) -> None:
+        """Map the current snapshot and index what it leaves uncovered, now."""
+        with self._lock:
+            self._swap(self._prepare())
+
+    def snapshotting(self) -> bool:
+        """Whether a snapshot child (``snapshot_every``) is still at work."""
+        return self._snapshotter is not None and self._snapshotter.poll() is None
+
+    def _snapshot_in_child(self) -> None:
+        """Write the snapshot from a child process (``snapshot_every``)."""
+        if self._snapshotter is not None and self._snapshotter.poll() is None:
+            return
+        self._since_snapshot = 0
+        args = [str(self.store.path), str(self.max_tokens), str(self.ttl),
+                str(self.snapshot_jobs)]
+        try:
+            self._snapshotter = subprocess.Popen(
+                [sys.executable, "-c", _SNAPSHOT_CHILD, *args], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as e:
+            self._warn("snapshot", f"suffixspec: no snapshot of {self.store.path} ({e})")
 
     def _remove_stale_snapshots(self) -> None:
         """Remove snapshot folders the pool no longer names, unless a snapshot is being written."""
@@ -245,28 +372,16 @@ class PersistentPool(CrossPool):
             if lock is not None:
                 segments.remove_unnamed(self.store)
 
-    @locked
     def prune(self, max_tokens: int | None = None, older_than: float | None = None,
               namespace: str | None = None, snapshot: bool = True) -> int:
         """Delete sequences older than ``older_than`` seconds and the oldest
         beyond ``max_tokens`` (within ``namespace`` if given); returns how many."""
-        now = time.time()
-        metas = list(self.store.sequences(namespace=namespace, with_tokens=False))
-        doomed = {m.seq_id for m in metas if older_than is not None and now - m.added > older_than}
-        if max_tokens is not None:
-            total = sum(m.length for m in metas if m.seq_id not in doomed)
-            for m in metas:  # oldest first
-                if total <= max_tokens:
-                    break
-                if m.seq_id not in doomed:
-                    doomed.add(m.seq_id)
-                    total -= m.length
-        deleted = self.store.delete(doomed)
+        self.flush()
+        deleted = prune(self.store, max_tokens, older_than, namespace)
         if deleted and snapshot:
             self.write_snapshot()
         return deleted
 
-    @locked
     def forget(self, request_id: str | None = None, namespace: str | None = None,
                timeout: float = 10.0) -> int:
         """Delete a request's or a namespace's sequences for real.
@@ -274,14 +389,15 @@ class PersistentPool(CrossPool):
         One transaction deletes them and drops the snapshot segments that
         hold them, so from then on no process drafts them, even if this one
         is killed.  Those segments are rebuilt (``segments``) and the file
-        compacted, so their tokens are gone from disk;
-        other processes let go of the file at their next pool operation.  If
-        one holds on past ``timeout`` seconds, ``compacted`` is False and the
-        compaction stays pending: the next forget, ``snapshot`` or open that
-        can, finishes it.  Returns how many sequences were deleted.
+        compacted, so their tokens are gone from disk; other processes let go
+        of the file at their next pool operation.  If one holds on past
+        ``timeout`` seconds, ``compacted`` is False and the compaction stays
+        pending: the next forget, ``snapshot`` or open that can, finishes it.
+        Returns how many sequences were deleted.
         """
         if (request_id is None) == (namespace is None):
             raise ValueError("forget needs exactly one of request_id and namespace")
+        self.flush()
         doomed = [m.seq_id for m in self.store.sequences(namespace=namespace, with_tokens=False)
                   if request_id is None or m.request_id == str(request_id)]
         deleted = self.store.delete(doomed, forget=True)
@@ -291,9 +407,10 @@ class PersistentPool(CrossPool):
     def _finish_forget(self, timeout: float) -> None:
         """Rebuild the dropped segments and compact the file; sets ``compacted``."""
         self.write_snapshot()
-        self._close_snapshot()
-        self.compacted = self.store.compact(timeout)
-        self._load()
+        with self._lock:
+            self.view = PoolView(self.view.generation)
+            self.compacted = self.store.compact(timeout)
+        self.reload()
 
     def save_calibration(self, table: np.ndarray) -> None:
         """Keep the proposer's calibration table, for the next process to open the pool."""
@@ -306,10 +423,21 @@ class PersistentPool(CrossPool):
             return self.store.load_table("calibration")
 
     def close(self) -> None:
-        self._watch_stop.set()
-        with self._lock:
-            self._close_snapshot()
-            self.store.close()
+        """Store what was committed, stop the threads, let go of the file."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout=60.0)
+        finally:
+            self._closed = True
+            self._writes.put(None)
+            self._writer.join(timeout=5.0)
+            if self._loader is not None:
+                self._loader.join(timeout=30.0)
+            with self._lock:
+                self.view = PoolView()
+            if self._shared:
+                self.store.release()
 
     def __enter__(self) -> PersistentPool:
         return self
@@ -317,137 +445,241 @@ class PersistentPool(CrossPool):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ------------------------------------------------------------- internal
-    def _watch(self) -> None:
-        """Run the watcher thread in this process (once; again after a fork).
-
-        A process that holds the pool open but is idle (a server without
-        requests) makes no pool operation, so it would never let go of the
-        file for another process's compaction.  The watcher lets go for it.
-        """
-        if self._watch_pid == os.getpid() or self._watch_stop.is_set():
-            return
-        self._watch_pid = os.getpid()
-        threading.Thread(target=_let_go_when_asked, args=(weakref.ref(self), self._watch_stop),
-                         name="suffixspec-pool-watcher", daemon=True).start()
-
-    def _load(self) -> None:
-        """Map the current snapshot segments and index what they do not cover into a new delta.
-
-        Open (in-flight) sequences keep their ids and tokens.
-        """
-        self._map_segments()
-        self._inode = os.stat(self.store.path).st_ino
-        old, self.delta, self.trees = self.delta, SuffixIndex(
-            self.max_depth, node_capacity=1 << 14, token_capacity=1 << 16), {}
-        for seq, namespace in sorted(self._open.items()):
-            self.delta.add_sequence(self.tree(namespace), max(old.seq_len(seq), 1), seq=seq)
-            self.delta.extend(seq, old.sequence(seq))
-        self._committed.clear()
-        self._own = set()  # the new delta holds none of them: index them from the store
-        self._seen = 0
-        for first, last in self._covered:
-            self._index_range(self._seen, first)
-            self._seen = max(self._seen, last)
-        self._catch_up(None)
-        self._since_snapshot = 0
-        self._last_refresh = time.monotonic()
-        self._stale = False
-        self.generation += 1
-
-    def _map_segments(self) -> None:
-        """Map the snapshot's segments; those mapped already stay as they are.
-
-        A segment whose files are damaged or missing is logged once and not
-        drafted from: its stored sequences are indexed instead, so nothing is
-        lost (``suffixspec snapshot`` writes it anew).  So are the smallest
-        segments beyond ``layout.SEGMENTS`` (a pool cut off between adding
-        segments and merging them).
-        """
-        if self._txn is not None:
-            self._close_snapshot()  # arrays inside the pool file: map them again
-        for attempt in range(3):
-            txn = self.store.read(buffers=True)
-            try:
-                info = self.store.snapshot_info(txn)
-                found, problems = self._open_segments(txn, info)
-            except FileNotFoundError:
-                txn.abort()  # a newer snapshot replaced a segment just now: read again
-                continue
-            except BaseException:
-                txn.abort()
-                raise
-            break
-        else:
-            info, found, problems = None, [], ["its folders keep being replaced"]
-            txn = None
-        if any("folder" not in seg for seg, _ in found):
-            self._txn = txn  # arrays in the pool file: valid while it is open
-        elif txn is not None:
-            txn.abort()  # files stay mapped without it
-        generation = info["generation"] if info else 0
-        if problems and self._snapshot_warned != generation:
-            self._snapshot_warned = generation
-            logger.warning("suffixspec: %d snapshot segment(s) of %s are not used (%s); drafting "
-                           "from their stored sequences until `suffixspec snapshot` writes them "
-                           "anew", len(problems), self.store.path, "; ".join(problems))
-        if len(found) > lay.SEGMENTS:
-            largest = sorted(found, key=lambda f: -int(f[0].get("tokens", 0)))[:lay.SEGMENTS]
-            found = [f for f in found if any(f is g for g in largest)]
-        self.segments = tuple(ix for _, ix in found)
-        self._segment_trees = [dict(seg["namespaces"]) for seg, _ in found]
-        self._covered = [(int(seg["first"]), int(seg["last"])) for seg, _ in found]
-        self._mapped = {seg["folder"]: ix for seg, ix in found if "folder" in seg}
-        self._snapshot_generation = generation
-
-    def _open_segments(self, txn, info) -> tuple[list, list[str]]:
-        """``(segment, index)`` of every usable segment of ``info``, and what was wrong with the others."""
-        found, problems = [], []
-        for seg in info["segments"] if info else []:
-            ix = self._mapped.get(seg.get("folder"))
-            if ix is None:
+    # --------------------------------------------------------------- writer
+    def _write_loop(self) -> None:
+        """Store commits in order, what has queued up in one transaction; never
+        raises into serving."""
+        while True:
+            items = [self._writes.get()]
+            while len(items) < WRITE_BATCH:
                 try:
-                    ix = SuffixIndex.from_arrays(self.store.snapshot_arrays(txn, seg),
-                                                 self.max_depth)
-                except CorruptPoolError as e:
-                    if "folder" not in seg:
-                        raise  # the pool file itself is damaged
-                    problems.append(str(e))
-                    continue
-            found.append((seg, ix))
-        return found, problems
+                    items.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            stop = items[-1] is None
+            items = [item for item in items if item is not None]
+            if items:
+                self._store_commits(items)
+            if stop:
+                return
 
-    def _index_range(self, after: int, upto: int) -> None:
-        """Index the stored sequences with ids in ``(after, upto]`` in the namespaces wanted."""
-        for seq in self.store.sequences(after=after):
-            if seq.seq_id > upto:
+    def _store_commits(self, items: list) -> None:
+        self._wait_for_file()
+        with self._lock:
+            self._writing -= len(items)
+            try:
+                ids = self.store.add_many([(tokens, namespace, "engine", request_id)
+                                           for tokens, namespace, request_id, _, _ in items])
+            except Exception as e:  # the pool file cannot take them: logged, drafting goes on
+                self._write_error = e if isinstance(e, PoolError) else PoolError(str(e))
+                self._warn("write", f"suffixspec: {len(items)} output(s) were not stored in "
+                                    f"{self.store.path}: {e}")
+                return
+            self._write_error = None
+            for sid, (_, _, _, delta, seq) in zip(ids, items):
+                if delta is self.delta and seq in delta.committed:
+                    self._own.add(sid)  # indexed already: catching up skips it
+                    self._ids[seq] = sid
+
+    # --------------------------------------------------------------- loader
+    def _start_loader(self) -> None:
+        """Prepare a new delta and view in the loader thread (again, if one runs)."""
+        if self._loader is not None and self._loader.is_alive():
+            self._reload = True
+            return
+        self._reload = False
+        self._loader = threading.Thread(target=self._load_loop, name="suffixspec-pool-loader",
+                                        daemon=True)
+        self._loader.start()
+
+    def _load_loop(self) -> None:
+        while not self._closed:
+            try:
+                prepared = self._prepare()
+            except Exception as e:  # the old delta and view stay in use
+                self._warn("load", f"suffixspec: {self.store.path} could not be reloaded "
+                                   f"({e}); drafting goes on from what was loaded")
+                return
+            with self._lock:
+                self._prepared = prepared
+                if not self._reload:
+                    return
+                self._reload = False
+
+    def _prepare(self) -> _Prepared:
+        """Map the current snapshot's segments (checking new ones) and index
+        what they leave uncovered, with this process's open sequences, into
+        a new delta.  Takes the store's lock only for short reads."""
+        for attempt in range(MAP_ATTEMPTS):
+            self._wait_for_file()
+            with self._lock:
+                wanted = None if self.wanted is None else frozenset(self.wanted)
+                mapped = self.view.by_folder()
+                copied = {h: (self.delta.index.sequence(seq), ns)
+                          for h, (seq, ns) in self._open.items()}
+                with self.store.read() as txn:
+                    snap = self.store.snapshot(txn)
+                    deletes = self.store.deletes(txn)
+                upto = self.store.last_id()
+                inode = os.stat(self.store.path).st_ino
+            problems = list(snap.refused) if snap else []
+            try:
+                view = self._map(snap, mapped, problems, last=attempt == MAP_ATTEMPTS - 1)
                 break
-            if self.wanted is None or seq.namespace in self.wanted:
-                self._index_stored(seq)
+            except _Replaced:  # a newer snapshot replaced a segment just now: read it
+                continue
+        delta = Delta(self.max_depth)
+        for h, (tokens, ns) in copied.items():  # outputs in flight, as they were
+            seq = delta.begin(ns, capacity=max(tokens.shape[0], 1))
+            delta.extend(seq, tokens)
+            copied[h] = (seq, tokens)
+        ids: dict[int, int] = {}
+        after = 0
+        for seg in view.segments:
+            self._index_range(delta, ids, after, min(seg.segment.first, upto), wanted)
+            after = max(after, seg.segment.last)
+        self._index_range(delta, ids, after, upto, wanted)
+        return _Prepared(view, delta, ids, max(upto, after), copied, wanted, deletes, inode,
+                         problems)
 
-    def _index_stored(self, seq: StoredSequence) -> None:
-        s = self.delta.add_sequence(self.tree(seq.namespace), capacity=max(seq.length, 1))
-        self.delta.extend(s, seq.tokens)
-        self.delta.close(s)
-        self._committed[s] = None
+    def _map(self, snap, mapped: dict[str, MappedSegment], problems: list[str],
+             last: bool) -> PoolView:
+        """The view of ``snap``: segments mapped already are kept, new ones
+        mapped and checked.  A segment that fails is left out (its range is
+        indexed from the stored sequences), and so are the smallest beyond
+        ``layout.SEGMENTS``.  A segment whose folder is gone was replaced by a
+        newer snapshot: ``_Replaced``, unless this is the ``last`` try."""
+        found = []
+        for seg in snap.segments if snap else ():
+            have = mapped.get(seg.folder)
+            if have is not None and have.segment == seg:
+                found.append(have)
+                continue
+            folder = self.store.snapshot_folders / seg.folder
+            if not folder.is_dir() and not last:
+                raise _Replaced
+            try:
+                with self._lock:
+                    stamps = self.store.stamps(seg.folder)
+                m, fresh = open_segment(folder, seg, self.max_depth, None, stamps)
+            except FileNotFoundError as e:  # removed mid-way: a newer snapshot replaced it
+                if not last:
+                    raise _Replaced from e
+                problems.append(f"segment {seg.folder}: {e}")
+                continue
+            except (OSError, ValueError) as e:
+                problems.append(f"segment {seg.folder}: {e}")
+                continue
+            if fresh is not None and not self.store.readonly:
+                with self._lock:
+                    self.store.record_stamps(seg.folder, fresh)
+            found.append(m)
+        if len(found) > lay.SEGMENTS:
+            largest = sorted(found, key=lambda m: -m.segment.tokens)[:lay.SEGMENTS]
+            found = [m for m in found if any(m is g for g in largest)]
+        if problems:
+            self._warn(f"segments {snap.generation if snap else 0}",
+                       f"suffixspec: {len(problems)} snapshot segment(s) of {self.store.path} are "
+                       f"not used ({'; '.join(problems)}); drafting from their stored sequences "
+                       f"until `suffixspec snapshot` writes them anew")
+        return PoolView(snap.generation if snap else 0, tuple(found))
 
-    def _drop_snapshot_view(self) -> None:
-        """The store is about to re-map the file: let go of views into it.
+    def _index_range(self, delta: Delta, ids: dict, after: int, upto: int, wanted) -> None:
+        """Index the stored sequences with ids in ``(after, upto]`` in the namespaces wanted."""
+        while after < upto and not self._closed:
+            self._wait_for_file()
+            with self._lock:  # a batch at a time: serving calls run between batches
+                batch = []
+                for seq in self.store.sequences(after=after):
+                    if seq.seq_id > upto or len(batch) >= READ_BATCH:
+                        break
+                    batch.append(seq)
+            if not batch:
+                return
+            for seq in batch:
+                if wanted is None or seq.namespace in wanted:
+                    ids[delta.add(seq.tokens, seq.namespace)] = seq.seq_id
+            after = batch[-1].seq_id if len(batch) >= READ_BATCH else upto
 
-        Snapshot files are mapped apart from the pool file and stay.
+    def _swap(self, new: _Prepared) -> None:
+        """Put a prepared delta and view in place (hold the lock).
+
+        Outputs in flight take the tokens they gained since they were copied;
+        those begun since are copied now; those ended since are dropped from
+        it (their stored copy is indexed by catching up).
         """
-        if self._txn is not None:
-            self._close_snapshot()
-            self._stale = True
+        self._prepared = None
+        for h, (seq, _) in new.copied.items():
+            if h not in self._open:
+                new.delta.remove(seq)
+        moved = {}
+        for h, (seq, namespace) in self._open.items():
+            tokens = self.delta.index.sequence(seq)
+            have = new.copied.get(h)
+            if have is None:
+                now = new.delta.begin(namespace, capacity=max(tokens.shape[0], 1))
+                new.delta.extend(now, tokens)
+            else:
+                now = have[0]
+                if tokens.shape[0] > have[1].shape[0]:
+                    new.delta.extend(now, tokens[have[1].shape[0]:])
+            moved[h] = (now, namespace)
+        self._open = moved
+        self.delta, self.view, self._ids = new.delta, new.view, new.ids
+        self._seen, self._own, self._deletes = new.upto, set(), new.deletes
+        self._inode = new.inode
+        self.behind = True  # catch up on what came after ``upto`` at the next refresh
+        if new.wanted != (None if self.wanted is None else frozenset(self.wanted)):
+            self._start_loader()  # a namespace was asked for meanwhile
 
-    def _close_snapshot(self) -> None:
-        self.segments, self._segment_trees, self._covered, self._mapped = (), [], [], {}
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
+    def _wait_for_file(self) -> None:
+        """Until the file can be read without waiting (no compaction holds it),
+        without holding the lock, so serving calls go on meanwhile."""
+        while not self.store.can_open_now() and not self._closed:
+            time.sleep(0.01)
 
     def _file_replaced(self) -> bool:
         try:
             return os.stat(self.store.path).st_ino != self._inode
         except FileNotFoundError:
             return False
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+
+def prune(store: PoolStore, max_tokens: int | None = None, older_than: float | None = None,
+          namespace: str | None = None) -> int:
+    """Delete stored sequences older than ``older_than`` seconds and the oldest
+    beyond ``max_tokens`` (within ``namespace`` if given); returns how many."""
+    if max_tokens is None and older_than is None:
+        return 0
+    now = time.time()
+    metas = list(store.sequences(namespace=namespace, with_tokens=False))
+    doomed = {m.seq_id for m in metas if older_than is not None and now - m.added > older_than}
+    if max_tokens is not None:
+        total = sum(m.length for m in metas if m.seq_id not in doomed)
+        for m in metas:  # oldest first
+            if total <= max_tokens:
+                break
+            if m.seq_id not in doomed:
+                doomed.add(m.seq_id)
+                total -= m.length
+    return store.delete(doomed)
+
+
+def snapshot_child() -> None:
+    """``python -c`` entry of the snapshot child: POOL MAX_TOKENS TTL JOBS."""
+    path, max_tokens, ttl, jobs = sys.argv[1:5]
+    store = PoolStore(path)
+    try:
+        prune(store, None if max_tokens == "None" else int(max_tokens),
+              None if ttl == "None" else float(ttl))
+        segments.write_snapshot(store, int(jobs))
+    finally:
+        store.close()
+
+
+_SNAPSHOT_CHILD = "from suffixspec.pools.persistent import snapshot_child; snapshot_child()"

@@ -30,17 +30,33 @@ only the segments that held what it deleted.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from suffixspec.native import layout as lay
 from suffixspec.pools import build, files
+from suffixspec.pools.records import LAYOUT, Segment
 from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
                                     TokenizerMismatchError)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A range ``(first, last]`` of stored sequences to index into a new segment."""
+
+    first: int
+    last: int
+    tokens: int
+
+
+class AlreadyAdded(PoolError):
+    """The pool holds this shard's sequences already (``add_pool``)."""
 
 #: Adjacent segments merge when neither holds more than this many times the other's tokens.
 RATIO = 2
@@ -65,22 +81,28 @@ def write_snapshot(store: PoolStore, jobs: int = 1, progress=None, upto: int | N
     leaves segments unmerged.
     """
     root = store.snapshot_folders
+    try:
+        return _write_snapshot(store, root, jobs, progress, upto, merge)
+    except OSError as e:  # making the folder, its lock, removing old folders
+        raise _clear_error(store, e) from e
+
+
+def _write_snapshot(store, root, jobs, progress, upto, merge) -> int:
     with files.folder_lock(root) as lock:
         with store.read() as txn:
-            started = store.snapshot_info(txn)
+            started = store.snapshot(txn)
             deletes = store.deletes(txn)
         last = store.last_id() if upto is None else min(upto, store.last_id())
         builder = _Builder(store, root, jobs, progress, lock)
         try:
-            plan = _fill(store, started["segments"] if started else [], last)
+            plan = _fill(store, list(started.segments) if started else [], last)
             if merge:
                 plan = _merge(plan)
-            segments = [builder.build(int(seg["first"]), int(seg["last"]))
-                        if seg.get("plan") else seg for seg in plan]
-            segments = [seg for seg in segments if seg is not None]
+            made = [(builder.build(item.first, item.last), _replaced(item, started))
+                    if isinstance(item, Planned) else (item, ()) for item in plan]
+            made = [(seg, old) for seg, old in made if seg is not None]
             generation = store.update_segments(
-                lambda current, txn: _reconcile(store, txn, started, current, deletes, segments,
-                                                builder.ids))
+                lambda current, txn: _reconcile(store, txn, current, deletes, made, builder.ids))
         except BaseException as e:
             builder.discard()
             raise _clear_error(store, e) from e
@@ -93,11 +115,13 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
 
     ``source`` is a pool built elsewhere (``suffixspec ingest`` over a shard
     of the logs) with the same tokenizer and ``max_depth``, whose snapshot
-    covers every sequence it holds.  Its segment files are checked and
-    copied, then one transaction adds its sequences (with new ids) and the
-    segments over them, so nothing is indexed again here.  Then
-    ``write_snapshot`` indexes what else is new and merges as usual.  A
-    shard whose segment the pool holds already is refused.
+    covers every sequence it holds.  Its segments are checked (checksums,
+    structure, token ids) and copied, then one transaction adds its
+    sequences (with new ids) and the segments over them, so nothing is
+    indexed again here.  Then ``write_snapshot`` indexes what else is new and
+    merges as usual.  A shard added before (``AlreadyAdded``), even if its
+    segments were merged away since, is refused, and so is one added by
+    another process at the same time.
     """
     if Path(source).resolve() == store.path.resolve():
         raise PoolError(f"{source} is the pool it would be added to")
@@ -112,31 +136,42 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
         if shard.max_depth != store.max_depth:
             raise PoolError(f"{source} has max_depth {shard.max_depth}, {store.path} has "
                             f"{store.max_depth}")
-        info = shard.snapshot_info()
-        segments = info["segments"] if info else []
-        have = store.snapshot_info()
-        held = [seg["arrays"] for seg in have["segments"]] if have else []
-        for seg in segments:
-            if seg.get("stale") or "folder" not in seg:
-                raise PoolError(f"{source} has a snapshot segment to rebuild; run `suffixspec "
-                                f"snapshot {source}` first")
-            if seg["arrays"] in held:
-                raise PoolError(f"{store.path} holds a segment of {source} already (added "
-                                f"before?); adding it again would count its sequences twice")
+        snap = shard.snapshot()
+        if snap is not None and snap.refused:
+            raise PoolError(f"{source}: {'; '.join(snap.refused)}; run `suffixspec snapshot "
+                            f"{source}` first")
+        segments = list(snap.segments) if snap else []
+        if any(seg.stale for seg in segments):
+            raise PoolError(f"{source} has a snapshot segment to rebuild; run `suffixspec "
+                            f"snapshot {source}` first")
+        mark = _shard_mark(segments)
+        if _added(store, mark):
+            raise AlreadyAdded(f"{store.path} holds the sequences of {source} already (added "
+                               f"before); adding them again would count them twice")
         items, ranks = [], []
         for seq in shard.sequences():
             at = next((k for k, seg in enumerate(segments)
-                       if seg["first"] < seq.seq_id <= seg["last"]), None)
+                       if seg.first < seq.seq_id <= seg.last), None)
             if at is None:
                 raise PoolError(f"{source}: sequence {seq.seq_id} is in no snapshot segment; "
                                 f"run `suffixspec snapshot {source}` first")
             items.append((seq.tokens, seq.namespace, seq.source, seq.request_id, seq.added))
             ranks.append(at)
         with files.folder_lock(store.snapshot_folders):
-            names = [_copy_segment(shard, seg, store.snapshot_folders) for seg in segments]
             try:
-                ids = store.add_with_segments(items, lambda ids: _mapped(segments, names, ranks,
-                                                                         ids))
+                names = [_copy_segment(shard, seg, store) for seg in segments]
+            except OSError as e:
+                raise _clear_error(store, e) from e
+
+            def segments_for(ids, txn):
+                if txn.get(_ADDED + mark, db=store.db("meta")) is not None:
+                    raise AlreadyAdded(f"{store.path} holds the sequences of {source} already "
+                                       f"(added by another process just now)")
+                txn.put(_ADDED + mark, b"1", db=store.db("meta"))
+                return _mapped(segments, names, ranks, ids)
+
+            try:
+                ids = store.add_with_segments(items, segments_for)
             except BaseException:
                 for name in names:
                     shutil.rmtree(store.snapshot_folders / name, ignore_errors=True)
@@ -145,6 +180,22 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
         shard.close()
     write_snapshot(store, jobs)
     return len(ids)
+
+
+_ADDED = b"added:"
+
+
+def _shard_mark(segments: list[Segment]) -> bytes:
+    """What identifies a shard's contents: a digest of its segments' checksums."""
+    h = hashlib.sha256()
+    for seg in segments:
+        h.update(repr((seg.first, seg.last, sorted(seg.arrays.items()))).encode())
+    return h.hexdigest()[:32].encode()
+
+
+def _added(store: PoolStore, mark: bytes) -> bool:
+    with store.read() as txn:
+        return txn.get(_ADDED + mark, db=store.db("meta")) is not None
 
 
 # ----------------------------------------------------------------- internal
@@ -157,7 +208,7 @@ class _Builder:
         self.ids: dict[str, np.ndarray] = {}  # folder -> ids of the sequences it indexed
         self.made: list[Path] = []
 
-    def build(self, first: int, last: int) -> dict | None:
+    def build(self, first: int, last: int) -> Segment | None:
         """A new segment over the stored sequences with ids in ``(first, last]``; None: there are none."""
         head = next(self.store.sequences(after=first, with_tokens=False), None)
         if head is None or head.seq_id > last:
@@ -171,7 +222,7 @@ class _Builder:
                 ids.append(seq.seq_id)
                 yield seq
 
-        tmp = self.root / f"{uuid.uuid4().hex}.build"
+        tmp = self.root / f"{uuid.uuid4().hex}.build"  # a folder name ``records.FOLDER`` takes
         try:
             info = build.build(sequences(), self.store.max_depth, tmp, jobs=self.jobs,
                                progress=self.progress, hold_fds=(self.lock,))
@@ -183,36 +234,36 @@ class _Builder:
         files.sync_folder(self.root)
         self.made.append(final)
         self.ids[final.name] = np.asarray(ids, np.int64)
-        return {"folder": final.name, "arrays": info["arrays"], "namespaces": info["namespaces"],
-                "tokens": info["tokens"], "first": first, "last": last}
+        return Segment(first, last, info["tokens"], final.name, info["namespaces"],
+                       info["arrays"], layout=LAYOUT)
 
     def discard(self) -> None:
         for folder in self.made:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _fill(store: PoolStore, segments: list[dict], last: int) -> list[dict]:
+def _fill(store: PoolStore, segments: list[Segment], last: int) -> list:
     """The plan over every stored sequence up to id ``last``: segments kept,
-    and ranges to build (``plan`` set, ``tokens`` counted in the store):
-    uncovered ranges, stale segments, segments kept in the pool file by an
-    earlier version and segments whose files are damaged."""
+    and ranges to build (``Planned``, tokens counted in the store):
+    uncovered ranges (those of entries the description refused included),
+    stale segments, and segments whose files are damaged or malformed."""
     out = []
     prev = 0
     for seg in [*segments, None]:
-        upto = last if seg is None else int(seg["first"])
+        upto = last if seg is None else seg.first
         if upto > prev:
             out += _planned(store, prev, upto)
         if seg is None:
             return out
-        if seg.get("stale") or "folder" not in seg or not _intact(store, seg):
-            out += _planned(store, int(seg["first"]), int(seg["last"]))
+        if seg.stale or not _intact(store, seg):
+            out += _planned(store, seg.first, seg.last)
         else:
             out.append(seg)
-        prev = max(prev, int(seg["last"]))
+        prev = max(prev, seg.last)
     return out
 
 
-def _planned(store: PoolStore, first: int, last: int) -> list[dict]:
+def _planned(store: PoolStore, first: int, last: int) -> list[Planned]:
     """Ranges to build over the stored sequences with ids in ``(first, last]``:
     none if there are none, else about even ones of at most ``MAX_TOKENS``
     tokens each (a longer sequence alone), as many as that takes."""
@@ -231,18 +282,24 @@ def _planned(store: PoolStore, first: int, last: int) -> list[dict]:
     start, tokens = first, 0
     for i, n in enumerate(lengths):
         if tokens and (tokens >= share or tokens + n > cap):
-            out.append({"first": start, "last": ids[i - 1], "tokens": tokens, "plan": True})
+            out.append(Planned(start, ids[i - 1], tokens))
             start, tokens = ids[i - 1], 0
         tokens += n
-    out.append({"first": start, "last": last, "tokens": tokens, "plan": True})
+    out.append(Planned(start, last, tokens))
     return out
 
 
-def _intact(store: PoolStore, seg: dict) -> bool:
+def _intact(store: PoolStore, seg: Segment) -> bool:
+    """Whether a segment's files pass their checks (stamps recorded as it opens)."""
+    from suffixspec.pools.view import open_segment
+
+    folder = store.snapshot_folders / seg.folder
     try:
-        files.open_arrays(store.snapshot_folders / str(seg["folder"]), seg["arrays"])
+        _, stamps = open_segment(folder, seg, store.max_depth, None, store.stamps(seg.folder))
     except (OSError, ValueError):
         return False
+    if stamps is not None:
+        store.record_stamps(seg.folder, stamps)
     return True
 
 
@@ -262,76 +319,87 @@ def merge_pick(tokens: list[int], cap: int | None = None) -> int | None:
     return min(alike)[1] if alike else None
 
 
-def _merge(plan: list[dict]) -> list[dict]:
+def _merge(plan: list) -> list:
     """The plan with merges (``merge_pick``): a merged pair is one range to build."""
     plan = list(plan)
     while len(plan) > 1:
-        i = merge_pick([int(seg["tokens"]) for seg in plan])
+        i = merge_pick([item.tokens for item in plan])
         if i is None:
             break
-        plan[i:i + 2] = [{"first": plan[i]["first"], "last": plan[i + 1]["last"],
-                          "tokens": int(plan[i]["tokens"]) + int(plan[i + 1]["tokens"]),
-                          "plan": True}]
+        plan[i:i + 2] = [Planned(plan[i].first, plan[i + 1].last,
+                                 plan[i].tokens + plan[i + 1].tokens)]
     return plan
 
 
-def _reconcile(store: PoolStore, txn, started: dict | None, current: dict | None, deletes: int,
-               segments: list[dict], built: dict[str, np.ndarray]) -> list[dict]:
+def _replaced(item: Planned, started) -> tuple[Segment, ...]:
+    """The segments of the snapshot as it was (``started``) within a planned range."""
+    return tuple(seg for seg in (started.segments if started else ())
+                 if item.first <= seg.first and seg.last <= item.last)
+
+
+def _reconcile(store: PoolStore, txn, current, deletes: int, made: list,
+               built: dict[str, np.ndarray]) -> list[Segment]:
     """The list to commit, given what deletes did while the builds ran.
 
-    A kept segment takes its current state (a delete since may have marked
-    it stale, or dropped it).  A built one that indexed a sequence deleted
-    since is left out: its range is indexed from the store until the next
-    snapshot (which the deleting ``forget`` or ``prune`` writes).
+    ``made`` pairs each segment of the new list with the segments of the old
+    one it replaces (none for a kept one).  A kept segment takes its current
+    state (a delete since may have marked it stale, or dropped it).  A built
+    one that indexed a sequence deleted since is left out, and the segments
+    it replaced stay in their current state, unless a ``forget`` dropped
+    them too: only the ranges of those are indexed from the store until the
+    next snapshot (which the deleting ``forget`` or ``prune`` writes).
     """
-    now = {seg["folder"]: seg for seg in (current["segments"] if current else [])
-           if "folder" in seg}
+    now = {seg.folder: seg for seg in (current.segments if current else ())}
     changed = store.deletes(txn) != deletes
     out = []
-    for seg in segments:
-        name = seg["folder"]
-        if name not in built:
-            if name not in now:
-                continue
-            seg = now[name]
-        elif changed and not store.holds(txn, built[name]):
-            continue
-        out.append(seg)
-    return out
+    for seg, replaced in made:
+        if seg.folder not in built:
+            if seg.folder in now:
+                out.append(now[seg.folder])
+        elif changed and not store.holds(txn, built[seg.folder]):
+            out += [now[old.folder] for old in replaced if old.folder in now]
+        else:
+            out.append(seg)
+    return sorted(out, key=lambda seg: seg.first)
 
 
 def remove_unnamed(store: PoolStore) -> None:
     """Remove the folders the snapshot no longer names (hold the snapshot lock)."""
-    info = store.snapshot_info()
+    snap = store.snapshot()
     files.remove_except(store.snapshot_folders,
-                        {seg["folder"] for seg in (info["segments"] if info else [])
-                         if "folder" in seg})
+                        {seg.folder for seg in (snap.segments if snap else ())})
 
 
 def _clear_error(store: PoolStore, e: BaseException) -> BaseException:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return DiskFullError(f"could not write the snapshot of {store.path} (disk full?): {e}")
+    if isinstance(e, OSError):
+        return PoolError(f"could not write the snapshot of {store.path}: {e}")
     if isinstance(e, RuntimeError) and not isinstance(e, PoolError):  # a build worker failed
         return PoolError(f"{store.path}: {e}")
     return e
 
 
-def _copy_segment(shard: PoolStore, seg: dict, root: Path) -> str:
-    """Check a segment's files and copy them into ``root``; returns the new folder's name."""
-    src = shard.snapshot_folders / str(seg["folder"])
+def _copy_segment(shard: PoolStore, seg: Segment, store: PoolStore) -> str:
+    """Check a segment's files and structure against ``store`` (its depth and
+    vocabulary) and copy them into its snapshot folders; returns the new folder's name."""
+    from suffixspec.pools.view import open_segment
+
+    src = shard.snapshot_folders / seg.folder
     try:
-        files.open_arrays(src, seg["arrays"])
+        open_segment(src, seg, store.max_depth, store.vocab_size, None)
     except (OSError, ValueError) as e:
-        raise CorruptPoolError(f"{shard.path}: a snapshot segment is damaged or missing ({e}); "
-                               f"run `suffixspec snapshot {shard.path}`") from e
+        raise CorruptPoolError(f"{shard.path}: snapshot segment {seg.folder} is damaged, "
+                               f"malformed or missing ({e})") from e
+    root = store.snapshot_folders
     tmp = root / f"{uuid.uuid4().hex}.build"
     tmp.mkdir(mode=0o700)
     try:
-        for name in seg["arrays"]:
+        for name, (_, _, checksum) in seg.arrays.items():
             with open(src / f"{name}.bin", "rb") as f, files.Writer(tmp / f"{name}.bin") as out:
                 while chunk := f.read(1 << 24):
                     out.write(np.frombuffer(chunk, np.uint8))
-            if out.checksum != seg["arrays"][name][2]:
+            if out.checksum != checksum:
                 raise CorruptPoolError(f"{src / name}.bin changed while it was copied")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -342,12 +410,13 @@ def _copy_segment(shard: PoolStore, seg: dict, root: Path) -> str:
     return final.name
 
 
-def _mapped(segments: list[dict], names: list[str], ranks: list[int],
-            ids: list[int]) -> list[dict]:
+def _mapped(segments: list[Segment], names: list[str], ranks: list[int],
+            ids: list[int]) -> list[Segment]:
     """The copied segments over the new ids: segment k covers the ids of the sequences it held."""
     out = []
     for k, (seg, name) in enumerate(zip(segments, names)):
         held = [i for i, r in zip(ids, ranks) if r == k]
         if held:
-            out.append({**seg, "folder": name, "first": held[0] - 1, "last": held[-1]})
+            out.append(Segment(held[0] - 1, held[-1], seg.tokens, name, seg.namespaces,
+                               seg.arrays))
     return out

@@ -13,22 +13,20 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   table kept beside the sequences (the proposer's calibration).
 * ``snap``: ``b"meta"`` -> msgpack ``{generation, created, segments}``.  The
   snapshot is made of segments, each an index over the sequences with ids in
-  ``(first, last]``: ``{first, last, tokens, namespaces, arrays, folder,
-  stale}``.  A segment's arrays are files in ``<pool>.snapshots/<folder>/``
-  (``suffixspec.pools.files``); ``arrays`` gives each one's dtype, shape and
-  checksum.  ``stale``: some of its sequences were deleted since it was
-  built.  Snapshots written by earlier versions are one segment over ids up
-  to their ``watermark``; the oldest keep each array in ``b"a:<name>"`` (no
-  ``folder``).
+  ``(first, last]`` (``records.Segment``).  A segment's arrays are files in
+  ``<pool>.snapshots/<folder>/`` (``suffixspec.pools.files``); its entry
+  gives each one's dtype, shape and checksum.  ``b"verified:<folder>"`` ->
+  msgpack stamps of the files of that folder whose checksums and structure
+  were checked (``view.open_segment``).
   ``meta`` also holds ``b"deletes"``: how many deleting transactions ran.
 
 Every write is one transaction; a commit that returned is durable.  A full map
-grows and the transaction is retried.  Growing re-maps the file, which would
-invalidate zero-copy views, so holders of such views register a
-``remap_listener`` that drops them first.  The default map size is large
-(address space only: the file grows as it fills), so this is rare.  The
-environment is opened lazily and again after a fork, so each process has its
-own handle.
+grows and the transaction is retried.  The default map size is large (address
+space only: the file grows as it fills), so this is rare.  The environment is
+opened lazily and again after a fork, so each process has its own handle.
+LMDB allows one handle per file and process: ``PoolStore.shared`` hands every
+user of a path in this process the same store, closed when the last lets go.
+Calls on one store are serialised by its ``lock``.
 """
 
 from __future__ import annotations
@@ -36,7 +34,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +49,14 @@ import numpy as np
 from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.config import check_namespace
+from suffixspec.native.tokens import MAX_TOKEN_ID, SYNTHETIC_BASE
 from suffixspec.pools import files
 from suffixspec.pools.gate import Gate
+from suffixspec.pools.records import Snapshot
 
-# Version 2 added output-start anchors.  A version 1 pool is read as one whose
-# outputs have none, and is marked version 2 on its first write.
+# Version 2 added output-start anchors; this suffixspec reads version 2 only.
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+WATCH_INTERVAL = 0.2  # seconds between the watcher's looks at the gate
 # How a refused write reads in LMDB's errors: ENOSPC, EFBIG, EDQUOT, and EIO,
 # which LMDB reports for a short write (a disk that filled up mid-write).
 _NO_SPACE = ("No space left", "File too large", "Disk quota exceeded", "Input/output error")
@@ -115,7 +116,10 @@ class PoolStore:
         self._env = None
         self._pid = None
         self.gate = Gate(self.path)
-        self.remap_listeners: list[Callable[[], None]] = []
+        self.lock = threading.RLock()  # one call at a time, whoever shares the store
+        self.users = 0  # holders through ``shared``
+        self._watch_pid = None
+        self._watch_stop = threading.Event()
         exists = self.path.exists()
         if exists:
             _refuse_foreign(self.path)
@@ -126,19 +130,46 @@ class PoolStore:
                 raise PoolError(f"no pool at {self.path}; creating one needs a tokenizer "
                                 f"and max_depth")
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._closed = False
         try:
             self.info = self._read_or_create_format(tokenizer, max_depth)
-            if tokenizer is not None and tokenizer.fingerprint != self.info["fingerprint"]:
-                raise TokenizerMismatchError(
-                    f"pool {self.path} was built with tokenizer {self.info['tokenizer']} "
-                    f"({self.info['fingerprint']}), but this run uses {tokenizer}; pools "
-                    f"never mix token ids of different tokenizers")
-            if max_depth is not None and max_depth != self.info["max_depth"]:
-                raise PoolError(f"pool {self.path} has max_depth {self.info['max_depth']}, "
-                                f"asked for {max_depth}")
+            self._check_identity(tokenizer, max_depth)
         except BaseException:
             self.close()  # a refused pool leaves no handle open
             raise
+
+    @classmethod
+    def shared(cls, path: str | Path, tokenizer: TokenizerId | None = None,
+               max_depth: int | None = None, durable: bool = True) -> PoolStore:
+        """The store of ``path`` that every user in this process shares (LMDB
+        refuses a second handle); ``release`` it when done."""
+        key = os.path.realpath(path)
+        with _SHARED_LOCK:
+            store = _SHARED.get(key)
+            if store is None or store._closed:
+                store = _SHARED[key] = cls(path, tokenizer, max_depth, durable=durable)
+            else:
+                store._check_identity(tokenizer, max_depth)
+            store.users += 1
+            return store
+
+    def release(self) -> None:
+        """One user of a ``shared`` store is done; the last closes it."""
+        with _SHARED_LOCK:
+            self.users -= 1
+            if self.users <= 0:
+                _SHARED.pop(os.path.realpath(self.path), None)
+                self.close()
+
+    def _check_identity(self, tokenizer, max_depth) -> None:
+        if tokenizer is not None and tokenizer.fingerprint != self.info["fingerprint"]:
+            raise TokenizerMismatchError(
+                f"pool {self.path} was built with tokenizer {self.info['tokenizer']} "
+                f"({self.info['fingerprint']}), but this run uses {tokenizer}; pools "
+                f"never mix token ids of different tokenizers")
+        if max_depth is not None and max_depth != self.info["max_depth"]:
+            raise PoolError(f"pool {self.path} has max_depth {self.info['max_depth']}, "
+                            f"asked for {max_depth}")
 
     # ------------------------------------------------------------ environment
     @property
@@ -146,10 +177,12 @@ class PoolStore:
         if self._env is None or self._pid != os.getpid():
             self.gate.enter()  # waits while another process compacts the file
             try:
+                # Opened again (after a compaction) only where it is: a pool file
+                # removed under a process is not made anew, empty, in its place.
                 self._env = lmdb.open(str(self.path), subdir=False, max_dbs=4, mode=0o600,
                                       map_size=self._map_size, readonly=self.readonly,
                                       sync=self.durable, metasync=self.durable, lock=True,
-                                      max_readers=256)
+                                      max_readers=256, create=self._pid is None)
                 self._check_size()
                 self._dbs = {name: self._env.open_db(name.encode(), create=not self.readonly)
                              for name in ("meta", "seqs", "snap")}
@@ -161,6 +194,8 @@ class PoolStore:
                 if "already open" in str(e):
                     raise PoolError(f"{self.path} is already open in this process; close "
                                     f"the other handle first") from e
+                if not self.path.exists():
+                    raise PoolError(f"{self.path} is gone (removed while open)") from e
                 if isinstance(e, lmdb.ReadonlyError) or "Read-only file system" in str(e) \
                         or "Permission denied" in str(e):
                     raise PoolError(f"{self.path} cannot be opened for writing ({e}); "
@@ -181,24 +216,48 @@ class PoolStore:
         self.env  # noqa: B018 - opens the environment (and its databases) if needed
         return self._dbs[name]
 
-    def close(self) -> None:
+    def _let_go(self) -> None:
+        """Close the environment (the next operation opens it again)."""
         if self._env is not None and self._pid == os.getpid():
             self._env.close()
             self.gate.leave()
         self._env = None
 
+    def close(self) -> None:
+        """Close the pool file for good: its environment, the gate's file, the watcher."""
+        self._watch_stop.set()
+        with self.lock:
+            self._let_go()
+            self.gate.close()
+            self._closed = True
+
     def yield_to_compaction(self) -> bool:
         """If another process asked to compact the file, let go of it; True if so.
 
-        Views of the old mapping are dropped (``remap_listeners``); the next
-        operation reopens the file once the compaction is done.
+        The next operation opens the file again once the compaction is done.
         """
         if self._env is None or self._pid != os.getpid() or not self.gate.requested():
             return False
-        for drop_views in self.remap_listeners:
-            drop_views()
-        self.close()
+        self._let_go()
         return True
+
+    def can_open_now(self) -> bool:
+        """Whether an operation would open the file without waiting for a
+        compaction to end (it is open, or no compaction holds the gate)."""
+        if self._env is not None and self._pid == os.getpid():
+            return not self.gate.requested()
+        return self.gate.idle()
+
+    def watch(self) -> None:
+        """Let go of the file whenever a compaction asks, from a thread of this
+        process (once per process).  An idle process holding the pool (a
+        server without requests) makes no pool operation, so without it a
+        compaction would wait for it."""
+        if self._watch_pid == os.getpid() or self._watch_stop.is_set():
+            return
+        self._watch_pid = os.getpid()
+        threading.Thread(target=_let_go_when_asked, args=(weakref.ref(self), self._watch_stop),
+                         name="suffixspec-pool-watcher", daemon=True).start()
 
     def __enter__(self) -> PoolStore:
         return self
@@ -245,9 +304,7 @@ class PoolStore:
             raise CorruptPoolError(f"{self.path} is damaged ({e})") from e
 
     def _remap(self, size: int) -> None:
-        """Resize the map; views into the old mapping are dropped first."""
-        for drop_views in self.remap_listeners:
-            drop_views()
+        """Resize the map (no view into the file outlives a transaction)."""
         self.env.set_mapsize(size)
 
     # ----------------------------------------------------------------- format
@@ -274,12 +331,6 @@ class PoolStore:
             raise CorruptPoolError(f"{self.path}: unreadable format record ({e})") from e
         return _checked_format(info, self.path)
 
-    def _upgrade_format(self, txn) -> None:
-        """Mark an older pool with the current version before writing to it."""
-        if self.info["version"] != FORMAT_VERSION:
-            self.info = {**self.info, "version": FORMAT_VERSION}
-            txn.put(b"format", msgpack.packb(self.info), db=self.db("meta"))
-
     @property
     def max_depth(self) -> int:
         return int(self.info["max_depth"])
@@ -300,29 +351,32 @@ class PoolStore:
         return self.add_many([(tokens, namespace, source, request_id)])[0]
 
     def add_many(self, items: Iterable[tuple]) -> list[int]:
-        """Commit ``(tokens, namespace, source, request_id)`` items in one transaction."""
-        values = _records(items)
+        """Commit ``(tokens, namespace, source, request_id)`` items in one transaction
+        (``PoolError`` for a token id no vocabulary has)."""
+        values = _records(items, None)
         return self.write(lambda txn: self._append(txn, values))
 
     def add_with_segments(self, items: Iterable[tuple],
-                          segments_for: Callable[[list[int]], list[dict]]) -> list[int]:
+                          segments_for: Callable[[list[int], object], list]) -> list[int]:
         """Commit items as ``add_many`` does and, in the same transaction, add
-        the snapshot segments ``segments_for(their new ids)`` (``suffixspec
-        add-segment``): no process sees the ones without the others."""
-        values = _records(items)
+        the snapshot segments ``segments_for(their new ids, txn)`` (``suffixspec
+        add-segment``): no process sees the ones without the others.
+        ``segments_for`` may raise to refuse, and nothing is added.  The items
+        come from another pool, so their token ids must also lie in this
+        pool's vocabulary."""
+        values = _records(items, self.vocab_size)
 
         def put(txn):
             ids = self._append(txn, values)
-            info = self.snapshot_info(txn)
-            segments = (info["segments"] if info else []) + segments_for(ids)
-            self._put_segments(txn, sorted(segments, key=lambda seg: seg["first"]))
+            snap = self.snapshot(txn)
+            segments = list(snap.segments if snap else ()) + segments_for(ids, txn)
+            self._put_segments(txn, sorted(segments, key=lambda seg: seg.first))
             return ids
 
         return self.write(put)
 
     def _append(self, txn, values: list[bytes]) -> list[int]:
         meta, seqs = self.db("meta"), self.db("seqs")
-        self._upgrade_format(txn)
         first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
         for i, value in enumerate(values):
             txn.put(_key(first + i), value, db=seqs, append=True)
@@ -363,17 +417,17 @@ class PoolStore:
                 return 0
             meta = self.db("meta")
             txn.put(b"deletes", (self.deletes(txn) + 1).to_bytes(8, "big"), db=meta)
-            info = self.snapshot_info(txn)
-            if info is not None:
+            snap = self.snapshot(txn)
+            if snap is not None:
                 kept = []
-                for seg in info["segments"]:
-                    at = bisect.bisect_right(ids, seg["first"])
-                    if at < len(ids) and ids[at] <= seg["last"]:
+                for seg in snap.segments:
+                    at = bisect.bisect_right(ids, seg.first)
+                    if at < len(ids) and ids[at] <= seg.last:
                         if forget:
                             continue
-                        seg = {**seg, "stale": True}
+                        seg = seg.marked_stale()
                     kept.append(seg)
-                if kept != info["segments"]:
+                if kept != list(snap.segments):
                     self._put_segments(txn, kept)
             if forget:
                 txn.put(_COMPACT_PENDING, b"1", db=meta)
@@ -418,12 +472,16 @@ class PoolStore:
         return table.reshape(stored).copy()
 
     # --------------------------------------------------------------- snapshot
-    def snapshot_info(self, txn=None) -> dict | None:
-        """The snapshot's description, with its ``segments`` (oldest first),
-        ``watermark`` (the highest id a segment covers) and ``tokens``."""
+    def snapshot(self, txn=None) -> Snapshot | None:
+        """The snapshot's description (``records.Snapshot``), None when there is none.
+
+        A description that fails its checksum or is unreadable is
+        ``CorruptPoolError``; a segment entry that does not hold together is
+        left out, named in ``refused``.
+        """
         if txn is None:
             with self.read() as t:
-                return self.snapshot_info(t)
+                return self.snapshot(t)
         with self._damage_is_corruption():
             raw = txn.get(b"meta", db=self.db("snap"))
             if raw is None:
@@ -434,8 +492,8 @@ class PoolStore:
                 raise CorruptPoolError(f"{self.path}: the snapshot's description fails its "
                                        f"checksum")
             try:
-                return _as_segments(msgpack.unpackb(raw))
-            except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
+                return Snapshot.parse(msgpack.unpackb(raw))
+            except (ValueError, msgpack.UnpackException) as e:
                 raise CorruptPoolError(f"{self.path}: unreadable snapshot description ({e})"
                                        ) from e
 
@@ -447,12 +505,12 @@ class PoolStore:
                 return self.deletes(t)
         return int.from_bytes(txn.get(b"deletes", db=self.db("meta")) or b"", "big")
 
-    def update_segments(self, change: Callable[[dict | None, object], list]) -> int:
-        """Replace the snapshot's segments by ``change(current description,
-        txn)`` in one transaction; returns the new generation."""
-        return self.write(lambda txn: self._put_segments(txn, change(self.snapshot_info(txn), txn)))
+    def update_segments(self, change: Callable) -> int:
+        """Replace the snapshot's segments by ``change(current snapshot, txn)`` (a
+        list of ``Segment``) in one transaction; returns the new generation."""
+        return self.write(lambda txn: self._put_segments(txn, change(self.snapshot(txn), txn)))
 
-    def _put_segments(self, txn, segments: list[dict]) -> int:
+    def _put_segments(self, txn, segments: list) -> int:
         snap = self.db("snap")
         generation = 1 + int.from_bytes(txn.get(b"snap_generation", db=self.db("meta")) or b"",
                                         "big")
@@ -461,77 +519,48 @@ class PoolStore:
             with contextlib.suppress(ValueError, KeyError, TypeError, msgpack.UnpackException):
                 generation = max(generation, 1 + msgpack.unpackb(bytes(old))["generation"])
         txn.put(b"snap_generation", generation.to_bytes(8, "big"), db=self.db("meta"))
-        if all("folder" in seg for seg in segments):
-            _clear(txn, snap)  # arrays an earlier version kept in the file go too
+        folders = {seg.folder for seg in segments}
+        with txn.cursor(db=snap) as cur:  # stamps of folders no longer named go too
+            keys = [bytes(k) for k in cur.iternext(values=False) if bytes(k) not in (
+                b"meta", b"meta_crc") and bytes(k)[len(_STAMP):].decode(errors="replace")
+                not in folders]
+        for key in keys:
+            txn.delete(key, db=snap)
         meta = msgpack.packb({"generation": generation, "created": time.time(),
-                              "segments": segments})
+                              "segments": [seg.to_dict() for seg in segments]})
         txn.put(b"meta", meta, db=snap)
         txn.put(b"meta_crc", zlib.crc32(meta).to_bytes(4, "big"), db=snap)
         return generation
+
+    def stamps(self, folder: str) -> dict | None:
+        """What the last check of snapshot folder ``folder`` recorded (None: nothing)."""
+        with self.read() as txn, self._damage_is_corruption():
+            raw = txn.get(_STAMP + folder.encode(), db=self.db("snap"))
+            raw = None if raw is None else bytes(raw)
+        if raw is None:
+            return None
+        try:
+            stamps = msgpack.unpackb(raw)
+        except (ValueError, msgpack.UnpackException):
+            return None  # unreadable: every file is checked again
+        return stamps if isinstance(stamps, dict) else None
+
+    def record_stamps(self, folder: str, stamps: dict) -> None:
+        """Keep ``stamps`` of snapshot folder ``folder``, if the snapshot still names it."""
+        value = msgpack.packb(stamps)
+
+        def put(txn):
+            snap = self.snapshot(txn)
+            if snap is not None and any(seg.folder == folder for seg in snap.segments):
+                txn.put(_STAMP + folder.encode(), value, db=self.db("snap"))
+
+        if not self.readonly:
+            self.write(put)
 
     @property
     def snapshot_folders(self) -> Path:
         """Where the snapshot files live: ``<pool>.snapshots/``."""
         return self.path.with_name(self.path.name + ".snapshots")
-
-    def write_snapshot_in_file(self, arrays: dict[str, np.ndarray], info: dict) -> int:
-        """Replace the snapshot by one kept inside the pool file, as versions
-        before snapshot files wrote it (their pools still open); returns its
-        generation.  ``info`` gives its ``watermark`` and ``namespaces``."""
-        described = {name: [a.dtype.str, list(a.shape), zlib.crc32(a)]
-                     for name, a in arrays.items()}
-
-        def put(txn):
-            snap = self.db("snap")
-            generation = self._put_segments(txn, [])
-            _clear(txn, snap)
-            for name, a in arrays.items():
-                txn.put(b"a:" + name.encode(), np.ascontiguousarray(a).data, db=snap)
-            meta = msgpack.packb({**info, "generation": generation, "created": time.time(),
-                                  "arrays": described})
-            txn.put(b"meta", meta, db=snap)
-            txn.put(b"meta_crc", zlib.crc32(meta).to_bytes(4, "big"), db=snap)
-            return generation
-
-        return self.write(put)
-
-    def snapshot_arrays(self, txn, info: dict) -> dict[str, np.ndarray]:
-        """Read-only arrays over one snapshot segment's bytes (``info``, an item
-        of ``segments``), valid while ``txn`` is open.
-
-        ``txn`` must come from ``read(buffers=True)`` for zero copy.  Every
-        array is checked against its checksum (XXH3-64 for snapshot files,
-        CRC-32 for arrays kept in the pool file by earlier versions): the
-        kernels index them without bounds checks, so damaged bytes must never
-        reach them.  Snapshot files stay valid after ``txn`` ends.  Raises
-        ``FileNotFoundError`` when the segment's folder is gone (a newer
-        snapshot replaced it since ``txn`` began).
-        """
-        if "folder" in info:
-            folder = self.snapshot_folders / str(info["folder"])
-            if not folder.is_dir():
-                raise FileNotFoundError(folder)
-            try:
-                return files.open_arrays(folder, info["arrays"])
-            except FileNotFoundError as e:
-                raise CorruptPoolError(f"{self.path}: snapshot file {e.filename} is "
-                                       f"missing") from e
-            except (ValueError, OSError) as e:
-                raise CorruptPoolError(f"{self.path}: {e}") from e
-        out = {}
-        for name, (dtype, shape, crc) in info["arrays"].items():
-            with self._damage_is_corruption():
-                buf = txn.get(b"a:" + name.encode(), db=self.db("snap"))
-            if buf is None:
-                raise CorruptPoolError(f"{self.path}: snapshot array {name} is missing")
-            a = np.frombuffer(buf, dtype=np.dtype(dtype))
-            if a.size != int(np.prod(shape)):
-                raise CorruptPoolError(f"{self.path}: snapshot array {name} has {a.size} "
-                                       f"items, expected {int(np.prod(shape))}")
-            if zlib.crc32(a) != crc:
-                raise CorruptPoolError(f"{self.path}: snapshot array {name} fails its checksum")
-            out[name] = a.reshape(shape)
-        return out
 
     # ------------------------------------------------------------ maintenance
     def stats(self) -> dict:
@@ -543,22 +572,25 @@ class PoolStore:
             ns["tokens"] += seq.length - seq.anchors
             sequences += 1
             tokens += seq.length - seq.anchors
-        snap = self.snapshot_info()
+        snap = self.snapshot()
         return {"path": str(self.path), "sequences": sequences, "tokens": tokens,
                 "namespaces": namespaces, "bytes_on_disk": self.disk_bytes(),
                 "tokenizer": self.info["tokenizer"], "fingerprint": self.info["fingerprint"],
                 "max_depth": self.max_depth, "format_version": self.info["version"],
-                "snapshot_generation": snap["generation"] if snap else None,
-                "snapshot_tokens": snap["tokens"] if snap else 0,
-                "snapshot_segments": len(snap["segments"]) if snap else 0,
-                "snapshot_age_s": round(time.time() - snap["created"], 1) if snap else None}
+                "snapshot_generation": snap.generation if snap else None,
+                "snapshot_tokens": snap.tokens if snap else 0,
+                "snapshot_segments": len(snap.segments) if snap else 0,
+                "snapshot_age_s": round(time.time() - snap.created, 1) if snap else None}
 
     def disk_bytes(self) -> int:
         """Bytes on disk: the pool file and its snapshot files."""
         return self.path.stat().st_size + files.folder_bytes(self.snapshot_folders)
 
     def check(self) -> int:
-        """Verify every sequence (decoding, count, checksum); returns how many."""
+        """Verify every sequence (decoding, count, checksum, token ids) and every
+        snapshot segment (checksums, structure); returns how many sequences."""
+        from suffixspec.pools.view import open_segment
+
         n = 0
         last = 0
         for seq in self.sequences():
@@ -566,11 +598,17 @@ class PoolStore:
             last = seq.seq_id
         if last > self.last_id():
             raise CorruptPoolError(f"{self.path}: sequence id {last} beyond next_id")
-        snap = self.snapshot_info()
+        snap = self.snapshot()
         if snap is not None:
-            with self.read(buffers=True) as txn:
-                for seg in snap["segments"]:
-                    self.snapshot_arrays(txn, seg)
+            if snap.refused:
+                raise CorruptPoolError(f"{self.path}: {'; '.join(snap.refused)}")
+            for seg in snap.segments:
+                try:
+                    open_segment(self.snapshot_folders / seg.folder, seg, self.max_depth, None,
+                                 None)
+                except (OSError, ValueError) as e:
+                    raise CorruptPoolError(f"{self.path}: snapshot segment {seg.folder}: {e}"
+                                           ) from e
         return n
 
     def compact(self, timeout: float = 10.0) -> bool:
@@ -594,8 +632,6 @@ class PoolStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            for drop_views in self.remap_listeners:
-                drop_views()
             self._env.close()
             self._env = None
             os.replace(tmp, self.path)
@@ -618,7 +654,22 @@ class PoolStore:
 
 
 _COMPACT_PENDING = b"compact_pending"
+_STAMP = b"verified:"
 _OUR_DBS = {b"meta", b"seqs", b"snap"}
+_SHARED: dict[str, PoolStore] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _let_go_when_asked(ref, stop: threading.Event) -> None:
+    """Close the store's file whenever a compaction asks, until ``stop``."""
+    while not stop.wait(WATCH_INTERVAL):
+        store = ref()
+        if store is None or store._watch_pid != os.getpid():
+            return
+        with store.lock:  # never during another call on the store
+            if not stop.is_set():
+                store.yield_to_compaction()  # the next operation reopens
+        del store
 
 
 def _refuse_foreign(path: Path) -> None:
@@ -652,39 +703,25 @@ def _refuse_foreign(path: Path) -> None:
                            f"not a suffixspec pool; it was left untouched")
 
 
-def _clear(txn, db) -> None:
-    with txn.cursor(db=db) as cur:
-        if cur.first():
-            while cur.delete():
-                pass
-
-
-def _as_segments(info: dict) -> dict:
-    """A snapshot description with ``segments``; one written by an earlier
-    version (no segments) is one segment over ids up to its watermark."""
-    info["generation"]
-    if "segments" not in info:
-        info["segments"] = [{**{k: info[k] for k in ("folder", "arrays", "namespaces", "tokens")
-                                if k in info}, "first": 0, "last": info["watermark"]}]
-    for seg in info["segments"]:
-        seg["arrays"].items(), seg["namespaces"].items()
-        if not (0 <= int(seg["first"]) <= int(seg["last"])):
-            raise ValueError(f"a segment covers ids ({seg['first']}, {seg['last']}]")
-    info["watermark"] = max((int(seg["last"]) for seg in info["segments"]), default=0)
-    info["tokens"] = sum(int(seg.get("tokens", 0)) for seg in info["segments"])
-    return info
-
-
-def _records(items: Iterable[tuple]) -> list[bytes]:
+def _records(items: Iterable[tuple], vocab_size: int | None) -> list[bytes]:
     """Stored records of ``(tokens, namespace, source, request_id[, added])``
-    items; ``added`` (when the sequence was first stored) defaults to now."""
+    items; ``added`` (when the sequence was first stored) defaults to now.
+
+    Tokens are leading start anchors, then vocabulary ids (below
+    ``vocab_size`` when known); anything else is ``PoolError`` naming it.
+    """
     now = time.time()
     values = []
+    top = MAX_TOKEN_ID if vocab_size is None else min(MAX_TOKEN_ID, vocab_size - 1)
     for tokens, namespace, source, request_id, *added in items:
         check_namespace(namespace)
         tokens = np.ascontiguousarray(tokens, np.int32)
         data = tokens.tobytes()
         anchors = anchor_count(tokens)
+        body = tokens[anchors:]
+        bad = np.flatnonzero((body < 0) | (body > top))
+        if bad.size:
+            raise PoolError(f"token id {int(body[bad[0]])} is not a vocabulary id (0 to {top})")
         values.append(msgpack.packb({"ns": namespace, "src": str(source), "rid": str(request_id),
                                      "t": added[0] if added else now, "n": len(data) // 4,
                                      "a": anchors,
@@ -695,16 +732,16 @@ def _records(items: Iterable[tuple]) -> list[bytes]:
 def _checked_format(info: dict, path: Path) -> dict:
     if not isinstance(info, dict) or not {"tokenizer", "fingerprint", "max_depth"} <= set(info):
         raise CorruptPoolError(f"{path}: the format record is damaged")
-    if info.get("version") not in READABLE_VERSIONS:
+    if info.get("version") != FORMAT_VERSION:
         raise CorruptPoolError(f"{path}: pool format version {info.get('version')}, this "
-                               f"suffixspec reads versions "
-                               f"{', '.join(map(str, READABLE_VERSIONS))}; use the suffixspec "
-                               f"release that wrote it, or rebuild the pool from its logs")
+                               f"suffixspec reads version {FORMAT_VERSION}; `suffixspec export` "
+                               f"with the release that wrote it, then `suffixspec ingest` the "
+                               f"export into a new pool")
     return info
 
 
 def _record_crc(data: bytes, namespace: str, anchors: int) -> int:
-    """CRC-32 of a record's tokens, namespace and anchor count (format 2)."""
+    """CRC-32 of a record's tokens, namespace and anchor count."""
     return zlib.crc32(data, zlib.crc32(f"{namespace}\0{anchors}".encode()))
 
 
@@ -713,14 +750,10 @@ def _decode(key, value, path, with_tokens=True) -> StoredSequence:
     try:
         rec = msgpack.unpackb(bytes(value))
         data = rec["tok"]
-        if "a" in rec:
-            crc = _record_crc(data, rec["ns"], rec["a"])
-        else:  # format 1: the checksum covers the tokens only
-            crc = zlib.crc32(data)
-        if len(data) != 4 * rec["n"] or crc != rec["crc"]:
+        if len(data) != 4 * rec["n"] or _record_crc(data, rec["ns"], rec["a"]) != rec["crc"]:
             raise ValueError("record fails its count or checksum")
         tokens = np.frombuffer(data, np.int32).copy() if with_tokens else None
         return StoredSequence(seq_id, rec["ns"], rec["src"], rec["rid"], rec["t"], rec["n"],
-                              tokens, int(rec.get("a", 0)))
+                              tokens, int(rec["a"]))
     except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
         raise CorruptPoolError(f"{path}: sequence {seq_id} is corrupt ({e})") from e

@@ -1,0 +1,124 @@
+"""``PoolView``: what one drafting step reads of a pool's snapshot, owned whole.
+
+A view holds the mapped segments of one snapshot generation, the side table
+that names their arrays to the drafting kernel (``native.union``) and each
+namespace's roots in them.  It is immutable: a pool publishes a new view when
+its segments change, and a proposer takes the current one for a whole step.
+The side table addresses arrays the view's segments own, so nothing it names
+can be freed while the view is referenced.
+
+A segment is mapped by ``open_segment``: its files' checksums, then the
+structure of its arrays (``validate``), both skipped for files that a
+process able to write the pool checked before and that were not written
+since (the record of which lives in the pool file, so copying files into a
+snapshot folder cannot forge it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from suffixspec.index import SuffixIndex
+from suffixspec.native import layout as lay
+from suffixspec.native import union
+from suffixspec.pools import files
+from suffixspec.pools.records import Segment
+from suffixspec.pools.validate import SegmentError, check_segment
+
+#: Version of what ``validate`` checks: a stamp of another version is checked again.
+CHECKS = 1
+
+
+@dataclass(frozen=True, eq=False)
+class MappedSegment:
+    """A segment's description and its index over read-only memory maps."""
+
+    segment: Segment
+    index: SuffixIndex
+
+    @property
+    def tokens(self) -> int:
+        return int(self.index.meta[lay.META_LIVE_TOKENS])
+
+    def nbytes(self) -> int:
+        ix = self.index
+        return sum(a.nbytes for a in (ix.meta, ix.nodes, ix.hkeys, ix.hvals, ix.arena, ix.seqs,
+                                      ix.roots))
+
+
+def _stand_in() -> tuple:
+    """A side with no tree, for slots no segment fills."""
+    return SuffixIndex(4, node_capacity=16, token_capacity=16).read_only_arrays()
+
+
+_EMPTY = _stand_in()
+
+
+@dataclass(frozen=True, eq=False)
+class PoolView:
+    """The segments drafted from, oldest first (at most ``layout.SEGMENTS``)."""
+
+    generation: int = 0
+    segments: tuple[MappedSegment, ...] = ()
+    table: np.ndarray = field(default=None, repr=False)
+    _roots: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if len(self.segments) > lay.SEGMENTS:
+            raise ValueError(f"a view holds at most {lay.SEGMENTS} segments")
+        if self.table is None:
+            sides = [s.index.read_only_arrays() for s in self.segments]
+            object.__setattr__(self, "table", union.table(
+                sides + [_EMPTY] * (lay.SEGMENTS - len(sides))))
+
+    def roots(self, namespace: str) -> np.ndarray:
+        """``namespace``'s root in each segment slot (-1: none), as the kernel takes them."""
+        row = self._roots.get(namespace)
+        if row is None:
+            row = np.full(lay.SEGMENTS, -1, np.int64)
+            for k, s in enumerate(self.segments):
+                tree = s.segment.namespaces.get(namespace)
+                if tree is not None:
+                    row[k] = s.index.roots[tree]
+            row.setflags(write=False)
+            self._roots[namespace] = row
+        return row
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.segments)
+
+    def by_folder(self) -> dict[str, MappedSegment]:
+        return {s.segment.folder: s for s in self.segments}
+
+
+EMPTY_VIEW = PoolView()
+
+
+def open_segment(folder: Path, seg: Segment, max_depth: int, vocab_size: int | None,
+                 stamps: dict | None) -> tuple[MappedSegment, dict | None]:
+    """Map ``seg``'s files in ``folder`` and check them; returns the mapped segment
+    and the stamps to record (None: nothing new to record).
+
+    ``stamps`` are those recorded when the files were last checked (None:
+    never).  ``vocab_size``: token ids must also lie below it (a segment from
+    another pool); else any vocabulary id or start anchor passes.  A file written since is checked against its checksum, and the
+    segment's structure is checked unless every file is as stamped.  Raises
+    ``SegmentError`` (structure), ``ValueError`` (size, checksum) or
+    ``FileNotFoundError``.
+    """
+    known = stamps.get("files", {}) if stamps and stamps.get("checks") == CHECKS else {}
+    arrays, checked, fresh = files.open_arrays(folder, seg.arrays, known)
+    if checked:  # some file is not as a check left it: the whole structure again
+        check_segment(arrays, max_depth, seg.namespaces, vocab_size)
+    index = SuffixIndex.from_arrays(arrays, max_depth)
+    keep = {name: stamp for name, stamp in known.items() if name not in checked} | fresh
+    if keep == known:
+        return MappedSegment(seg, index), None
+    return MappedSegment(seg, index), {"checks": CHECKS, "files": keep}
+
+
+__all__ = ["CHECKS", "EMPTY_VIEW", "MappedSegment", "PoolView", "SegmentError", "open_segment"]
