@@ -42,6 +42,9 @@ INT32_MAX = (1 << 31) - 1
 
 FORMATS = ("auto", "trace", "openai-chat", "text", "export")
 EXPORT_HEADER = "suffixspec_export"
+#: A line (or a text file) longer than this is refused like any bad record, read
+#: past without being held: memory stays bounded whatever a log holds.
+MAX_LINE_BYTES = 8 << 20
 
 
 class BadRecord(ValueError):
@@ -78,6 +81,25 @@ def _open_binary(path: Path):
     with open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
     return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+class _TooLong:
+    """A line past ``MAX_LINE_BYTES``, skipped."""
+
+
+def _lines(f):
+    """The lines of a binary file, each at most ``MAX_LINE_BYTES`` long; a longer
+    one comes as ``_TooLong`` once it was read past, a chunk at a time."""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(1 << 20)
+        yield _TooLong()
 
 
 # A file that cannot be read on: gzip cut short or damaged, or a read error.
@@ -164,7 +186,9 @@ def sniff(path: Path) -> str:
     """The format of a file, from its first record."""
     try:
         with _open_binary(path) as f:
-            for raw in f:
+            for raw in _lines(f):
+                if isinstance(raw, _TooLong):
+                    return "text"
                 if raw.strip():
                     rec = json.loads(raw)
                     break
@@ -194,13 +218,17 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
     if fmt == "text":
         try:
             with _open_binary(path) as f:
-                yield 1, [(f.read().decode("utf-8"), False)], {}
+                text = f.read(MAX_LINE_BYTES + 1)
+            if len(text) > MAX_LINE_BYTES:
+                yield 1, BadRecord(f"a text file over {MAX_LINE_BYTES} bytes"), {}
+                return
+            yield 1, [(text.decode("utf-8"), False)], {}
         except UnicodeDecodeError as e:
             yield 1, BadRecord(f"not UTF-8 text ({e.reason} at byte {e.start})"), {}
         return
     n = 0
     with _open_binary(path) as f:
-        lines = enumerate(f, 1)
+        lines = enumerate(_lines(f), 1)
         while True:
             try:
                 n, raw = next(lines)
@@ -210,6 +238,9 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                 yield n + 1, BadRecord(f"the file cannot be read on: it is cut short or "
                                        f"damaged ({e})"), {}
                 return
+            if isinstance(raw, _TooLong):
+                yield n, BadRecord(f"line longer than {MAX_LINE_BYTES} bytes"), {}
+                continue
             if not raw.strip():
                 continue
             try:
@@ -265,7 +296,9 @@ def _export_tokens(rec: dict) -> np.ndarray:
 
 def export_header(path: Path) -> dict:
     with _open_binary(path) as f:
-        for raw in f:
+        for raw in _lines(f):
+            if isinstance(raw, _TooLong):
+                break
             if raw.strip():
                 rec = json.loads(raw)
                 if isinstance(rec, dict) and EXPORT_HEADER in rec:

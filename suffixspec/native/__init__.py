@@ -20,9 +20,10 @@ One job per module:
 Kernels depend on numpy and numba only.
 """
 
-from .cache import drop_stale_cache
+from .cache import drop_stale_cache, watch_compiles
 from .warmup import KERNELS, warmup
 
 drop_stale_cache()
+watch_compiles()
 
 __all__ = ["KERNELS", "warmup"]

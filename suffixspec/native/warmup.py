@@ -16,6 +16,7 @@ from numba.core import event
 
 from . import calibration as cal, layout as lay, ngram, partition, propose, query, trie, union
 from . import tokens as token_checks
+from .cache import drop_cache, record_cache_files
 
 _done: set[str] = set()
 
@@ -157,12 +158,15 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
     ``cached_only``: load from Numba's on-disk cache only, and raise
     ``NotCached`` (at once, compiling nothing) when a kernel is not there;
     the kernels loaded so far stay loaded.  A step done once is not done
-    again.
+    again.  A cache file that cannot be read (cut short, damaged) empties
+    this package's cache: the step compiles afresh, or with ``cached_only``
+    raises ``NotCached``.
     """
     unknown = set(steps) - set(STEPS)
     if unknown:
         raise ValueError(f"unknown warmup steps {sorted(unknown)}; they are {', '.join(STEPS)}")
     t0 = time.perf_counter()
+    wrote = False
     with event.install_listener("numba:compile", _RefuseCompiles()) if cached_only \
             else nullcontext():
         for name in STEPS:
@@ -170,8 +174,19 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
                 continue
             if progress is not None:
                 progress(name)
-            _STEPS[name](*_tiny_index())
+            try:
+                _STEPS[name](*_tiny_index())
+            except NotCached:
+                raise
+            except Exception as e:  # a damaged cache file (Numba raises as it loads it)
+                drop_cache()
+                if cached_only:
+                    raise NotCached(f"a cache file could not be read ({e!r})") from e
+                _STEPS[name](*_tiny_index())
             _done.add(name)
+            wrote = True
+    if wrote and not cached_only:
+        record_cache_files()
     return time.perf_counter() - t0
 
 
