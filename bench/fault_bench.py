@@ -18,7 +18,13 @@ Usage (from the repository root):
 * other tenant: one process commits tokens into another namespace while a
   reader drafts: the reader's ``propose()`` p50 / p99 / max latency and RSS;
 * budget: a pool with a 1M-token budget that has 20M tokens committed to it,
-  with and without ``snapshot_every``: peak RSS, file size, tokens indexed.
+  with and without ``snapshot_every``: peak RSS, file size, tokens indexed;
+* crafted segments: each of ``tests/crafted.py``'s broken segments (checksums
+  made to match), in place and through ``add-segment``, each in a child
+  process: signals, hangs, wrong drafts, what was refused;
+* serving beside maintenance: a serving process on a 4M-token pool, its
+  ``propose`` and ``finish_request`` latencies while a ``forget`` lands during
+  a merge, and with ``snapshot_every``.
 
 Writes ``faults.json`` and ``faults.md`` into ``--out`` and prints the Markdown.
 """
@@ -48,7 +54,9 @@ from suffixspec.pools.store import PoolStore
 
 from bench_common import save_results
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+from crafted import DRAFT, MUTATIONS, craft, make_pool  # noqa: E402  what the tests craft
 from pool_children import PROBE, WRITER, damaged_pool_copies  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
@@ -235,8 +243,8 @@ def _stray_folders(path: Path) -> int:
     folders = path.with_name(path.name + ".snapshots")
     if not folders.is_dir():
         return 0
-    info = PoolStore(path, readonly=True).snapshot_info()
-    named = {seg.get("folder") for seg in info["segments"]} if info else set()
+    snap = PoolStore(path, readonly=True).snapshot()
+    named = {seg.folder for seg in snap.segments} if snap else set()
     return sum(1 for f in folders.iterdir() if f.is_dir() and f.name not in named)
 
 
@@ -395,49 +403,210 @@ def budget(tmp: Path, total: int) -> list[dict]:
     return out
 
 
+def _child_draft(path: Path) -> tuple[str, list | None]:
+    """Draft from a pool in a child process: ("ok", drafts), ("signal", None), ("hang", None)
+    or ("error", None)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", DRAFT, str(TESTS), str(path)],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "hang", None
+    if proc.returncode < 0:
+        return "signal", None
+    if proc.returncode != 0:
+        return "error", None
+    return "ok", json.loads(proc.stdout)
+
+
+def crafted(tmp: Path) -> dict:
+    """Every crafted segment, in place and through ``add-segment``."""
+    intact = tmp / "intact" / "pool.lmdb"
+    intact.parent.mkdir()
+    make_pool(intact)
+    _, reference = _child_draft(intact)
+    host = tmp / "host" / "pool.lmdb"
+    host.parent.mkdir()
+    make_pool(host, n=10, seed=2)
+    out = {"cases": len(MUTATIONS), "in_place": {"signals": 0, "hangs": 0, "errors": 0,
+                                                  "wrong_drafts": 0, "refused": 0},
+           "add_segment": {"signals": 0, "hangs": 0, "refused_in_one_line": 0, "accepted": 0}}
+    cli = "import sys; from suffixspec.cli import main; sys.exit(main())"
+    for n, (name, mutation) in enumerate(MUTATIONS.items()):
+        case = tmp / f"case{n}"
+        case.mkdir()
+        path = case / "pool.lmdb"
+        _copy_pool(intact, path)
+        craft(path, mutation)
+        kind, got = _child_draft(path)
+        key = {"signal": "signals", "hang": "hangs", "error": "errors"}.get(kind)
+        if key is not None:
+            out["in_place"][key] += 1
+            print(f"in place, {name}: {kind}", file=sys.stderr)
+        else:
+            out["in_place"]["wrong_drafts"] += got["drafts"] != reference["drafts"]
+            out["in_place"]["refused"] += got["segments"] == 0
+        target = case / "host.lmdb"
+        _copy_pool(host, target)
+        try:
+            proc = subprocess.run([sys.executable, "-c", cli, "add-segment", str(target),
+                                   str(path)], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            out["add_segment"]["hangs"] += 1
+            continue
+        if proc.returncode < 0:
+            out["add_segment"]["signals"] += 1
+        elif proc.returncode == 1 and proc.stderr.strip().count("\n") == 0:
+            out["add_segment"]["refused_in_one_line"] += 1
+        else:
+            out["add_segment"]["accepted"] += 1
+            print(f"add-segment, {name}: exit {proc.returncode} {proc.stderr[-300:]}",
+                  file=sys.stderr)
+    return out
+
+
+SERVE = PEAK_RSS + r"""
+import json, sys, time
+import numpy as np
+from suffixspec import SuffixProposer
+from suffixspec.fingerprint import BYTES
+from suffixspec.pools.persistent import PersistentPool
+path, seconds, every = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, durable=False,
+                      snapshot_every=None if every == "none" else int(every))
+prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="main")
+rng = np.random.default_rng(7)
+propose, finish, n, generations = [], [], 0, {pool.view.generation}
+print("ready", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    prop.start_request(n, rng.integers(0, 250, 64).tolist())
+    for _ in range(8):
+        t0 = time.perf_counter()
+        prop.propose([n])
+        propose.append(time.perf_counter() - t0)
+        prop.extend(n, rng.integers(0, 250, 64).tolist())
+    t0 = time.perf_counter()
+    prop.finish_request(n)
+    finish.append(time.perf_counter() - t0)
+    generations.add(pool.view.generation)
+    n += 1
+stats = lambda a: {"p50_ms": float(np.percentile(a, 50) * 1e3),
+                   "p99_ms": float(np.percentile(a, 99) * 1e3), "max_ms": float(max(a) * 1e3)}
+print(json.dumps({"requests": n, "propose": stats(propose), "finish_request": stats(finish),
+                  "snapshot_generations_seen": len(generations), "peak_rss_mb": peak_rss_mb()}))
+prop.close()
+"""
+
+
+def _serving_pool(path: Path, tokens: int) -> None:
+    """A pool of ``tokens`` tokens in two snapshot segments of about one size
+    (the next snapshot merges them)."""
+    store = PoolStore(path, tokenizer=BYTES, max_depth=16)
+    rng = np.random.default_rng(0)
+    per = 500
+    for half in range(2):
+        store.add_many([(rng.integers(0, 250, per).astype(np.int32), "main", "",
+                         f"r{half}-{i}") for i in range(tokens // 2 // per)])
+        write_snapshot(store, jobs=2, merge=False)
+    store.close()
+
+
+def serving_latency(tmp: Path, tokens: int, seconds: float) -> list[dict]:
+    """Latencies of a serving process beside a forget during a merge, and with snapshot_every."""
+    cli = "import sys; from suffixspec.cli import main; sys.exit(main())"
+    out = []
+    for scenario, every in (("a forget lands during a merge", "none"),
+                            ("snapshot_every 200,000 tokens", "200000")):
+        path = tmp / f"serve-{every}.lmdb"
+        _serving_pool(path, tokens)
+        server = _run(SERVE, path, seconds, every)
+        assert server.stdout.readline().strip() == "ready"
+        time.sleep(2.0)
+        ran = {}
+        if every == "none":
+            merge = subprocess.Popen([sys.executable, "-c", cli, "snapshot", str(path)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(1.0)
+            forget = subprocess.run([sys.executable, "-c", cli, "forget", str(path),
+                                     "--request-id", "r0-3", "--json"], capture_output=True,
+                                    text=True)
+            merge.wait()
+            ran = {"merge_exit": merge.returncode, "forget": json.loads(forget.stdout or "{}")}
+        result, err = server.communicate()
+        if server.returncode != 0:
+            raise RuntimeError(err)
+        out.append({"scenario": scenario, "pool_tokens": tokens, **json.loads(result), **ran})
+    return out
+
+
 def markdown(r: dict) -> str:
-    d, live, t = r["damage"], r["live_forget"], r["other_tenant"]
-    return "\n".join([
-        "| run | result |", "|---|---|",
-        f"| {d['cases']} byte flips and truncations | crashes {d['crashes']}, clear errors "
-        f"{d['errors']}, drafts as the pool with or without its snapshot {d['same_drafts']}, other drafts {d['other_drafts']} |",
-        *(f"| `{k['op']}` killed at random, {k['runs']} runs ({k['command_s']} s unharmed) | "
-          f"killed before done {k['killed_before_done']}, opened and checked "
-          f"{k['opened_and_checked']}, other errors {k['other_errors']}, runs losing "
-          f"untargeted sequences {k['untargeted_lost']}, partial sequences "
-          f"{k['partial_sequences']}, half done {k['half_done']}, forgotten bytes left "
-          f"{k['forgotten_left']}, drafts changed {k['drafts_changed']}, leftover files "
-          f"{k['leftover_files']} |" for k in r["killed"]),
-        f"| {live['seconds']:.0f} s: 2 writers, 3 readers, forget + prune every few seconds | "
-        f"{live['forgets']} forgets ({live['forgets_compacted']} compacted), {live['prunes']} "
-        f"prunes, command failures {live['command_failures']}, process failures "
-        f"{live['process_failures']}, reader errors {live['reader_errors']}, commits "
-        f"{live['committed']}, lost {live['lost']}, forgotten bytes left "
-        f"{live['forgotten_bytes_left']} |",
-        f"| reader while another process commits {t['other_tokens']:,} tokens to another "
-        f"namespace ({t['write_s']} s) | propose p50 {t['p50_ms']:.3f} ms, p99 "
-        f"{t['p99_ms']:.3f} ms, max {t['max_ms']:.1f} ms, peak RSS {t['rss_mb']:.0f} MB, "
-        f"errors {t['errors']} |",
-        *(f"| 1M-token budget, {b['committed']:,} tokens committed, snapshot_every "
-          f"{b['snapshot_every']} ({b['seconds']} s) | RSS {b['rss_mb']:.0f} MB (peak "
-          f"{b['peak_rss_mb']:.0f} MB), tokens indexed {b['indexed_tokens']:,}, file "
-          f"{b['file_mb']:.0f} MB |" for b in r["budget"])])
+    rows = ["| run | result |", "|---|---|"]
+    if (d := r.get("damage")):
+        rows.append(f"| {d['cases']} byte flips and truncations | crashes {d['crashes']}, clear "
+                    f"errors {d['errors']}, drafts as the pool with or without its snapshot "
+                    f"{d['same_drafts']}, other drafts {d['other_drafts']} |")
+    rows += [f"| `{k['op']}` killed at random, {k['runs']} runs ({k['command_s']} s unharmed) | "
+             f"killed before done {k['killed_before_done']}, opened and checked "
+             f"{k['opened_and_checked']}, other errors {k['other_errors']}, runs losing "
+             f"untargeted sequences {k['untargeted_lost']}, partial sequences "
+             f"{k['partial_sequences']}, half done {k['half_done']}, forgotten bytes left "
+             f"{k['forgotten_left']}, drafts changed {k['drafts_changed']}, leftover files "
+             f"{k['leftover_files']} |" for k in r.get("killed", [])]
+    if (live := r.get("live_forget")):
+        rows.append(f"| {live['seconds']:.0f} s: 2 writers, 3 readers, forget + prune every few "
+                    f"seconds | {live['forgets']} forgets ({live['forgets_compacted']} "
+                    f"compacted), {live['prunes']} prunes, command failures "
+                    f"{live['command_failures']}, process failures {live['process_failures']}, "
+                    f"reader errors {live['reader_errors']}, commits {live['committed']}, lost "
+                    f"{live['lost']}, forgotten bytes left {live['forgotten_bytes_left']} |")
+    if (t := r.get("other_tenant")):
+        rows.append(f"| reader while another process commits {t['other_tokens']:,} tokens to "
+                    f"another namespace ({t['write_s']} s) | propose p50 {t['p50_ms']:.3f} ms, "
+                    f"p99 {t['p99_ms']:.3f} ms, max {t['max_ms']:.1f} ms, peak RSS "
+                    f"{t['rss_mb']:.0f} MB, errors {t['errors']} |")
+    rows += [f"| 1M-token budget, {b['committed']:,} tokens committed, snapshot_every "
+             f"{b['snapshot_every']} ({b['seconds']} s) | RSS {b['rss_mb']:.0f} MB (peak "
+             f"{b['peak_rss_mb']:.0f} MB), tokens indexed {b['indexed_tokens']:,}, file "
+             f"{b['file_mb']:.0f} MB |" for b in r.get("budget", [])]
+    if (c := r.get("crafted")):
+        p, a = c["in_place"], c["add_segment"]
+        rows += [f"| {c['cases']} crafted segments in place, each in a child process | signals "
+                 f"{p['signals']}, hangs {p['hangs']}, errors {p['errors']}, wrong drafts "
+                 f"{p['wrong_drafts']}, refused (drafted from the stored sequences) "
+                 f"{p['refused']} |",
+                 f"| the same {c['cases']} as shards through `add-segment` | signals "
+                 f"{a['signals']}, hangs {a['hangs']}, refused in one line "
+                 f"{a['refused_in_one_line']}, accepted {a['accepted']} |"]
+    rows += [f"| serving on a {s['pool_tokens']:,}-token pool, {s['scenario']} ({s['requests']} "
+             f"requests) | propose p50 {s['propose']['p50_ms']:.2f} ms, p99 "
+             f"{s['propose']['p99_ms']:.2f} ms, max {s['propose']['max_ms']:.1f} ms; "
+             f"finish_request p50 {s['finish_request']['p50_ms']:.2f} ms, max "
+             f"{s['finish_request']['max_ms']:.1f} ms; snapshot generations seen "
+             f"{s['snapshot_generations_seen']} |" for s in r.get("serving", [])]
+    return "\n".join(rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter runs")
+    ap.add_argument("--only", nargs="*", choices=("damage", "killed", "live_forget",
+                                                   "other_tenant", "budget", "crafted",
+                                                   "serving"), help="run only these")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="suffixspec-faults-"))
     try:
         q = args.quick
-        results = {"damage": damage(tmp, 40 if q else 100),
-                   "killed": [killed(tmp, op, 8 if q else 30) for op in KILLED_OPS],
-                   "live_forget": live_forget(tmp, 15.0 if q else 60.0),
-                   "other_tenant": other_tenant(tmp, 1_000_000 if q else 5_000_000,
-                                                20.0 if q else 60.0),
-                   "budget": budget(tmp, 4_000_000 if q else 20_000_000)}
+        runs = {"damage": lambda: damage(tmp, 40 if q else 100),
+                "killed": lambda: [killed(tmp, op, 8 if q else 30) for op in KILLED_OPS],
+                "live_forget": lambda: live_forget(tmp, 15.0 if q else 60.0),
+                "other_tenant": lambda: other_tenant(tmp, 1_000_000 if q else 5_000_000,
+                                                     20.0 if q else 60.0),
+                "budget": lambda: budget(tmp, 4_000_000 if q else 20_000_000),
+                "crafted": lambda: crafted(tmp),
+                "serving": lambda: serving_latency(tmp, 4_000_000, 40.0 if q else 60.0)}
+        results = {name: run() for name, run in runs.items()
+                   if not args.only or name in args.only}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     save_results(args.out, "faults", results, markdown(results))

@@ -394,6 +394,30 @@ class SuffixIndex:
             need = self.nodes.shape[0] + n
             self.nodes = _grown(self.nodes, max(2 * self.nodes.shape[0], need), -1)
 
+    def reserve(self, tokens: int) -> None:
+        """Grow now so that about ``tokens`` more tokens index without growing
+        (growing rehashes and copies: a cost proportional to the index)."""
+        nodes = self.node_count() + 2 * tokens + 2 * self.max_depth + 4
+        if nodes > self.nodes.shape[0]:
+            self.nodes = _grown(self.nodes, nodes, -1)
+        entries = int(self.meta[lay.META_HASH_FILL]) + tokens + 2 * self.max_depth + 2
+        size = 1 << int(np.ceil(np.log2(max(2 * entries + 2, self.hkeys.shape[0]))))
+        if size > self.hkeys.shape[0]:
+            keys = np.full(size, lay.EMPTY, np.int64)
+            vals = np.full(size, -1, np.int32)
+            trie.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
+            self.hkeys, self.hvals = keys, vals
+        arena = int(self.meta[lay.META_ARENA_TOP]) + 2 * tokens
+        if arena > self.arena.shape[0]:
+            self.arena = _grown(self.arena, arena, 0)
+
+    def room(self) -> float:
+        """How full the index is, 0 to 1, by whichever of its arrays is fullest."""
+        used_nodes = (self.meta[lay.META_TOP] - self.meta[lay.META_FREE_COUNT]) / self.nodes.shape[0]
+        used_hash = 2 * self.meta[lay.META_HASH_FILL] / self.hkeys.shape[0]
+        used_arena = self.meta[lay.META_ARENA_TOP] / self.arena.shape[0]
+        return float(max(used_nodes, used_hash, used_arena))
+
     def _make_room(self, seq: int, more: int) -> None:
         row = self.seqs[seq]
         if row[lay.SEQ_LEN] >= row[lay.SEQ_CAP]:

@@ -19,7 +19,7 @@ from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.pools.memory import CrossPool, RequestPool
-from suffixspec.pools.store import PoolError
+from suffixspec.pools.store import FileBusy, PoolError
 from suffixspec.pools.view import EMPTY_VIEW
 from suffixspec.tokens import as_token_ids
 
@@ -223,6 +223,8 @@ class SuffixProposer:
             return False
         try:
             save(self.stats.table)
+        except FileBusy:
+            return False  # a compaction holds the file: the next save keeps it
         except PoolError as e:
             if not self._calibration_failed:
                 logger.warning("suffixspec: calibration not kept in the pool: %s", e)

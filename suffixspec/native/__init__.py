@@ -17,7 +17,8 @@ One job per module:
 * ``warmup`` compiles them all, and ``cache`` keeps Numba's on-disk cache in
   step with the sources.
 
-Kernels depend on numpy and numba only.
+Kernels depend on numpy and numba only.  They release the interpreter lock
+(``nogil``): a pool's loader thread indexes beside the serving thread.
 """
 
 from .cache import drop_stale_cache, watch_compiles

@@ -29,7 +29,7 @@ from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
 from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand):
     """Most frequent continuation while its probability beats ``thr``.
 
@@ -64,7 +64,7 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
     return n, gain
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, stats, heap, size):
     """Push the tokens that may follow position ``(x, off)``; returns the new heap size.
 
@@ -100,7 +100,7 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
     return size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap):
     """Best-first tree of the most probable continuations, each beating ``thr``.
 
@@ -127,13 +127,13 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
     return n, gain
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _own_end(own, length, pos):
     """Whether the context's own occurrence ends at ``pos`` (it has no continuation yet)."""
     return own[0] >= 0 and length <= own[2] and pos[0] >= 0 and pos[1] == pos[2]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos):
     """Try match lengths ``hi`` down to ``lo`` of ``ctx[:end]`` in ``trees``.
 
@@ -226,7 +226,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     return best_n, best_gain, best_len
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos):
     """The best calibrated draft of ``trees``, counted together, if it beats ``best``.
 
@@ -273,7 +273,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     return n_best, best, m_best, source
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _take(drafted, best, out, i):
     """Keep a candidate's result as request ``i``'s draft if it drafted; returns the best gain."""
     n, gain, m, source = drafted
@@ -285,7 +285,7 @@ def _take(drafted, best, out, i):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knobs, stats, out,
                   work):
     """The calibrated policy for request ``i``: the best draft of all its trees.

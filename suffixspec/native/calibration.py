@@ -235,7 +235,7 @@ def _count(table, row, hit, half_life):
         table[row, 0] += 1.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 

@@ -10,7 +10,7 @@ capacity before pushing.
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def heap_push(heap, size, prob, x, off, parent, bucket, depth):
     """Add an entry; returns the new size."""
     hp, hn, ho, hpar, hb, hd = heap
@@ -35,7 +35,7 @@ def heap_push(heap, size, prob, x, off, parent, bucket, depth):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def heap_take(heap, size):
     """Remove the top entry: ``(prob, node, off, parent, bucket, depth, new size)``."""
     hp, hn, ho, hpar, hb, hd = heap
@@ -74,7 +74,7 @@ def heap_take(heap, size):
     return top[0], top[1], top[2], top[3], top[4], top[5], size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sift_up(heap, hole, prob, x, i, parent):
     """Place an entry at ``hole`` or above it (libstdc++'s ``__push_heap``)."""
     hp, hx, hi, hpar = heap.prob, heap.node, heap.off, heap.parent
@@ -92,14 +92,14 @@ def _sift_up(heap, hole, prob, x, i, parent):
     hpar[hole] = parent
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def std_push(heap, size, prob, x, i, parent):
     """libstdc++ ``push_heap``; returns the new size."""
     _sift_up(heap, size, prob, x, i, parent)
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def std_pop(heap, size):
     """libstdc++ ``pop_heap`` (the top moves out; the caller read it first)."""
     hp, hx, hi, hpar = heap.prob, heap.node, heap.off, heap.parent

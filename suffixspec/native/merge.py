@@ -17,13 +17,13 @@ A ``Merged`` record holds the nodes; ``size[0]`` is how many are in use and
 from numba import njit
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def merge_reset(merged):
     merged.size[0] = 0
     merged.size[1] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def merge_in(merged, cand, n):
     """Add the ``n``-token tree ``cand`` (parents before children) to ``merged``.
 
@@ -67,7 +67,7 @@ def merge_in(merged, cand, n):
     size[0] = used
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def merge_out(merged, limit, thr, row):
     """Write the ``limit`` most probable nodes to ``row``, parents first.
 

@@ -21,7 +21,7 @@ from .layout import (BEST, COUNT, EMPTY, FIRST, FREED, META_ARENA_TOP, NEXT, PAR
 from .trie import _hkey, _hslot, extend_part
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def index_run(index, first, offsets, roots, keep):
     """Index sequences ``first``, ``first + 1``, ... of one partition; returns where it stopped.
 
@@ -51,7 +51,7 @@ def index_run(index, first, offsets, roots, keep):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def relabel(nodes, offset, root_of, free_head):
     """Shift partition node ids by ``offset`` in place; returns the new free-list head.
 
@@ -79,7 +79,7 @@ def relabel(nodes, offset, root_of, free_head):
     return free_head
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def put(hkeys, hvals, parent, token, node):
     """Insert into a child table with room (no resizing)."""
     mask = hkeys.shape[0] - 1
@@ -91,7 +91,7 @@ def put(hkeys, hvals, parent, token, node):
     hvals[i] = node
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def copy_entries(src_keys, src_vals, is_root, offset, hkeys, hvals):
     """Re-key a partition's child table into the combined one; returns entries copied.
 
@@ -111,7 +111,7 @@ def copy_entries(src_keys, src_vals, is_root, offset, hkeys, hvals):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def join_roots(nodes, root, firsts, hkeys, hvals):
     """Chain the children of one tree's partition roots under combined ``root``.
 

@@ -18,7 +18,7 @@ from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pend
 from .union import FIELDS, put
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """``propose`` with its records passed as plain tuples in the records' field order.
 
@@ -32,7 +32,7 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
             Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2])))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """Draft for every request of a step, from its own tree and cross trees.
 

@@ -12,7 +12,7 @@ from .layout import COUNT, FIRST, NEXT
 from .trie import edge_len, label, step_best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draft_path(index, x, off, max_tokens, min_prob, out_tokens, out_probs, discount):
     """Follow the most frequent continuation from position ``(x, off)``.
 
@@ -49,7 +49,7 @@ def draft_path(index, x, off, max_tokens, min_prob, out_tokens, out_probs, disco
     return n, score
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draft_tree(index, x, off, max_tokens, min_prob, out_tokens, out_parents, out_probs, heap):
     """Best-first expansion from position ``(x, off)``.
 

@@ -74,12 +74,12 @@ CHECK_MESSAGES = {
 # Child table: open addressing, linear probing, backward-shift deletion.
 # --------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hkey(parent, token):
     return (np.int64(parent) << 32) | np.int64(token)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hslot(key, mask):
     # Murmur3 finalizer: every key bit reaches the low bits used as the slot.
     h = np.uint64(key)
@@ -89,7 +89,7 @@ def _hslot(key, mask):
     return np.int64(h & np.uint64(mask))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _child(hkeys, hvals, parent, token):
     mask = hkeys.shape[0] - 1
     key = _hkey(parent, token)
@@ -103,7 +103,7 @@ def _child(hkeys, hvals, parent, token):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _find_child(nodes, hkeys, hvals, parent, token):
     """Child of ``parent`` starting with ``token``, or -1.
 
@@ -122,14 +122,14 @@ def _find_child(nodes, hkeys, hvals, parent, token):
     return _child(hkeys, hvals, parent, token)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _has_siblings(nodes, p):
     """True when ``p`` has two or more children (they are in the table)."""
     f = nodes[p, FIRST]
     return f != -1 and nodes[f, NEXT] != -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hput(hkeys, hvals, meta, parent, token, node):
     mask = hkeys.shape[0] - 1
     key = _hkey(parent, token)
@@ -147,7 +147,7 @@ def _hput(hkeys, hvals, meta, parent, token, node):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hdel(hkeys, hvals, meta, parent, token):
     mask = hkeys.shape[0] - 1
     key = _hkey(parent, token)
@@ -178,7 +178,7 @@ def _hdel(hkeys, hvals, meta, parent, token):
             i = j
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rehash(old_keys, old_vals, new_keys, new_vals, meta):
     """Move every entry of a child table into an empty, larger one."""
     meta[META_HASH_FILL] = 0
@@ -193,7 +193,7 @@ def rehash(old_keys, old_vals, new_keys, new_vals, meta):
 # Node bookkeeping.
 # --------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _alloc(nodes, meta):
     head = meta[META_FREE_HEAD]
     if head != -1:
@@ -207,7 +207,7 @@ def _alloc(nodes, meta):
     return x
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _free(nodes, meta, x):
     nodes[x, :] = -1
     nodes[x, COUNT] = FREED
@@ -216,7 +216,7 @@ def _free(nodes, meta, x):
     meta[META_FREE_COUNT] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _link_child(nodes, hkeys, hvals, meta, p, c):
     first = nodes[p, FIRST]
     if first != -1:
@@ -240,7 +240,7 @@ def _link_child(nodes, hkeys, hvals, meta, p, c):
     nodes[p, FIRST] = c
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _detach(nodes, p, c):
     """Take child ``c`` out of ``p``'s sibling list (the child table is untouched)."""
     prev = nodes[c, PREV]
@@ -253,7 +253,7 @@ def _detach(nodes, p, c):
         nodes[nxt, PREV] = prev
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _unlink_child(nodes, hkeys, hvals, meta, p, c):
     if _has_siblings(nodes, p):
         _hdel(hkeys, hvals, meta, p, nodes[c, TOKEN])
@@ -264,7 +264,7 @@ def _unlink_child(nodes, hkeys, hvals, meta, p, c):
         _hdel(hkeys, hvals, meta, p, nodes[f, TOKEN])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
     """Put ``new`` where ``old`` stands among ``p``'s children.
 
@@ -286,7 +286,7 @@ def _replace_child(nodes, hkeys, hvals, meta, p, old, new):
         nodes[p, BEST] = new
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _move_after(nodes, p, x, before):
     """Move child ``x`` of ``p`` in its sibling list to just after ``before``
     (-1: to the front)."""
@@ -302,7 +302,7 @@ def _move_after(nodes, p, x, before):
         nodes[after, PREV] = x
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _arctic_rise(nodes, p, x):
     """``x``'s count just rose by one: reorder ``p``'s children as arctic does.
 
@@ -321,7 +321,7 @@ def _arctic_rise(nodes, p, x):
     nodes[p, BEST] = nodes[p, FIRST]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _arctic_fall(nodes, p, x):
     """``x``'s count just fell by one (still > 0): reorder as arctic does,
     moving it behind the siblings that still have its old count."""
@@ -335,7 +335,7 @@ def _arctic_fall(nodes, p, x):
     nodes[p, BEST] = nodes[p, FIRST]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rescan_best(nodes, p):
     best = -1
     c = nodes[p, FIRST]
@@ -346,13 +346,13 @@ def _rescan_best(nodes, p):
     nodes[p, BEST] = best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def label(arena, seqs, nodes, x, i):
     """Token ``i`` of node ``x``'s edge label."""
     return arena[seqs[nodes[x, REF_SEQ], SEQ_OFF] + nodes[x, REF_POS] + i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def edge_len(nodes, seqs, x):
     """Length of node ``x``'s edge (open leaves end where their sequence does)."""
     n = nodes[x, LEN]
@@ -362,7 +362,7 @@ def edge_len(nodes, seqs, x):
     return n2 if n2 < -n else -n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _shift_front(nodes, x, k):
     """Move the start of ``x``'s edge ``k`` tokens later (k < 0: earlier)."""
     nodes[x, REF_POS] += k
@@ -372,7 +372,7 @@ def _shift_front(nodes, x, k):
         nodes[x, LEN] += k  # an open leaf's cap shrinks with its parent's depth growing
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _close_leaf(nodes, seqs, x, depth):
     """Fix an open leaf's length, before a second occurrence reaches it.
 
@@ -386,7 +386,7 @@ def _close_leaf(nodes, seqs, x, depth):
         seqs[owner, SEQ_FRONT] = q
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _absorb_parent(nodes, hkeys, hvals, meta, y):
     """Merge ``y`` with its parent ``x``; ``y`` keeps its id, ``x`` is freed.
 
@@ -406,7 +406,7 @@ def _absorb_parent(nodes, hkeys, hvals, meta, y):
 # Building: roots, appends, removal.
 # --------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def new_root(nodes, meta):
     """Allocate the root of a new tree and return its node id."""
     r = _alloc(nodes, meta)
@@ -415,7 +415,7 @@ def new_root(nodes, meta):
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
     """Extend the occurrence ending at node ``a`` by token ``t`` (general case).
 
@@ -488,7 +488,7 @@ def _extend_suffix(nodes, hkeys, hvals, meta, arena, seqs, a, t, s, p, d):
 _KEEP_ALL = np.zeros(0, np.bool_)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def extend(index, s, tokens):
     """Append ``tokens`` to open sequence ``s`` and index them.
 
@@ -499,7 +499,7 @@ def extend(index, s, tokens):
     return extend_part(index, s, tokens, _KEEP_ALL)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def extend_part(index, s, tokens, keep):
     """``extend``, indexing only the suffixes whose first token ``t`` has ``keep[t & mask]``.
 
@@ -591,7 +591,7 @@ def extend_part(index, s, tokens, keep):
     return tokens.shape[0]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _grow(index, s, p, t, q0, kept, head, size):
     """Extend sequence ``s``'s open suffixes by token ``t`` at position ``p``.
 
@@ -657,7 +657,7 @@ def _grow(index, s, p, t, q0, kept, head, size):
             r = 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def extend_batch(index, seq_ids, tokens, offsets, progress):
     """Append ``tokens[offsets[i]:offsets[i + 1]]`` to sequence ``seq_ids[i]``.
 
@@ -682,7 +682,7 @@ def extend_batch(index, seq_ids, tokens, offsets, progress):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def remove_seq(index, s, path):
     """Take every suffix of sequence ``s`` out of the counts.
 
@@ -730,7 +730,7 @@ def remove_seq(index, s, path):
     seqs[s, SEQ_STATE] = SEQ_REMOVED
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def copy_child_order(old, old_root, index, root, stack):
     """Give every node under ``root`` its children in the order the same
     string's children have under ``old_root``, and BEST its first child.
@@ -792,7 +792,7 @@ def copy_child_order(old, old_root, index, root, stack):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def drop_tree(index, root):
     """Free every node of the tree under ``root``, root included.
 
@@ -827,7 +827,7 @@ def drop_tree(index, root):
     return tokens
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def move_seq(arena, seqs, meta, s, new_off, new_cap):
     """Copy sequence ``s`` to a fresh region of token storage."""
     off = seqs[s, SEQ_OFF]
@@ -847,7 +847,7 @@ def move_seq(arena, seqs, meta, s, new_off, new_cap):
         meta[META_ARENA_TOP] = end
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def compact_arena(arena, seqs, meta, order):
     """Pack the regions of all sequences that are not free to the front.
 
@@ -875,7 +875,7 @@ def compact_arena(arena, seqs, meta, order):
 # Queries.
 # --------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def suffix_position(index, root, ctx, end, length, own):
     """Where ``ctx[end - length:end]`` ends in the tree, or ``(-1, 0)``.
 
@@ -894,7 +894,7 @@ def suffix_position(index, root, ctx, end, length, own):
     return walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     """Walk ``ctx[start:end]`` down from ``root``.
 
@@ -918,12 +918,12 @@ def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     return x, off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _continues(nodes, seqs, x, off):
     return off < edge_len(nodes, seqs, x) or nodes[x, FIRST] != -1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def longest_match(index, root, ctx, start, end, max_len, need_continuation, own):
     """Longest suffix of ``ctx[start:end]`` found in the tree.
 
@@ -956,7 +956,7 @@ def longest_match(index, root, ctx, start, end, max_len, need_continuation, own)
     return lo, best_x, best_off
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def step_best(nodes, arena, seqs, x, off, length, discount):
     """The forced or most frequent next token at ``(x, off)``.
 
@@ -979,7 +979,7 @@ def step_best(nodes, arena, seqs, x, off, length, discount):
     return nodes[b, TOKEN], c, n, b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tail(index, s, length):
     """``(start, end)`` of sequence ``s``'s last ``length`` tokens in token storage."""
     off = index.seqs[s, SEQ_OFF]
@@ -990,7 +990,7 @@ def tail(index, s, length):
     return start, end
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def anchors(index, s):
     """Leading synthetic tokens of sequence ``s`` (its start anchors)."""
     arena, seqs = index.arena, index.seqs
@@ -1002,7 +1002,7 @@ def anchors(index, s):
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def continuations(index, x, off, out_tokens, out_counts):
     """Next tokens after position ``(x, off)`` with their counts.
 
@@ -1029,7 +1029,7 @@ def continuations(index, x, off, out_tokens, out_counts):
 # Self-check.
 # --------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def check_integrity(index):
     """Verify every invariant of the index; returns 0 or a CHECK_MESSAGES code.
 

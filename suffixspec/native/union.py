@@ -70,7 +70,7 @@ def _row(a, t):
         t[1 + d] = a.shape[d]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def put(sides, k, index):
     """Make side ``k`` of the table ``sides`` name ``index`` (the caller keeps it alive)."""
     _row(index.meta, sides[k, 0])
@@ -95,7 +95,7 @@ def side(sides, k):
                  carray(_pointer(t[6, 0]), (t[6, 1], t[6, 2]), np.int32))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def position(index, x, off):
     """The position ``(x, off)`` with its edge length (``x`` -1: none)."""
     if x < 0:
@@ -103,7 +103,7 @@ def position(index, x, off):
     return np.int64(x), np.int64(off), np.int64(edge_len(index.nodes, index.seqs, x))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def advance(index, x, off, length, tok):
     """The position after ``tok``: ``(x, off, length)``, ``x`` -1 when ``tok`` never follows."""
     if x < 0:
@@ -118,7 +118,7 @@ def advance(index, x, off, length, tok):
     return np.int64(c), np.int64(1), np.int64(edge_len(index.nodes, index.seqs, c))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def advance_all(sides, pos, tok):
     """Move every side's position past ``tok`` (in place)."""
     for k in range(pos.shape[0]):
@@ -129,7 +129,7 @@ def advance_all(sides, pos, tok):
             pos[k, 2] = length
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def count_next(index, x, off, length, tok):
     """How many occurrences of the string at the position continue with ``tok``."""
     if x < 0:
@@ -142,7 +142,7 @@ def count_next(index, x, off, length, tok):
     return 0 if c < 0 else index.nodes[c, COUNT]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_all(sides, pos, tok):
     """Occurrences on every side that continue with ``tok``."""
     total = 0
@@ -152,7 +152,7 @@ def _count_all(sides, pos, tok):
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def occurrences(sides, pos):
     """``(n, held, most)``: occurrences of the string on every side, how many
     sides hold it, and the side with the most (the last of equals; -1: none)."""
@@ -171,7 +171,7 @@ def occurrences(sides, pos):
     return n, held, most
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def best_next(sides, pos, discount):
     """The most frequent next token over every side's position.
 
@@ -220,7 +220,7 @@ def best_next(sides, pos, discount):
     return best, best_c, n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bound_next(sides, pos, discount):
     """``(c, n)`` as ``best_next`` gives, with ``c`` an upper bound: the sum of
     every side's most frequent count.  One lookup per side, where

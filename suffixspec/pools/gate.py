@@ -46,12 +46,16 @@ class Gate:
             self._pid = os.getpid()
         return self._fd
 
-    def enter(self) -> None:
-        """Take the gate (shared) through the turnstile; blocks during a compaction."""
+    def enter(self, wait: bool = True) -> bool:
+        """Take the gate (shared) through the turnstile; during a compaction,
+        wait for its end, or (``wait`` False) return False at once."""
         fd = self._file()
         if fd is None:
-            return
-        fcntl.lockf(fd, fcntl.LOCK_SH, 1, _TURNSTILE)
+            return True
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB), 1, _TURNSTILE)
+        except OSError:
+            return False
         try:
             fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)
             # Read while the turnstile keeps a compaction from asking: a request
@@ -59,6 +63,7 @@ class Gate:
             self.seen = self._counter(fd)
         finally:
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        return True
 
     def leave(self) -> None:
         if self._fd is not None and self._pid == os.getpid():

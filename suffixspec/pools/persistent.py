@@ -45,21 +45,37 @@ from suffixspec.fingerprint import TokenizerId
 from suffixspec.native import layout as lay
 from suffixspec.pools import files, segments
 from suffixspec.pools.memory import Delta
-from suffixspec.pools.store import PoolError, PoolStore
+from suffixspec.pools.store import FileBusy, PoolError, PoolStore
 from suffixspec.pools.view import MappedSegment, PoolView, open_segment
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between looks for others' commits and a new snapshot.
 REFRESH_INTERVAL = 1.0
-#: Tokens of others' commits one ``refresh`` indexes at most (about 20 ms here).
-CATCH_UP_TOKENS = 1 << 13
+#: Tokens of others' commits one ``refresh`` indexes at most (about 5 ms here).
+CATCH_UP_TOKENS = 1 << 11
 #: Stored sequences read at once by the loader (it takes the store between reads).
-READ_BATCH = 512
+READ_BATCH = 128
 #: Commits stored in one transaction at most.
 WRITE_BATCH = 1024
 #: Times the loader reads the snapshot again when a newer one replaced it while it mapped.
 MAP_ATTEMPTS = 5
+#: A delta the loader makes has room for this share of its tokens more (at least
+#: ``ROOM_TOKENS``), so serving calls seldom grow it (growing costs a time
+#: proportional to its size); once fuller than ``FULL``, the loader makes another.
+ROOM = 1.0
+ROOM_TOKENS = 1 << 20
+FULL = 0.5
+#: Rounds of indexing what was committed while the loader worked.
+CATCH_UP_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class _Table:
+    """A table for the writer thread to keep in the pool file."""
+
+    name: str
+    table: np.ndarray
 
 
 class _Replaced(Exception):
@@ -260,7 +276,10 @@ class PersistentPool:
                 return
             self._last_refresh = now
             try:
-                self._refresh_from_file()
+                with self.store.no_wait():
+                    self._refresh_from_file()
+            except FileBusy:  # a compaction began just now: next time
+                self.behind = True
             except (PoolError, OSError) as e:  # drafting goes on from what is in memory
                 self._warn("refresh", f"suffixspec: {self.store.path} cannot be read ({e}); "
                                       f"drafting from what was loaded")
@@ -280,6 +299,8 @@ class PersistentPool:
             self._start_loader()  # until it ends, merged segments are drafted as they were
         if not self._writing:  # while our commits are being stored, their ids are unknown
             self._catch_up(self.catch_up_tokens)
+        if self.delta.index.room() > FULL:
+            self._start_loader()  # a roomier delta, made in the background
 
     def _catch_up(self, budget: int | None) -> None:
         """Index what others committed in the namespaces wanted, about ``budget``
@@ -413,9 +434,11 @@ class PersistentPool:
         self.reload()
 
     def save_calibration(self, table: np.ndarray) -> None:
-        """Keep the proposer's calibration table, for the next process to open the pool."""
+        """Keep a copy of the proposer's calibration table, for the next process to
+        open the pool: written by the writer thread after the commits before it."""
         with self._lock:
-            self.store.save_table("calibration", table)
+            self._writing += 1
+            self._writes.put(_Table("calibration", table.copy()))
 
     def load_calibration(self) -> np.ndarray | None:
         """The calibration table last kept here, as it was kept (None: none)."""
@@ -457,29 +480,48 @@ class PersistentPool:
                 except queue.Empty:
                     break
             stop = items[-1] is None
-            items = [item for item in items if item is not None]
+            tables = [item for item in items if isinstance(item, _Table)]
+            items = [item for item in items if isinstance(item, tuple)]
             if items:
                 self._store_commits(items)
+            if tables:  # the last one kept is the newest
+                self._store_table(tables[-1].name, tables[-1].table)
+                with self._lock:
+                    self._writing -= len(tables)
             if stop:
                 return
 
+    def _store_table(self, name: str, table: np.ndarray) -> None:
+        try:
+            self._read_quietly(lambda: self.store.save_table(name, table))
+        except PoolError as e:  # drafting goes on; the next save may take
+            self._warn("table", f"suffixspec: the {name} table was not kept in "
+                                f"{self.store.path}: {e}")
+
     def _store_commits(self, items: list) -> None:
-        self._wait_for_file()
-        with self._lock:
-            self._writing -= len(items)
-            try:
-                ids = self.store.add_many([(tokens, namespace, "engine", request_id)
-                                           for tokens, namespace, request_id, _, _ in items])
-            except Exception as e:  # the pool file cannot take them: logged, drafting goes on
-                self._write_error = e if isinstance(e, PoolError) else PoolError(str(e))
-                self._warn("write", f"suffixspec: {len(items)} output(s) were not stored in "
-                                    f"{self.store.path}: {e}")
+        records = [(tokens, namespace, "engine", request_id)
+                   for tokens, namespace, request_id, _, _ in items]
+        while True:
+            self._wait_for_file()
+            with self._lock:
+                try:
+                    with self.store.no_wait():  # never holds the lock through a compaction
+                        ids = self.store.add_many(records)
+                except FileBusy:
+                    continue
+                except Exception as e:  # the file cannot take them: logged, drafting goes on
+                    self._writing -= len(items)
+                    self._write_error = e if isinstance(e, PoolError) else PoolError(str(e))
+                    self._warn("write", f"suffixspec: {len(items)} output(s) were not stored "
+                                        f"in {self.store.path}: {e}")
+                    return
+                self._writing -= len(items)
+                self._write_error = None
+                for sid, (_, _, _, delta, seq) in zip(ids, items):
+                    if delta is self.delta and seq in delta.committed:
+                        self._own.add(sid)  # indexed already: catching up skips it
+                        self._ids[seq] = sid
                 return
-            self._write_error = None
-            for sid, (_, _, _, delta, seq) in zip(ids, items):
-                if delta is self.delta and seq in delta.committed:
-                    self._own.add(sid)  # indexed already: catching up skips it
-                    self._ids[seq] = sid
 
     # --------------------------------------------------------------- loader
     def _start_loader(self) -> None:
@@ -517,10 +559,13 @@ class PersistentPool:
                 mapped = self.view.by_folder()
                 copied = {h: (self.delta.index.sequence(seq), ns)
                           for h, (seq, ns) in self._open.items()}
-                with self.store.read() as txn:
-                    snap = self.store.snapshot(txn)
-                    deletes = self.store.deletes(txn)
-                upto = self.store.last_id()
+                try:
+                    with self.store.no_wait(), self.store.read() as txn:
+                        snap = self.store.snapshot(txn)
+                        deletes = self.store.deletes(txn)
+                        upto = self.store.last_id()
+                except FileBusy:
+                    continue
                 inode = os.stat(self.store.path).st_ino
             problems = list(snap.refused) if snap else []
             try:
@@ -539,8 +584,17 @@ class PersistentPool:
             self._index_range(delta, ids, after, min(seg.segment.first, upto), wanted)
             after = max(after, seg.segment.last)
         self._index_range(delta, ids, after, upto, wanted)
-        return _Prepared(view, delta, ids, max(upto, after), copied, wanted, deletes, inode,
-                         problems)
+        upto = max(upto, after)
+        # What was committed meanwhile (by this process too) is indexed here, not
+        # by the serving calls after the swap: until little is left.
+        for _ in range(CATCH_UP_ROUNDS):
+            last = self._read_quietly(self.store.last_id)
+            if last <= upto:
+                break
+            self._index_range(delta, ids, upto, last, wanted)
+            upto = last
+        delta.index.reserve(max(int(ROOM * delta.tokens), ROOM_TOKENS))
+        return _Prepared(view, delta, ids, upto, copied, wanted, deletes, inode, problems)
 
     def _map(self, snap, mapped: dict[str, MappedSegment], problems: list[str],
              last: bool) -> PoolView:
@@ -559,8 +613,7 @@ class PersistentPool:
             if not folder.is_dir() and not last:
                 raise _Replaced
             try:
-                with self._lock:
-                    stamps = self.store.stamps(seg.folder)
+                stamps = self._read_quietly(lambda: self.store.stamps(seg.folder))
                 m, fresh = open_segment(folder, seg, self.max_depth, None, stamps)
             except FileNotFoundError as e:  # removed mid-way: a newer snapshot replaced it
                 if not last:
@@ -571,8 +624,7 @@ class PersistentPool:
                 problems.append(f"segment {seg.folder}: {e}")
                 continue
             if fresh is not None and not self.store.readonly:
-                with self._lock:
-                    self.store.record_stamps(seg.folder, fresh)
+                self._read_quietly(lambda: self.store.record_stamps(seg.folder, fresh))
             found.append(m)
         if len(found) > lay.SEGMENTS:
             largest = sorted(found, key=lambda m: -m.segment.tokens)[:lay.SEGMENTS]
@@ -590,10 +642,14 @@ class PersistentPool:
             self._wait_for_file()
             with self._lock:  # a batch at a time: serving calls run between batches
                 batch = []
-                for seq in self.store.sequences(after=after):
-                    if seq.seq_id > upto or len(batch) >= READ_BATCH:
-                        break
-                    batch.append(seq)
+                try:
+                    with self.store.no_wait():
+                        for seq in self.store.sequences(after=after):
+                            if seq.seq_id > upto or len(batch) >= READ_BATCH:
+                                break
+                            batch.append(seq)
+                except FileBusy:
+                    continue
             if not batch:
                 return
             for seq in batch:
@@ -631,6 +687,17 @@ class PersistentPool:
         self.behind = True  # catch up on what came after ``upto`` at the next refresh
         if new.wanted != (None if self.wanted is None else frozenset(self.wanted)):
             self._start_loader()  # a namespace was asked for meanwhile
+
+    def _read_quietly(self, call):
+        """``call()`` under the lock, retried (lock let go) while a compaction holds the file."""
+        while True:
+            self._wait_for_file()
+            with self._lock:
+                try:
+                    with self.store.no_wait():
+                        return call()
+                except FileBusy:
+                    continue
 
     def _wait_for_file(self) -> None:
         """Until the file can be read without waiting (no compaction holds it),

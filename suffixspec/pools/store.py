@@ -78,6 +78,10 @@ class DiskFullError(PoolError):
     """A write was refused (disk full, size limit); what was committed stays."""
 
 
+class FileBusy(PoolError):
+    """A compaction holds the file and the caller asked not to wait (``no_wait``)."""
+
+
 @dataclass
 class StoredSequence:
     seq_id: int
@@ -120,6 +124,7 @@ class PoolStore:
         self.users = 0  # holders through ``shared``
         self._watch_pid = None
         self._watch_stop = threading.Event()
+        self._local = threading.local()  # no_wait, per thread
         exists = self.path.exists()
         if exists:
             _refuse_foreign(self.path)
@@ -172,10 +177,23 @@ class PoolStore:
                             f"asked for {max_depth}")
 
     # ------------------------------------------------------------ environment
+    @contextlib.contextmanager
+    def no_wait(self):
+        """Within it, an operation of this thread that would wait for a
+        compaction to end raises ``FileBusy`` at once (serving calls)."""
+        before = getattr(self._local, "no_wait", False)
+        self._local.no_wait = True
+        try:
+            yield
+        finally:
+            self._local.no_wait = before
+
     @property
     def env(self) -> lmdb.Environment:
         if self._env is None or self._pid != os.getpid():
-            self.gate.enter()  # waits while another process compacts the file
+            # Waits while another process compacts the file, unless asked not to.
+            if not self.gate.enter(wait=not getattr(self._local, "no_wait", False)):
+                raise FileBusy(f"{self.path} is being compacted")
             try:
                 # Opened again (after a compaction) only where it is: a pool file
                 # removed under a process is not made anew, empty, in its place.

@@ -29,8 +29,9 @@ ARRAYS = {"meta": (np.int64, 1, None), "nodes": (np.int32, 2, lay.NODE_FIELDS),
           "arena": (np.int32, 1, None), "seqs": (np.int64, 2, lay.SEQ_FIELDS),
           "roots": (np.int32, 1, None)}
 
-#: Nodes checked at once (bounds the temporaries: a few hundred MB at most).
-CHUNK = 1 << 22
+#: Nodes checked at once: bounds the temporaries, and how long one NumPy call
+#: holds the interpreter (a serving thread of the process runs between them).
+CHUNK = 1 << 18
 
 
 class SegmentError(ValueError):
