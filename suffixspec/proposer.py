@@ -339,7 +339,8 @@ class SuffixProposer:
         # call keeps them mapped whatever the pool does meanwhile.
         view, delta, cross_roots = self._cross_args(req_ids)
         if self.step_cost is not None:
-            self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(b)
+            self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(
+                b, self.stats.state[cal.ST_DRAFTED])
         # Records as plain tuples (see ``native.layout``): typed faster per call.
         batch = (rows[1], rows[0], rows[2], limits, cross_roots)
         propose_batch(local.read_only_arrays(), local.roots, view.table, delta, batch,

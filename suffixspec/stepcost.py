@@ -58,8 +58,9 @@ class StepCost:
     def seconds(self, tokens: float) -> float:
         return self.fixed + self.per_token * tokens
 
-    def draft_cost(self, batch: int = 1) -> float:
-        """The length rule's cost for a batch of ``batch`` requests (see the module)."""
+    def draft_cost(self, batch: int = 1, drafted: float = 0.0) -> float:
+        """The length rule's cost for a batch of ``batch`` requests (see the module;
+        ``drafted``, what each drafts now, plays no part in a linear step)."""
         load = self.per_token * max(batch, 1)
         return load / (self.fixed + load)
 
@@ -121,5 +122,51 @@ class StepCostEstimator:
             fixed = self.prior.fixed * scale
         return StepCost(fixed, per_token)
 
-    def draft_cost(self, batch: int = 1) -> float:
+    def draft_cost(self, batch: int = 1, drafted: float = 0.0) -> float:
         return self.estimate().draft_cost(batch)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A GPU step: flat while memory-bound, then growing per verified token.
+
+    ``seconds(n) = max(flat, per_token * n)``: a decode step reads the
+    weights once whatever it verifies, so it costs ``flat`` until ``n``
+    tokens make it compute-bound (``ridge = flat / per_token``); past that,
+    each token adds ``per_token``.  ``host`` is added to every step (host work
+    on the critical path).  See ``H100_8B``.
+    """
+
+    flat: float
+    per_token: float
+    host: float = 0.0
+
+    def __post_init__(self):
+        if not (self.flat > 0 and self.per_token > 0 and self.host >= 0):
+            raise ValueError("a roofline needs flat > 0, per_token > 0 and host >= 0")
+
+    @property
+    def ridge(self) -> float:
+        return self.flat / self.per_token
+
+    def seconds(self, tokens: float) -> float:
+        return max(self.flat, self.per_token * tokens) + self.host
+
+    def draft_cost(self, batch: int = 1, drafted: float = 4.0) -> float:
+        """One more drafted token per request, as a share of the step, for a batch
+        of ``batch`` requests drafting ``drafted`` tokens each: nothing below
+        the ridge (the step costs the same), ``per_token`` per request past it."""
+        b = max(batch, 1)
+        tokens = b * (1.0 + drafted)
+        if tokens + b <= self.ridge:
+            return 0.0
+        return self.per_token * b / self.seconds(tokens)
+
+
+#: An 8B model (bf16, about 16 GB of weights) on one H100 SXM: a batch-1 decode
+#: step of 6.5 ms (about 154 tokens/s, what published vLLM and TensorRT-LLM
+#: single-stream runs of Llama-3-8B report on an H100), and 0.027 ms per
+#: verified token once compute-bound (2 x 8e9 FLOPs per token at about 600
+#: TFLOP/s, 60% of the card's 990 dense bf16 TFLOP/s), so the ridge is at
+#: about 240 tokens.  Seconds.
+H100_8B = Roofline(flat=6.5e-3, per_token=2.7e-5)

@@ -1,8 +1,9 @@
 """Proposers the replay can drive, all behind the ``Proposer`` protocol.
 
 ``suffixspec`` is ours; ``arctic`` runs arctic-inference's SuffixDecodingCache
-with the same knobs; ``ngram`` is prompt lookup; ``oracle`` drafts the recorded
-output itself (the ceiling).
+with the same knobs; ``vllm-gpu`` drafts as vLLM's own GPU suffix drafter
+(``native.vllm_suffix``); ``ngram`` is prompt lookup; ``oracle`` drafts the
+recorded output itself (the ceiling).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import numpy as np
 
 from suffixspec.config import ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR
 from suffixspec.draft import Draft
+from suffixspec.native import vllm_suffix as gpu
 from suffixspec.native.ngram import ngram_propose
 from suffixspec.proposer import SuffixProposer
+from suffixspec.stepcost import H100_8B, Roofline
 from suffixspec.tokens import as_token_ids
 
-ENGINES = ("suffixspec", "arctic", "ngram", "oracle")
+ENGINES = ("suffixspec", "arctic", "vllm-gpu", "ngram", "oracle")
 
 
 class _Contexts:
@@ -158,6 +161,128 @@ class NgramProposer:
     abort_request = finish_request
 
 
+class VllmGpuProposer:
+    """vLLM's GPU suffix drafter (Model Runner V2, ``method: "suffix"``), as
+    ``native.vllm_suffix`` models it, behind the proposer protocol.
+
+    Every draft is ``max_spec_tokens`` long (slots past the valid tokens hold
+    the last token; vLLM verifies them all).  ``corpus_tokens`` is its ring of
+    finished responses (vLLM's ``suffix_decoding_corpus_tokens``, 1M by
+    default; 0: none), ``max_depth`` its ``suffix_decoding_max_tree_depth``
+    (24 by default).
+
+    ``adaptive``: vLLM's adaptive verification.  Each slot gets a confidence
+    from acceptance counted per (source, match-length bucket, position)
+    (halved every 1,024 steps); a step's batch admits the number of slots
+    that maximises expected accepted tokens per second under ``step_cost``
+    (a ``Roofline``), judged on each request's previous draft's confidences
+    (vLLM reads them one step late), and gives them to the slots of the
+    highest survival (running product of confidences) of this step's drafts.
+    """
+
+    HALF_LIFE = 1024
+
+    def __init__(self, max_spec_tokens: int = 16, max_depth: int = 24,
+                 corpus_tokens: int = 1 << 20, adaptive: bool = False,
+                 step_cost: Roofline = H100_8B):
+        self.max_spec_tokens = self.k = max(int(max_spec_tokens), 1)
+        self.depth = int(max_depth)
+        self.adaptive = adaptive
+        self.step_cost = step_cost
+        self.corpus = np.full(max(corpus_tokens, 0), -1, np.int32)
+        self.table = np.full((2, gpu.buckets_for(corpus_tokens) if corpus_tokens else 1,
+                              gpu.SLOTS), -1, np.int64)
+        self.head = np.zeros(2, np.int64)  # next write offset, documents so far
+        self.ctx = _Contexts()
+        self.prompt_len: dict[Hashable, int] = {}
+        self.stats = np.zeros((2 * gpu.LEN_BUCKETS, self.k, 2), np.int64)
+        self.steps = 0
+        self.last: dict[Hashable, tuple[int, int, int]] = {}  # (bucket, valid, verified)
+        self.stale: dict[Hashable, np.ndarray] = {}  # the previous draft's confidences
+        self._out = np.empty(self.k, np.int32)
+
+    def start_request(self, req_id, prompt_token_ids) -> None:
+        prompt = as_token_ids(prompt_token_ids)
+        self.ctx.start(req_id, prompt)
+        self.prompt_len[req_id] = prompt.shape[0]
+        self.stale[req_id] = np.ones(self.k, np.float32)
+
+    def extend(self, req_id, token_ids) -> None:
+        tokens = as_token_ids(token_ids)
+        last = self.last.pop(req_id, None)
+        if last is not None and tokens.shape[0]:
+            bucket, valid, verified = last
+            gpu.observe(self.stats, bucket, valid, verified, min(tokens.shape[0] - 1, verified))
+        self.ctx.extend(req_id, tokens)
+
+    def propose(self, req_ids: Sequence[Hashable], max_spec_tokens=None) -> list[Draft]:
+        limits = _limits(max_spec_tokens, len(req_ids), self.k)
+        drafts, confs, stale = [], [], []
+        for req_id in req_ids:
+            n = self.ctx.len[req_id]
+            valid, length, source = gpu.propose(self.ctx.buf[req_id], n, self.corpus,
+                                                self.table, self.depth, self.k, self._out)
+            drafts.append((self._out.copy(), valid, length, source))
+            if self.adaptive:
+                conf = np.empty(self.k, np.float32)
+                bucket = gpu.confidences(self.stats, valid, length, source, conf)
+                confs.append((conf, bucket if valid > 0 else -1))
+                stale.append(self.stale[req_id])
+        admitted = (self._admit([c for c, _ in confs], stale, limits) if self.adaptive
+                    else limits)
+        out = []
+        for i, (req_id, (tokens, valid, length, source)) in enumerate(zip(req_ids, drafts)):
+            m = int(admitted[i])
+            if self.adaptive:
+                conf, bucket = confs[i]
+                self.last[req_id] = (bucket, valid, m)
+                self.stale[req_id] = conf
+            d = tokens[:m]
+            out.append(Draft(d, np.arange(-1, m - 1, dtype=np.int32), np.ones(m, np.float32),
+                             float(min(valid, m)), length, ("request", "cross")[source])
+                       if m else Draft(match_len=length))
+        self.steps += 1
+        if self.adaptive and self.steps % self.HALF_LIFE == 0:
+            self.stats >>= 1
+        return out
+
+    def _admit(self, confs: list[np.ndarray], stale: list[np.ndarray],
+               limits: list[int]) -> list[int]:
+        """Slots admitted per request: the batch's budget from the previous
+        confidences, given to this step's most likely slots."""
+        b = len(confs)
+        cap = np.asarray(limits)
+        slots = np.arange(self.k)
+        past = np.cumprod(np.asarray(stale, np.float64), axis=1)
+        scores = np.sort(past[slots[None, :] < cap[:, None]])[::-1]
+        expected = b + np.concatenate([[0.0], np.cumsum(scores)])
+        cost = np.asarray([self.step_cost.seconds(b + n) for n in range(scores.shape[0] + 1)])
+        budget = int(np.argmax(expected / cost))
+        if budget >= int(cap.sum()):
+            return list(cap)
+        now = np.cumprod(np.asarray(confs, np.float64), axis=1)
+        now[slots[None, :] >= cap[:, None]] = -np.inf
+        winners = np.argsort(-now, axis=None, kind="stable")[:budget]
+        return list(np.bincount(winners // self.k, minlength=b))
+
+    def finish_request(self, req_id) -> None:
+        if self.corpus.shape[0]:
+            start = max(self.prompt_len[req_id] - gpu.PROMPT_CONTEXT, 0)
+            gpu.ingest(self.corpus, self.table, self.head, self.ctx.buf[req_id], start,
+                       self.ctx.len[req_id])
+        self.abort_request(req_id)
+
+    def abort_request(self, req_id) -> None:
+        self.ctx.drop(req_id)
+        for d in (self.prompt_len, self.last, self.stale):
+            d.pop(req_id, None)
+
+    def index_memory(self) -> tuple[int, int]:
+        """(bytes, corpus tokens) of the corpus and its tables."""
+        used = int(self.head[0]) if self.head[1] else 0
+        return self.corpus.nbytes + self.table.nbytes, used
+
+
 class OracleProposer:
     """Drafts the recorded continuation: the most any proposer could accept."""
 
@@ -188,11 +313,14 @@ class OracleProposer:
 def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_tokens: int = 16,
                   max_spec_factor: float | None = None, max_spec_offset: float = 0.0,
                   min_token_prob: float | None = None, tree: bool = False, ngram_min: int = 2,
-                  ngram_max: int = 5, **suffixspec_options):
+                  ngram_max: int = 5, adaptive: bool = False,
+                  corpus_tokens: int = 1 << 20, step_cost=H100_8B, **suffixspec_options):
     """Build the proposer named ``engine`` with the shared knobs.
 
     Unset ``max_spec_factor`` and ``min_token_prob`` take each engine's own
     defaults (arctic's: ``config.ARCTIC_*``; suffixspec: see ``ProposerConfig``).
+    ``vllm-gpu`` takes ``max_depth`` (vLLM's default is 24), ``corpus_tokens``,
+    ``adaptive`` and ``step_cost`` (what adaptive verification weighs).
     """
     if engine == "suffixspec":
         return SuffixProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
@@ -204,6 +332,8 @@ def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_toke
                               max_spec_offset,
                               ARCTIC_MIN_TOKEN_PROB if min_token_prob is None else min_token_prob,
                               tree)
+    if engine == "vllm-gpu":
+        return VllmGpuProposer(max_spec_tokens, max_depth, corpus_tokens, adaptive, step_cost)
     if engine == "ngram":
         return NgramProposer(max_spec_tokens, ngram_min, ngram_max)
     if engine == "oracle":

@@ -1,0 +1,139 @@
+"""Tokens per second in the GPU regime: replay priced by a GPU step roofline.
+
+Usage (from the repository root):
+
+    python bench/gpu_bench.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen --out bench/results
+
+No GPU runs here: each engine step of a replay is priced by
+``suffixspec.stepcost.H100_8B`` (an 8B model on an H100: a flat 6.5 ms until
+about 240 verified tokens, then 0.027 ms per token; where each figure comes
+from is in that module), with ``concurrency`` requests in flight.  Per
+configuration, what the step also pays:
+
+* ``none``: no speculation; async scheduling (nothing else on the step);
+* ``vllm-gpu``, ``vllm-gpu adaptive``: vLLM's own GPU suffix drafter on Model
+  Runner V2 (``native.vllm_suffix``), plain and with adaptive verification:
+  it drafts on the device under async scheduling, so nothing is added;
+* ``arctic V1``: arctic-inference at its cost-aware best (k 16, factor 2,
+  min_token_prob 0.2) on the V1 runner: its measured drafting time per step
+  (host, on the critical path) and the V1 runner's synchronous scheduling
+  (``SYNC_MS``: async scheduling is worth 3-5% of an 8B model's step in
+  published runs);
+* ``suffixspec V1``: suffixspec drafting for this roofline (a drafted token
+  costs nothing below the ridge), its measured time, and ``SYNC_MS``;
+* ``suffixspec MRV2``: the same drafts on Model Runner V2: its measured time
+  and one host round trip per step (``--round-trip-ms``, measured by
+  ``bench/mrv2_bench.py``), async scheduling for the rest.
+
+Host times are this machine's (a 2-core CPU; a server's is faster).  Slices
+as in ``bench/policy_bench.py`` times ``--fraction``.  Writes ``gpu.json``
+and ``gpu.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from suffixspec.native import warmup
+from suffixspec.replay.engines import make_proposer
+from suffixspec.replay.harness import replay
+from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.stepcost import H100_8B
+
+from bench_common import parser, save_results
+from policy_bench import SLICES
+
+#: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
+SYNC_MS = 0.26
+K16 = dict(max_spec_tokens=16)
+CONFIGS = {  # name -> (engine, settings, host time counted, per-step overhead)
+    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, "none"),
+    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False, "none"),
+    "arctic V1": ("arctic", dict(K16, max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
+                  True, "sync"),
+    "suffixspec V1": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
+                      "sync"),
+    "suffixspec MRV2": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
+                        "round trip"),
+}
+
+
+def run_one(requests, engine: str, settings: dict, concurrency: int) -> dict:
+    proposer = make_proposer(engine, requests, **settings)
+    if engine == "suffixspec":
+        proposer.step_cost = H100_8B  # drafts for this regime
+    res = replay(requests, proposer, concurrency=concurrency, step_cost=H100_8B)
+    m = res.metrics()
+    return {"steps": len(res.engine_step_us), "request_steps": res.steps,
+            "output_tokens": res.output_tokens, "gpu_s": res.model_time,
+            "host_s": sum(res.engine_step_us) / 1e6, "mts": m["mean_tokens_per_step"],
+            "drafted": m["drafted_per_step"]}
+
+
+def tokens_per_s(r: dict, host: bool, overhead: str, round_trip_ms: float) -> float:
+    extra = {"none": 0.0, "sync": SYNC_MS, "round trip": round_trip_ms}[overhead] * 1e-3
+    seconds = r["gpu_s"] + (r["host_s"] if host else 0.0) + r["steps"] * extra
+    return r["output_tokens"] / seconds
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    ap.add_argument("--round-trip-ms", type=float, default=0.3,
+                    help="Model Runner V2 host round trip per step")
+    ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    args = ap.parse_args()
+    encode = hf_encoder(args.tokenizer)
+    warmup()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    rows = []
+    for name in args.only or list(SLICES):
+        file, kw = SLICES[name]
+        kw = {k: max(1, int(v * args.fraction)) for k, v in kw.items()}
+        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        tokens = sum(r.output.shape[0] for r in requests)
+        for b in levels:
+            row = {"trace": name, "concurrency": b, "none": _plain(requests, b)}
+            for config, (engine, settings, host, overhead) in CONFIGS.items():
+                t0 = time.perf_counter()
+                r = run_one(requests, engine, settings, b)
+                row[config] = tokens_per_s(r, host, overhead, args.round_trip_ms)
+                row[config + " detail"] = r
+                print(f"{name} @{b} {config}: {row[config]:.1f} tok/s, MTS {r['mts']:.3f}, "
+                      f"drafted {r['drafted']:.2f}, host {1e3 * r['host_s'] / r['steps']:.3f} "
+                      f"ms/step ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            rows.append(row)
+    save_results(args.out, "gpu", {"roofline": vars(H100_8B), "sync_ms": SYNC_MS,
+                                   "round_trip_ms": args.round_trip_ms, "rows": rows},
+                 markdown(rows, args))
+
+
+def _plain(requests, b: int) -> float:
+    """Tokens per second without speculation, ``b`` requests in flight (replayed)."""
+    proposer = make_proposer("oracle", requests, max_spec_tokens=0)
+    res = replay(requests, proposer, concurrency=b, step_cost=H100_8B)
+    return res.output_tokens / res.model_time
+
+
+def markdown(rows: list[dict], args) -> str:
+    names = ["none"] + list(CONFIGS)
+    out = ["| trace | in flight | " + " | ".join(names) + " | suffixspec MRV2 / vllm-gpu best |",
+           "|---|---|" + "---|" * (len(names) + 1)]
+    for r in rows:
+        best = max(r["vllm-gpu"], r["vllm-gpu adaptive"])
+        out.append(f"| {r['trace']} | {r['concurrency']} | "
+                   + " | ".join(f"{r[n]:.0f}" for n in names)
+                   + f" | {r['suffixspec MRV2'] / best:.3f} |")
+    return "\n".join(out) + (
+        f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
+        f"V1 steps add {SYNC_MS} ms of synchronous scheduling, MRV2 steps of suffixspec "
+        f"{args.round_trip_ms} ms of host round trip.  Slices: policy_bench's times "
+        f"{args.fraction}.\n")
+
+
+if __name__ == "__main__":
+    main()
