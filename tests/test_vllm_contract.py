@@ -23,6 +23,10 @@ from suffixspec.integrations.vllm.patch import install
 FILES = ("v1/spec_decode/suffix_decoding.py", "v1/worker/gpu_model_runner.py",
          "v1/worker/gpu_input_batch.py", "config/speculative.py",
          "distributed/parallel_state.py")
+# What suffixspec's Model Runner V2 speculator relies on.
+MRV2_FILES = ("v1/worker/gpu/spec_decode/__init__.py", "v1/worker/gpu/spec_decode/speculator.py",
+              "v1/worker/gpu/states.py", "v1/worker/gpu/input_batch.py",
+              "v1/worker/gpu/model_runner.py", "config/vllm.py")
 WHEELS = Path(__file__).resolve().parent.parent / "bench" / "cache" / "wheels"
 
 
@@ -54,7 +58,7 @@ def vllm_033(tmp_path_factory) -> Path:
             pytest.skip(f"cannot download vllm 0.33.0: {proc.stderr.strip()[-300:]}")
     out = tmp_path_factory.mktemp("vllm-0.33.0")
     with zipfile.ZipFile(wheel) as z:
-        for rel in FILES:
+        for rel in FILES + MRV2_FILES:
             z.extract(f"vllm/{rel}", out)
     return out / "vllm"
 
@@ -147,3 +151,18 @@ def _version():
     from suffixspec.integrations.vllm.patch import vllm_version
 
     return vllm_version()
+
+
+def test_model_runner_v2_has_what_the_speculator_needs_installed_and_in_0_33(installed, vllm_033):
+    assert contract.mrv2_problems(installed) == []
+    assert contract.mrv2_problems(vllm_033) == []
+
+
+def test_a_changed_model_runner_v2_is_named(vllm_033, tmp_path):
+    root = tmp_path / "vllm"
+    for rel in MRV2_FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(vllm_033 / rel, root / rel)
+    path = root / "v1/worker/gpu/spec_decode/speculator.py"
+    path.write_text(path.read_text().replace("num_rejected: torch.Tensor", "rejected: torch.Tensor"))
+    assert any("BaseSpeculator.propose takes" in p for p in contract.mrv2_problems(root))

@@ -28,6 +28,10 @@ def register() -> None:
     from suffixspec.integrations.vllm.patch import explain_when_suffix_is_asked, install
 
     on, why = switch()
+    from suffixspec.integrations.vllm.runner import choice
+
+    if on and choice() == "vllm":
+        on, why = False, "SUFFIXSPEC_RUNNER=vllm: vLLM's own drafter serves method \"suffix\""
     if not on:
         arctic = "arctic-inference is installed" in why
         explain_when_suffix_is_asked(logging.INFO if arctic else logging.WARNING,

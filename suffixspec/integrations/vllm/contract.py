@@ -102,6 +102,68 @@ def problems(root: Path) -> list[str]:
     return out
 
 
+# What suffixspec's Model Runner V2 speculator relies on (``SUFFIXSPEC_RUNNER=mrv2``).
+_MRV2 = "v1/worker/gpu/spec_decode/__init__.py"
+_BASE = "v1/worker/gpu/spec_decode/speculator.py"
+_STATES = "v1/worker/gpu/states.py"
+_MRV2_BATCH = "v1/worker/gpu/input_batch.py"
+_MRV2_RUNNER = "v1/worker/gpu/model_runner.py"
+_VLLM_CONFIG = "config/vllm.py"
+_MRV2_SIGNATURES = {
+    (_BASE, "BaseSpeculator", "propose"):
+        ("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
+         "aux_hidden_states", "num_sampled", "num_rejected", "last_sampled",
+         "next_prefill_tokens", "temperature", "seeds"),
+    (_STATES, "RequestState", "add_request"): ("self", "req_id", "prompt_len", "all_token_ids"),
+    (_MRV2_RUNNER, "GPUModelRunner", "finish_requests"): ("self", "scheduler_output"),
+    (_VLLM_CONFIG, "VllmConfig", "_get_v2_model_runner_unsupported_features"): ("self",),
+}
+_MRV2_FIELDS = {(_STATES, "RequestState"): ("all_token_ids", "total_len", "prompt_len",
+                                            "req_id_to_index"),
+                (_MRV2_BATCH, "InputBatch"): ("req_ids", "num_reqs", "idx_mapping",
+                                              "idx_mapping_np"),
+                (_MRV2_RUNNER, "GPUModelRunner"): ("speculator",)}
+
+
+def mrv2_problems(root: Path) -> list[str]:
+    """Each way vLLM's Model Runner V2 differs from what suffixspec's speculator needs."""
+    out: list[str] = []
+    trees = {}
+    for rel in {_MRV2, _BASE, _STATES, _MRV2_BATCH, _MRV2_RUNNER, _VLLM_CONFIG}:
+        try:
+            trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError) as e:
+            out.append(f"cannot read vllm/{rel} ({type(e).__name__})")
+    if out:
+        return out
+    init = next((n for n in trees[_MRV2].body
+                 if isinstance(n, ast.FunctionDef) and n.name == "init_speculator"), None)
+    if init is None or _params(init)[:3] != ["vllm_config", "device", "req_states"]:
+        out.append(f"vllm/{_MRV2}: init_speculator(vllm_config, device, req_states) is gone")
+    if "init_speculator" not in _module_names(trees[_MRV2_RUNNER]):
+        out.append(f"vllm/{_MRV2_RUNNER} no longer imports init_speculator")
+    for (rel, cls, method), want in _MRV2_SIGNATURES.items():
+        fn = _method(trees[rel], cls, method)
+        if fn is None:
+            out.append(f"vllm/{rel}: {cls}.{method} is gone")
+        elif _params(fn)[:len(want)] != list(want):
+            out.append(f"vllm/{rel}: {cls}.{method} takes ({', '.join(_params(fn))}), "
+                       f"suffixspec's speculator needs ({', '.join(want)})")
+    for (rel, cls), names in _MRV2_FIELDS.items():
+        node = _class(trees[rel], cls)
+        have = _class_fields(node) | _annotated(node) if node is not None else set()
+        missing = [f for f in names if f not in have]
+        if missing:
+            out.append(f"vllm/{rel}: {cls} lacks {', '.join(missing)}")
+    return out
+
+
+def _annotated(cls: ast.ClassDef) -> set[str]:
+    """Fields a dataclass declares (``name: type``)."""
+    return {n.target.id for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
 def proposer_uses_arctic_api(root: Path) -> bool:
     """Whether vLLM's own ``SuffixDecodingProposer`` builds its cache from
     ``arctic_inference.suffix_decoding.SuffixDecodingCache`` (which

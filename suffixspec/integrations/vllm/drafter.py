@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
+from suffixspec.integrations.vllm import runner
 from suffixspec.integrations.vllm.hooks import install_runner_hooks
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (DraftService, Step, build_proposer,
@@ -60,6 +61,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         if not self.leader:
             self.publisher = None
             return
+        want = runner.choice()
+        runner.announce(*runner.drafter(vllm_config, want, want == "mrv2"), want)
         self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         # A pool that cannot serve (another tokenizer's, damaged) stops the
         # engine's start now, whether or not the kernels are ready.

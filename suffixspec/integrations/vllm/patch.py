@@ -11,6 +11,7 @@ pass without arctic-inference.  Every step here is idempotent.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from suffixspec.integrations.vllm import contract
@@ -51,7 +52,18 @@ def install(why: str = "", root=None) -> bool:
     _guard_llvmlite_scan()
     import vllm.v1.spec_decode.suffix_decoding as suffix_decoding
 
+    from suffixspec.integrations.vllm import runner
     from suffixspec.integrations.vllm.drafter import SuffixSpecDrafter
+
+    want = runner.choice()
+    if want == "mrv2" and (missing := contract.mrv2_problems(root)):
+        logger.warning("suffixspec: SUFFIXSPEC_RUNNER=mrv2, but vLLM %s's Model Runner V2 is "
+                       "not what suffixspec's speculator needs (%s); serving on the V1 runner",
+                       version, "; ".join(missing))
+        want = "v1"
+    runner.install(want)  # which runner vLLM picks for "suffix"
+    runner.watch_speculators(want)  # what Model Runner V2 builds for it
+    os.environ[runner.ENV] = want  # what this process decided, for the ones it starts
 
     # Config validation then needs no arctic-inference.
     explain_when_suffix_is_asked(logging.INFO, message, answer=True)

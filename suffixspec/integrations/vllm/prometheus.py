@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 ENV = "SUFFIXSPEC_METRICS_DIR"
@@ -139,3 +140,23 @@ class Publisher:
                                                  float(counters[key]), 0.0)
             except (OSError, ValueError):
                 self._file = None  # the folder is gone (server shut down): stop publishing
+
+
+def publish_drafter(who: str, runner: str, async_on: bool) -> None:
+    """``suffixspec_drafter{drafter, runner, async_scheduling} 1``: who drafts
+    ``method: "suffix"`` in this engine (``runner.announce``)."""
+    folder = _folder()
+    if folder is None:
+        return
+    try:
+        from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+        gauges = MmapedDict(str(folder / f"gauge_mostrecent_{os.getpid()}.db"))
+        gauges.write_value(mmap_key("suffixspec_drafter", "suffixspec_drafter",
+                                    ("drafter", "runner", "async_scheduling"),
+                                    (who, runner, "on" if async_on else "off"),
+                                    "Who drafts method \"suffix\": suffixspec or vLLM, on which "
+                                    "model runner"), 1.0, time.time())
+        gauges.close()
+    except (ImportError, OSError, ValueError):
+        pass  # no metrics: the log line says it

@@ -45,6 +45,7 @@ class Tracked:
     indexed: int                   # its tokens (prompt, output) the drafter holds
     prompt_len: int
     draft: np.ndarray | None = None  # the draft handed to the engine for its next step
+    probs: np.ndarray | None = None  # its tokens' calibrated probabilities
     source: str = ""               # the pool ``draft`` came from
     early: list[np.ndarray] | None = None  # its tokens, kept while there is no proposer
 
@@ -79,14 +80,15 @@ def proposer_config(spec_config, settings: Settings) -> tuple[ProposerConfig, bo
                        spec_config.suffix_decoding_max_tree_depth)
     factor, min_prob = length_knobs(spec_config)
     measured = settings.draft_cost is None
-    cross = 0 if spec_config.suffix_decoding_max_cached_requests == 0 else settings.cross_tokens
+    cached = spec_config.suffix_decoding_max_cached_requests  # 0: no pool; negative: no bound
+    cross = 0 if cached == 0 else settings.cross_tokens
     config = ProposerConfig(
         max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
         max_spec_factor=factor, min_token_prob=min_prob,
         draft_cost=DEFAULT_DRAFT_COST if measured else settings.draft_cost,
         cross_pool_tokens=cross,
-        cross_pool_requests=(None if settings.pool is not None or cross == 0
-                             else spec_config.suffix_decoding_max_cached_requests),
+        cross_pool_requests=(None if settings.pool is not None or cross == 0 or cached < 0
+                             else cached),
         namespace=settings.namespace, shared_namespace=settings.shared_namespace)
     return config, measured
 
@@ -272,6 +274,7 @@ class DraftService:
                 drafts[i] = tokens
                 rec = self.requests[req]
                 rec.draft, rec.source = tokens, draft.source
+                rec.probs = draft.probs[:tokens.shape[0]]
 
     def _keep_early(self, step: Step) -> None:
         """A step without a proposer: keep what each request emitted, within ``EARLY_TOKENS``."""
@@ -329,6 +332,11 @@ class DraftService:
         self.step_cost.observe(len(step.req_ids) + int(np.sum(step.verified)),
                                now - self._step_end)
 
+    def last_probs(self, req_id: str) -> np.ndarray:
+        """The calibrated probabilities of the draft last handed out for ``req_id``."""
+        rec = self.requests.get(req_id)
+        return _NO_PROBS if rec is None or rec.probs is None else rec.probs
+
     # ------------------------------------------------------------- failures
     def failed(self, exc: Exception, req_ids) -> None:
         """Log the first failure with its cause; the affected requests start over."""
@@ -365,3 +373,4 @@ class DraftService:
 
 
 _NONE = np.empty(0, np.int32)
+_NO_PROBS = np.empty(0, np.float32)
