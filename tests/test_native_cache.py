@@ -51,3 +51,22 @@ def test_every_cached_kernel_of_the_package_is_flushed_when_stale():
             if getattr(value, "__module__", None) == module.__name__ and hasattr(
                     getattr(value, "_cache", None), "flush"):
                 assert id(value) in known, f"{path.stem}.{name} is not in cached_kernels()"
+
+
+NEW_VARIANT_THEN_PROBE = """
+import subprocess, sys
+import numpy as np
+from suffixspec.native import tokens
+tokens.first_bad_token(np.zeros(3, np.int64))  # a variant the cache did not hold
+# Another process starting while this one still runs finds the cache whole.
+print(subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, text=True,
+                     check=True).stdout)
+"""
+
+
+def test_a_process_that_adds_a_variant_leaves_the_cache_whole_for_the_others(tmp_path):
+    assert _probe(tmp_path) == {"hits": 0, "misses": 1}
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", NEW_VARIANT_THEN_PROBE, PROBE], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {"hits": 1, "misses": 0}

@@ -9,15 +9,13 @@ dropped and compiled afresh on first use.
 
 Numba does not check its cache files either: a damaged one fails to load
 (``warmup`` then drops the cache) or, worse, loads damaged machine code.  So
-after a process compiles one of these kernels (at ``warmup``, and at exit
-for kernels compiled on first use) the cache folder lists each of its files
-with its size and XXH3-64 (``MANIFEST``); a listed file that differs drops
-the cache at import, before anything loads from it.
+each time a process saves one of these kernels to the cache, the cache folder
+lists each of its files with its size and XXH3-64 (``MANIFEST``); a listed
+file that differs drops the cache at import, before anything loads from it.
 """
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import importlib
 import json
@@ -25,7 +23,6 @@ import os
 from pathlib import Path
 
 import numba
-import numba.core.event
 import xxhash
 
 HERE = Path(__file__).resolve().parent
@@ -46,8 +43,7 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-_MODULES = ("arctic", "calibrated", "calibration", "heap", "merge", "ngram", "partition",
-            "propose", "query", "tokens", "trie", "union")
+_MODULES = tuple(sorted(p.stem for p in HERE.glob("*.py") if p.name not in NOT_KERNELS))
 
 
 def cached_kernels():
@@ -107,23 +103,25 @@ def record_cache_files() -> None:
             pass  # a cache folder we cannot write: Numba does not cache there either
 
 
-class _CompileWatch(numba.core.event.Listener):
-    """Notes that this process compiled one of the package's kernels."""
-
-    compiled = False
-
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        if ev.data["dispatcher"].py_func.__module__.startswith(__package__ + "."):
-            _CompileWatch.compiled = True
-
-
 def watch_compiles() -> None:
-    """List the cache files again at exit if this process compiled a kernel."""
-    numba.core.event.register("numba:compile", _CompileWatch())
-    atexit.register(lambda: _CompileWatch.compiled and record_cache_files())
+    """List the cache files again each time this process saves a compiled kernel.
+
+    At once, not at exit: a process that compiles a new variant rewrites that
+    kernel's index file, and another process starting meanwhile must find it
+    listed as it is, or it would take it for damage and compile everything.
+    """
+    for kernel in cached_kernels():
+        cache = kernel._cache
+        if getattr(cache.save_overload, "_listed", False):
+            continue
+        save = cache.save_overload
+
+        def save_and_list(sig, cres, save=save):
+            save(sig, cres)
+            record_cache_files()
+
+        save_and_list._listed = True
+        cache.save_overload = save_and_list
 
 
 def _cache_files(folder: Path):
