@@ -20,11 +20,16 @@ configuration, what the step also pays:
   (host, on the critical path) and the V1 runner's synchronous scheduling
   (``SYNC_MS``: async scheduling is worth 3-5% of an 8B model's step in
   published runs);
-* ``suffixspec V1``: suffixspec drafting for this roofline (a drafted token
-  costs nothing below the ridge), its measured time, and ``SYNC_MS``;
-* ``suffixspec MRV2``: the same drafts on Model Runner V2: its measured time
-  and one host round trip per step (``--round-trip-ms``, measured by
-  ``bench/mrv2_bench.py``), async scheduling for the rest.
+* ``suffixspec V1``: suffixspec drafting for this roofline (candidates cut
+  to what the whole batch gains from: ``Roofline.admit``), its measured time,
+  the plugin's bookkeeping around it, and ``SYNC_MS``;
+* ``suffixspec MRV2``: the same drafts on Model Runner V2: its measured time,
+  the bookkeeping and one host round trip per step (copies and the host token
+  mirror), async scheduling for the rest.
+
+Bookkeeping and round trip per step come from ``bench/mrv2_bench.py``'s
+``mrv2.json`` (``--mrv2``), at the same numbers of requests in flight.
+vLLM's own per-request loop around arctic on the V1 runner is not priced.
 
 Host times are this machine's (a 2-core CPU; a server's is faster).  Slices
 as in ``bench/policy_bench.py`` times ``--fraction``.  Writes ``gpu.json``
@@ -33,6 +38,7 @@ and ``gpu.md``.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,15 +55,15 @@ from policy_bench import SLICES
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
 SYNC_MS = 0.26
 K16 = dict(max_spec_tokens=16)
-CONFIGS = {  # name -> (engine, settings, host time counted, per-step overhead)
-    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, "none"),
-    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False, "none"),
+CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see host_costs)
+    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, ()),
+    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False, ()),
     "arctic V1": ("arctic", dict(K16, max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
-                  True, "sync"),
+                  True, ("sync",)),
     "suffixspec V1": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
-                      "sync"),
+                      ("sync", "bookkeeping")),
     "suffixspec MRV2": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
-                        "round trip"),
+                        ("bookkeeping", "round trip")),
 }
 
 
@@ -73,8 +79,8 @@ def run_one(requests, engine: str, settings: dict, concurrency: int) -> dict:
             "drafted": m["drafted_per_step"]}
 
 
-def tokens_per_s(r: dict, host: bool, overhead: str, round_trip_ms: float) -> float:
-    extra = {"none": 0.0, "sync": SYNC_MS, "round trip": round_trip_ms}[overhead] * 1e-3
+def tokens_per_s(r: dict, host: bool, overheads: tuple, per_step_ms: dict) -> float:
+    extra = sum(per_step_ms[o] for o in overheads) * 1e-3
     seconds = r["gpu_s"] + (r["host_s"] if host else 0.0) + r["steps"] * extra
     return r["output_tokens"] / seconds
 
@@ -83,13 +89,14 @@ def main():
     ap = parser(__doc__)
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
-    ap.add_argument("--round-trip-ms", type=float, default=0.3,
-                    help="Model Runner V2 host round trip per step")
+    ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
+                    help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
+    measured = host_costs(args.mrv2, levels)
     rows = []
     for name in args.only or list(SLICES):
         file, kw = SLICES[name]
@@ -101,15 +108,28 @@ def main():
             for config, (engine, settings, host, overhead) in CONFIGS.items():
                 t0 = time.perf_counter()
                 r = run_one(requests, engine, settings, b)
-                row[config] = tokens_per_s(r, host, overhead, args.round_trip_ms)
+                row[config] = tokens_per_s(r, host, overhead, measured[b])
                 row[config + " detail"] = r
                 print(f"{name} @{b} {config}: {row[config]:.1f} tok/s, MTS {r['mts']:.3f}, "
                       f"drafted {r['drafted']:.2f}, host {1e3 * r['host_s'] / r['steps']:.3f} "
                       f"ms/step ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             rows.append(row)
-    save_results(args.out, "gpu", {"roofline": vars(H100_8B), "sync_ms": SYNC_MS,
-                                   "round_trip_ms": args.round_trip_ms, "rows": rows},
-                 markdown(rows, args))
+    save_results(args.out, "gpu", {"roofline": vars(H100_8B), "per_step_ms": measured,
+                                   "rows": rows}, markdown(rows, args, measured))
+
+
+def host_costs(path: Path, levels: list[int]) -> dict[int, dict]:
+    """Per level in flight, the milliseconds a step adds: ``sync`` (V1), and the
+    plugin's ``bookkeeping`` and MRV2 ``round trip`` measured by mrv2_bench."""
+    try:
+        rows = {r["in_flight"]: r for r in json.loads(path.read_text())["rows"]}
+    except (OSError, ValueError, KeyError) as exc:
+        sys.exit(f"gpu_bench: no MRV2 timings in {path} ({exc}); run bench/mrv2_bench.py first")
+    missing = [b for b in levels if b not in rows]
+    if missing:
+        sys.exit(f"gpu_bench: {path} has no timings at {missing} in flight")
+    return {b: {"sync": SYNC_MS, "bookkeeping": rows[b]["bookkeeping_p50_ms"],
+                "round trip": rows[b]["round_trip_p50_ms"]} for b in levels}
 
 
 def _plain(requests, b: int) -> float:
@@ -119,7 +139,7 @@ def _plain(requests, b: int) -> float:
     return res.output_tokens / res.model_time
 
 
-def markdown(rows: list[dict], args) -> str:
+def markdown(rows: list[dict], args, measured: dict) -> str:
     names = ["none"] + list(CONFIGS)
     out = ["| trace | in flight | " + " | ".join(names) + " | suffixspec MRV2 / vllm-gpu best |",
            "|---|---|" + "---|" * (len(names) + 1)]
@@ -128,11 +148,13 @@ def markdown(rows: list[dict], args) -> str:
         out.append(f"| {r['trace']} | {r['concurrency']} | "
                    + " | ".join(f"{r[n]:.0f}" for n in names)
                    + f" | {r['suffixspec MRV2'] / best:.3f} |")
+    costs = "; ".join(f"{b} in flight: bookkeeping {c['bookkeeping']:.3f}, round trip "
+                      f"{c['round trip']:.3f}" for b, c in measured.items())
     return "\n".join(out) + (
         f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
-        f"V1 steps add {SYNC_MS} ms of synchronous scheduling, MRV2 steps of suffixspec "
-        f"{args.round_trip_ms} ms of host round trip.  Slices: policy_bench's times "
-        f"{args.fraction}.\n")
+        f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's steps add the "
+        f"plugin's measured ms per step ({costs}), MRV2 steps the round trip too.  Slices: "
+        f"policy_bench's times {args.fraction}.\n")
 
 
 if __name__ == "__main__":

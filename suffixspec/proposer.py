@@ -51,13 +51,17 @@ class SuffixProposer:
     tokenizer:
         The ``TokenizerId`` of the engine's tokenizer, checked against a
         persistent pool's (needed to create one).
+    pool_options:
+        For a pool path, ``PersistentPool``'s options: ``refresh_interval``
+        (seconds until others' commits are drafted from; 1 s),
+        ``snapshot_every`` (committed tokens between snapshots), ``ttl``...
 
     A proposer is safe to share between threads: each public call holds its
     lock, so calls run one at a time.
     """
 
     def __init__(self, config: ProposerConfig | None = None, *, pool=None, tokenizer=None,
-                 **settings):
+                 pool_options: dict | None = None, **settings):
         config = ProposerConfig.from_settings(config, **settings)
         self.config = config
         self.max_depth = int(config.max_depth)
@@ -75,6 +79,9 @@ class SuffixProposer:
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
         # set, each step's draft cost follows it and the size of the batch.
         self.step_cost = None
+        # When set, drafts stop before any token id at or past it (an engine's
+        # vocabulary; a shared pool may hold another model's ids).
+        self.vocab_size: int | None = None
         self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens))
         self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         cross_tokens = config.cross_pool_tokens
@@ -85,7 +92,9 @@ class SuffixProposer:
                 raise ValueError("a pool path needs tokenizer=TokenizerId of the engine's "
                                  "tokenizer, so token ids of different tokenizers never mix")
             pool = PersistentPool(pool, tokenizer=tokenizer, max_depth=self.max_depth,
-                                  max_tokens=cross_tokens)
+                                  max_tokens=cross_tokens, **(pool_options or {}))
+        elif pool_options:
+            raise ValueError("pool_options are for a pool path (a pool object has its own)")
         if pool is not None and pool.max_depth != self.max_depth:
             raise ValueError(f"pool has max_depth {pool.max_depth}, proposer has {self.max_depth}")
         if pool is None and cross_tokens != 0:
@@ -338,7 +347,10 @@ class SuffixProposer:
         # The view owns every array its side table names; holding it for the
         # call keeps them mapped whatever the pool does meanwhile.
         view, delta, cross_roots = self._cross_args(req_ids)
-        if self.step_cost is not None:
+        fit = getattr(self.step_cost, "admit", None)
+        if fit is not None:
+            self.stats.state[cal.ST_COST] = 0.0  # candidates; ``_fit`` prices the batch
+        elif self.step_cost is not None:
             self.stats.state[cal.ST_COST] = self.step_cost.draft_cost(
                 b, self.stats.state[cal.ST_DRAFTED])
         # Records as plain tuples (see ``native.layout``): typed faster per call.
@@ -347,15 +359,22 @@ class SuffixProposer:
                       self._knobs_flat, self._stats_flat, self._out_flat, self._pending_flat,
                       self._work_flat)
         tokens, parents, probs, n, score, match, source = out[:7]
+        if self.vocab_size is not None:
+            _stop_outside(tokens[:b], probs[:b], n[:b], score[:b], self.vocab_size)
+        keep = None
+        if fit is not None:
+            keep, n, score = _fit(parents[:b], probs[:b], n[:b], score[:b], fit)
         drafts = []
         for i in range(b):
             k = int(n[i])
             if k == 0:
                 drafts.append(Draft(match_len=int(match[i])))
-            else:
-                drafts.append(Draft(tokens[i, :k].copy(), parents[i, :k].copy(),
-                                    probs[i, :k].copy(), float(score[i]), int(match[i]),
-                                    _SOURCES[source[i]]))
+                continue
+            d = Draft(tokens[i, :k].copy(), parents[i, :k].copy(), probs[i, :k].copy(),
+                      float(score[i]), int(match[i]), _SOURCES[source[i]])
+            if keep is not None and not keep[i, :k].all():
+                d = _subtree(d, keep[i, :k])
+            drafts.append(d)
         return drafts
 
     # ------------------------------------------------------------ internals
@@ -459,3 +478,54 @@ def _fields(rows) -> np.ndarray:
     at the first step with two requests.
     """
     return np.array(list(rows), np.int64).reshape(-1, 3).T.copy()
+
+
+def _stop_outside(tokens, probs, n, score, vocab_size: int) -> None:
+    """Cut each row (in place) before its first token id at or past ``vocab_size``."""
+    slots = np.arange(tokens.shape[1])[None, :]
+    outside = (tokens >= vocab_size) & (slots < n[:, None])
+    if not outside.any():
+        return
+    rows = np.flatnonzero(outside.any(axis=1))
+    n[rows] = outside[rows].argmax(axis=1)  # a prefix is a tree: parents come first
+    score[rows] = np.where(slots < n[rows, None], probs[rows], 0.0).sum(axis=1)
+
+
+def _fit(parents, probs, n, score, admit):
+    """What a stepped step cost admits of a batch's drafts (rows of the
+    kernel's outputs): the ``admit(b, probs)`` likeliest tokens of the batch
+    (ties to the earlier token, so a parent before its child), each kept only
+    with its parent.  Returns ``(keep, n, score)``: the kept tokens, and per
+    row the tokens to take and their score, for rows that keep a prefix (a
+    path always does); other rows keep their ``n`` and go by ``keep``."""
+    b, width = probs.shape
+    slots = np.arange(width)[None, :]
+    drafted = slots < n[:, None]
+    flat = np.where(drafted, probs, -np.inf).ravel()
+    order = np.argsort(-flat, kind="stable")[:int(drafted.sum())]
+    budget = admit(b, flat[order])
+    if budget >= order.shape[0]:
+        return None, n, score
+    keep = np.zeros(b * width, bool)
+    keep[order[:budget]] = True
+    keep = keep.reshape(b, width)
+    rows = np.arange(b)[:, None]
+    while True:  # a token whose parent went goes too (rare: a child is no likelier)
+        orphan = keep & (parents >= 0) & ~keep[rows, np.maximum(parents, 0)]
+        if not orphan.any():
+            break
+        keep &= ~orphan
+    kept = keep.sum(axis=1)
+    prefix = (keep == (slots < kept[:, None])).all(axis=1)
+    n = np.where(prefix, kept, n)
+    score = np.where(prefix, np.where(slots < kept[:, None], probs, 0.0).sum(axis=1), score)
+    return keep, n, score
+
+
+def _subtree(d: Draft, keep: np.ndarray) -> Draft:
+    """``d`` without the tokens ``keep`` drops (parents precede children)."""
+    index = np.cumsum(keep) - 1
+    parents = d.parents[keep]
+    parents = np.where(parents >= 0, index[np.maximum(parents, 0)], -1).astype(np.int32)
+    probs = d.probs[keep]
+    return Draft(d.token_ids[keep], parents, probs, float(probs.sum()), d.match_len, d.source)

@@ -27,6 +27,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -152,15 +154,16 @@ class Roofline:
     def seconds(self, tokens: float) -> float:
         return max(self.flat, self.per_token * tokens) + self.host
 
-    def draft_cost(self, batch: int = 1, drafted: float = 4.0) -> float:
-        """One more drafted token per request, as a share of the step, for a batch
-        of ``batch`` requests drafting ``drafted`` tokens each: nothing below
-        the ridge (the step costs the same), ``per_token`` per request past it."""
-        b = max(batch, 1)
-        tokens = b * (1.0 + drafted)
-        if tokens + b <= self.ridge:
-            return 0.0
-        return self.per_token * b / self.seconds(tokens)
+    def admit(self, batch: int, probs: np.ndarray) -> int:
+        """How many drafted tokens a step of ``batch`` requests should verify, the
+        candidates' acceptance probabilities ``probs`` sorted high to low: the
+        count that maximises expected emitted tokens per second.  A knee is
+        what a per-request length rule cannot price (below it a token is free,
+        past it not), so a proposer with this step cost fits the whole batch."""
+        expected = batch + np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
+        tokens = batch + np.arange(expected.shape[0], dtype=np.float64)
+        seconds = np.maximum(self.flat, self.per_token * tokens) + self.host
+        return int(np.argmax(expected / seconds))
 
 
 #: An 8B model (bf16, about 16 GB of weights) on one H100 SXM: a batch-1 decode

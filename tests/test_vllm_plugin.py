@@ -132,6 +132,7 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     # Repeated prompts draft from past outputs (their starts through the anchors).
     assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
     assert "suffixspec drafter: up to 8 tokens, depth 32" in log
+    assert 'drafted by suffixspec on the V1 model runner (async scheduling off' in log
     assert 'suffixspec serves method "suffix": arctic-inference is not installed' in log
     # No SUFFIXSPEC_DRAFT_COST: the draft cost comes from the engine's own step times.
     assert "draft cost measured from step times" in log
@@ -347,6 +348,10 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
         vllm_drafted = sum(_samples(metrics, "vllm:spec_decode_num_draft_tokens_total").values())
         assert sum(ours.values()) == vllm_drafted > 0
         assert _samples(metrics, "suffixspec_proposer_steps_total")[""] > 0
+        # Who drafts, on which runner.
+        drafter = _samples(metrics, "suffixspec_drafter")
+        assert [v for k, v in drafter.items() if 'drafter="suffixspec"' in k
+                and 'runner="v1"' in k and 'async_scheduling="off"' in k] == [1.0], drafter
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -357,6 +362,7 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
     text = log_path.read_text()
     assert code == 0, text[-6000:]
     assert "suffixspec drafter: up to 8 tokens" in text  # the engine process used the plugin
+    assert 'drafted by suffixspec on the V1 model runner (async scheduling off' in text
     assert "suffixspec metrics at shutdown" in text
 
 

@@ -255,9 +255,7 @@ class VllmGpuProposer:
         slots = np.arange(self.k)
         past = np.cumprod(np.asarray(stale, np.float64), axis=1)
         scores = np.sort(past[slots[None, :] < cap[:, None]])[::-1]
-        expected = b + np.concatenate([[0.0], np.cumsum(scores)])
-        cost = np.asarray([self.step_cost.seconds(b + n) for n in range(scores.shape[0] + 1)])
-        budget = int(np.argmax(expected / cost))
+        budget = self.step_cost.admit(b, scores)
         if budget >= int(cap.sum()):
             return list(cap)
         now = np.cumprod(np.asarray(confs, np.float64), axis=1)

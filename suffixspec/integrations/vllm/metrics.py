@@ -55,8 +55,8 @@ class DrafterMetrics:
         counts.drafts += 1
         counts.drafted_tokens += int(draft.shape[0])
         k = min(draft.shape[0], tokens.shape[0])
-        mismatch = np.flatnonzero(draft[:k] != tokens[:k])
-        counts.accepted_tokens += int(mismatch[0]) if mismatch.size else k
+        differs = draft[:k] != tokens[:k]
+        counts.accepted_tokens += int(differs.argmax()) if differs.any() else k
 
     def as_dict(self) -> dict:
         return {"steps": self.steps, "steps_before_ready": self.steps_before_ready,
