@@ -21,6 +21,8 @@ REMOVED = {
     "self_discount": "the context's own occurrence is always left out",
 }
 
+#: Seconds between a persistent pool's looks for other processes' commits.
+REFRESH_INTERVAL = 1.0
 #: Where outputs go when no namespace is named.
 DEFAULT_NAMESPACE = "default"
 MAX_NAMESPACE = 128

@@ -141,3 +141,16 @@ def test_a_proposer_failure_costs_one_step_its_drafts_and_is_logged_once(caplog)
     assert service.metrics.failures == 2
     prop.propose = real
     assert engine.step(service, {"r": [5]})["r"].tolist()[:2] == [6, 7]  # started over
+
+
+def test_a_persistent_pool_gets_the_deployment_defaults_and_the_settings(tmp_path):
+    from suffixspec.config import ProposerConfig
+
+    config = ProposerConfig(max_depth=8)
+    made = svc.build_proposer(config, Settings(pool=str(tmp_path / "a.lmdb")), BYTES)
+    assert made.cross.snapshot_every == 1 << 20 and made.cross.refresh_interval == 1.0
+    made.close()
+    made = svc.build_proposer(config, Settings(pool=str(tmp_path / "b.lmdb"), snapshot_every=0,
+                                               refresh_interval=0.25), BYTES)
+    assert made.cross.snapshot_every is None and made.cross.refresh_interval == 0.25
+    made.close()

@@ -38,13 +38,18 @@ def test_settings_take_each_field_type_and_proposer_defaults():
     assert (got.snapshot_every, got.draft_cost, got.shared_namespace) == (5000, 0.1, "shared")
     default = s.Settings()
     assert default.draft_cost is None  # measured from the engine's steps
+    # A persistent pool is snapshotted as it grows, and read by others each second.
+    assert default.snapshot_every == 1 << 20 and default.refresh_interval == 1.0
+    got = s.Settings.from_env({"SUFFIXSPEC_SNAPSHOT_EVERY": "0",
+                               "SUFFIXSPEC_REFRESH_INTERVAL": "0.25"})
+    assert (got.snapshot_every, got.refresh_interval) == (0, 0.25)
     assert (default.cross_tokens, default.namespace) == (
         ProposerConfig.cross_pool_tokens, ProposerConfig.namespace)
 
 
 @pytest.mark.parametrize("env, message", [
     ({"SUFFIXSPEC_CROSS_TOKENS": "lots"}, "cross_tokens='lots' is not int"),
-    ({"SUFFIXSPEC_SNAPSHOT_EVERY": "often"}, "snapshot_every='often' is not int | None"),
+    ({"SUFFIXSPEC_SNAPSHOT_EVERY": "often"}, "snapshot_every='often' is not int"),
     ({"SUFFIXSPEC_CONFIG": "/nonexistent/x.json"}, "cannot read it as JSON"),
 ])
 def test_bad_settings_name_the_problem(env, message):

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from suffixspec.anchors import anchor_count
-from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
+from suffixspec.config import DEFAULT_NAMESPACE, REFRESH_INTERVAL, check_namespace
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.native import layout as lay
 from suffixspec.pools import files, segments
@@ -50,8 +50,6 @@ from suffixspec.pools.view import MappedSegment, PoolView, open_segment
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between looks for others' commits and a new snapshot.
-REFRESH_INTERVAL = 1.0
 #: Tokens of others' commits one ``refresh`` indexes at most (about 5 ms here).
 CATCH_UP_TOKENS = 1 << 11
 #: Stored sequences read at once by the loader (it takes the store between reads).
@@ -68,6 +66,9 @@ ROOM_TOKENS = 1 << 20
 FULL = 0.5
 #: Rounds of indexing what was committed while the loader worked.
 CATCH_UP_ROUNDS = 4
+#: CPU priority (nice) of the pool's own threads and snapshot child, so that
+#: on a busy machine the serving threads run first.
+BACKGROUND_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -472,6 +473,7 @@ class PersistentPool:
     def _write_loop(self) -> None:
         """Store commits in order, what has queued up in one transaction; never
         raises into serving."""
+        in_background()
         while True:
             items = [self._writes.get()]
             while len(items) < WRITE_BATCH:
@@ -535,6 +537,7 @@ class PersistentPool:
         self._loader.start()
 
     def _load_loop(self) -> None:
+        in_background()
         while not self._closed:
             try:
                 prepared = self._prepare()
@@ -737,8 +740,18 @@ def prune(store: PoolStore, max_tokens: int | None = None, older_than: float | N
     return store.delete(doomed)
 
 
+def in_background() -> None:
+    """Let the serving threads go first: this thread (or process) at a lower
+    CPU priority, where the platform allows it."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
 def snapshot_child() -> None:
     """``python -c`` entry of the snapshot child: POOL MAX_TOKENS TTL JOBS."""
+    in_background()  # its build workers inherit it
     path, max_tokens, ttl, jobs = sys.argv[1:5]
     store = PoolStore(path)
     try:

@@ -109,7 +109,8 @@ def build_proposer(config: ProposerConfig, settings: Settings, tokenizer=None):
 
     pool = PersistentPool(settings.pool, tokenizer=tokenizer, max_depth=config.max_depth,
                           max_tokens=config.cross_pool_tokens,
-                          snapshot_every=settings.snapshot_every)
+                          snapshot_every=settings.snapshot_every or None,
+                          refresh_interval=settings.refresh_interval)
     return SuffixProposer(config, pool=pool)
 
 
@@ -147,6 +148,7 @@ class DraftService:
             self.step_cost = StepCostEstimator(StepCost.from_draft_cost(DEFAULT_DRAFT_COST))
             proposer.step_cost = self.step_cost
         self.metrics.step_cost = self.step_cost
+        proposer.vocab_size = self.vocab_size
         cost = (f"draft cost measured from step times (prior {DEFAULT_DRAFT_COST})"
                 if self.measured else f"draft cost {proposer.config.draft_cost:.3f}")
         extra = "".join([f", spec factor {proposer.max_spec_factor:.2f}"
@@ -266,9 +268,6 @@ class DraftService:
         self.metrics.request_steps += len(ids)
         for i, req, draft in zip(rows, ids, prop.propose(ids, np.asarray(limits, np.int64))):
             tokens = draft.token_ids[:max(budget, 0)]
-            outside = np.flatnonzero((tokens >= self.vocab_size) | (tokens < 0))
-            if outside.size:
-                tokens = tokens[:outside[0]]
             if tokens.shape[0]:
                 budget -= tokens.shape[0]
                 drafts[i] = tokens
