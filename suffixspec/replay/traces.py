@@ -22,11 +22,14 @@ ASSISTANT = "<|assistant|>\n"
 
 @dataclass
 class Request:
-    """One recorded model call: prompt and output token ids (int32)."""
+    """One recorded model call: prompt and output token ids (int32), and the
+    conversation it continues (``session`` of a multi-turn record; None: a
+    call on its own)."""
 
     req_id: str
     prompt: np.ndarray
     output: np.ndarray
+    session: str | None = None
 
 
 def open_text(path: str | Path):
@@ -106,7 +109,9 @@ def load_trace(path: str | Path, encode_batch: Callable[[list[str]], list[list[i
     out = []
     for n, (rec, ps) in enumerate(zip(records, pieces)):
         prompt = np.concatenate([arrays[texts[p]] for p in ps]) if ps else np.empty(0, np.int32)
-        out.append(Request(str(rec.get("id", n)), prompt, arrays[texts[rec["output"]]]))
+        session = rec.get("session") if "prompt_delta" in rec else None
+        out.append(Request(str(rec.get("id", n)), prompt, arrays[texts[rec["output"]]],
+                           None if session is None else str(session)))
     return out
 
 

@@ -66,7 +66,7 @@ def default_workload(sessions: int = 60, turns: int = 6, seed: int = 0) -> list[
         for k in range(turns):
             question, answer = _turn(rng, tables, cols)
             prompt = history + f"<|user|>\n{question}\n<|assistant|>\n"
-            out.append(Request(f"s{s}t{k}", encode_bytes(prompt), encode_bytes(answer)))
+            out.append(Request(f"s{s}t{k}", encode_bytes(prompt), encode_bytes(answer), f"s{s}"))
             history = prompt + answer + "\n<|tool|>\n[(42,)]\n"
     return out
 
