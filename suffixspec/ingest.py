@@ -4,7 +4,11 @@ Formats (``auto`` picks by the first record, or ``text`` for non-JSON files):
 
 * ``trace``: JSON lines with ``output`` (see ``../shared/data/README.md``);
   outputs are ingested, and with ``include_prompts`` also prompts (for
-  multi-turn records, the new text of each turn, ``prompt_delta``).
+  multi-turn records, the new text of each turn, ``prompt_delta``).  Each
+  output keeps the anchors a live commit gives it: those of its prompt
+  (``prompt``, or a conversation rebuilt from ``prompt_delta`` as
+  ``replay.traces`` does), so a request with the same prompt, or the same
+  prompt start, finds it as it would a live output.
 * ``openai-chat``: one chat-completion log per line, ``{"messages": [...],
   "response": {...}}`` or ``{"messages": [...], "choices": [...]}``; messages
   whose role is in ``roles`` are ingested (default: the assistant's).  Tool
@@ -24,7 +28,7 @@ import hashlib
 import json
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,6 +39,7 @@ from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
+from suffixspec.replay.traces import ASSISTANT
 from suffixspec.pools.store import DiskFullError, PoolStore, TokenizerMismatchError
 from suffixspec.tokens import as_token_ids
 
@@ -45,6 +50,11 @@ EXPORT_HEADER = "suffixspec_export"
 #: A line (or a text file) longer than this is refused like any bad record, read
 #: past without being held: memory stays bounded whatever a log holds.
 MAX_LINE_BYTES = 8 << 20
+#: Conversations whose text ingest keeps, to rebuild the prompts of their next
+#: turns (the least recently continued one goes first).
+CONVERSATIONS = 4096
+#: Tokenized prompt pieces kept (a conversation's turns share them).
+PIECES = 1 << 15
 
 
 class BadRecord(ValueError):
@@ -67,6 +77,9 @@ class IngestReport:
     tokenize_s: float = 0.0
     store_s: float = 0.0
     stopped: str | None = None
+    # The last ``hold_back`` outputs with a prompt, not committed: ``(prompt,
+    # output, namespace)`` token arrays, for ``learn.calibrate`` to serve.
+    held: list[tuple[np.ndarray, np.ndarray, str]] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"files": self.files, "lines": self.lines, "sequences": self.sequences,
@@ -158,6 +171,29 @@ def parse_trace(rec: dict, include_prompts: bool) -> list[tuple[str, bool]]:
     return texts
 
 
+class Conversations:
+    """The prompt of each trace record as pieces (``replay.traces.prompt_texts``),
+    for the anchors of its output; multi-turn records continue their
+    conversation, of which the last ``CONVERSATIONS`` are kept."""
+
+    def __init__(self):
+        self.history: dict[str, list[str]] = {}
+
+    def prompt(self, rec: dict) -> list[str] | None:
+        if "prompt_delta" in rec and "session" in rec:
+            key = str(rec["session"])
+            past = self.history.pop(key, [])
+            delta = _text(rec["prompt_delta"], "'prompt_delta'") + ASSISTANT
+            pieces = past + [delta]
+            self.history[key] = past + [delta, _text(rec["output"], "'output'"), "\n"]
+            if len(self.history) > CONVERSATIONS:
+                del self.history[next(iter(self.history))]
+            return pieces
+        if "prompt" in rec:
+            return [_text(rec["prompt"], "'prompt'")]
+        return None
+
+
 def parse_openai_chat(rec: dict, roles: tuple[str, ...]) -> list[tuple[str, bool]]:
     """``(text, is_output)`` pairs of a chat record; assistant messages are outputs."""
     messages = rec.get("messages")
@@ -213,8 +249,10 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
 
     Texts are ``(text, is_output)`` pairs; token ids of exported records carry
     their anchors.  Stored fields (namespace, source, request id) come with
-    exported records.
+    exported records; a trace record's fields hold its prompt's pieces
+    (``"prompt"``), for its output's anchors.
     """
+    conversations = Conversations()
     if fmt == "text":
         try:
             with _open_binary(path) as f:
@@ -263,7 +301,10 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                          else parse_openai_chat(rec, roles))
                 if not any(t for t, _ in texts):
                     raise BadRecord("nothing to ingest (empty output)")
-                yield n, [(t, out) for t, out in texts if t], {}
+                fields = {}
+                if fmt == "trace":
+                    fields["prompt"] = conversations.prompt(rec)
+                yield n, [(t, out) for t, out in texts if t], fields
             except UnicodeDecodeError as e:
                 yield n, BadRecord(f"not UTF-8 ({e.reason} at byte {e.start})"), {}
             except json.JSONDecodeError as e:
@@ -311,14 +352,17 @@ def export_header(path: Path) -> dict:
 def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | None,
            namespace: str | None = None, fmt: str = "auto", roles: tuple[str, ...] = ("assistant",),
            include_prompts: bool = False, strict: bool = False, progress: Callable | None = None,
-           batch_tokens: int = 1 << 20, warn: Callable[[str], None] | None = None) -> IngestReport:
+           batch_tokens: int = 1 << 20, warn: Callable[[str], None] | None = None,
+           hold_back: int = 0) -> IngestReport:
     """Ingest ``files`` into ``store``; returns the counts.
 
     ``encode_batch`` turns a list of texts into token id lists (None only for
     the ``export`` format).  Sequences go to ``namespace``; without one, exported
     records keep the namespace the file names and the rest go to ``DEFAULT_NAMESPACE``.
     ``progress(tokens)`` is called after each commit,
-    ``warn(message)`` for each bad record.
+    ``warn(message)`` for each bad record.  The last ``hold_back`` outputs
+    whose record names a prompt are not committed but returned in
+    ``report.held`` (``learn.calibrate`` serves them, which commits them).
     """
     if namespace is not None:
         check_namespace(namespace)
@@ -327,7 +371,10 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     report = IngestReport()
     present: Counter | None = None  # (namespace, tokens digest) of stored sequences
     pending: list[tuple] = []  # (tokens, namespace, source, request_id)
-    texts: list[tuple[str, str, bool]] = []  # (text, source, is_output) to tokenize
+    # (text, source, is_output, prompt pieces or None) to tokenize
+    texts: list[tuple[str, str, bool, list[str] | None]] = []
+    pieces: dict[str, np.ndarray] = {}  # tokenized prompt pieces, oldest first
+    held: deque = deque()  # (prompt, anchored output, namespace), newest last
     pending_tokens = 0
 
     def problem(message: str):
@@ -344,17 +391,31 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         if not texts:
             return
         t0 = time.perf_counter()
-        ids = encode_batch([t for t, _, _ in texts])
+        new = list(dict.fromkeys(p for *_, prompt in texts for p in prompt or ()
+                                 if p not in pieces))
+        ids = encode_batch([t for t, *_ in texts] + new)
+        for p, tok in zip(new, ids[len(texts):]):
+            pieces[p] = np.asarray(tok, np.int32)
         report.tokenize_s += time.perf_counter() - t0
-        for (_, source, is_output), tok in zip(texts, ids):
+        for (_, source, is_output, prompt), tok in zip(texts, ids):
             arr = np.asarray(tok, np.int32)
-            pending_tokens += arr.shape[0]
             if is_output:
-                # A log's prompt text rarely tokenizes to the exact prompt an
-                # engine sees, so ingested outputs get the global anchor only.
-                arr = np.concatenate([start_anchors(None), arr])
+                # The anchors of the prompt the log names (the engine's own
+                # prompt when the log holds what the engine saw); without
+                # one, the global output-start anchor.
+                whole = None if prompt is None else np.concatenate(
+                    [pieces[p] for p in prompt] or [np.empty(0, np.int32)])
+                arr = np.concatenate([start_anchors(whole), arr])
+                if whole is not None and hold_back > 0:
+                    held.append((whole, arr, source))
+                    if len(held) <= hold_back:
+                        continue
+                    _, arr, source = held.popleft()
             pending.append((arr, namespace or DEFAULT_NAMESPACE, source, ""))
+            pending_tokens += arr.shape[0] - anchor_count(arr)
         texts.clear()
+        while len(pieces) > PIECES:
+            del pieces[next(iter(pieces))]
 
     def commit():
         nonlocal pending_tokens
@@ -411,7 +472,9 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                                     fields.get("request_id", "")))
                     pending_tokens += item.shape[0] - anchor_count(item)
                 else:
-                    texts.extend((t, source, is_output) for t, is_output in item)
+                    prompt = fields.get("prompt")
+                    texts.extend((t, source, is_output, prompt if is_output else None)
+                                 for t, is_output in item)
                     if len(texts) >= 512:
                         tokenize()
                 if pending_tokens >= batch_tokens:
@@ -419,6 +482,8 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         commit()
     except StopIngest as e:
         report.stopped = str(e)
+    report.held = [(prompt, arr[anchor_count(arr):], namespace or DEFAULT_NAMESPACE)
+                   for prompt, arr, _ in held]
     return report
 
 

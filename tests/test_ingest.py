@@ -13,6 +13,7 @@ from suffixspec.cli import main
 from suffixspec.anchors import BOS
 from suffixspec.fingerprint import tokenizer_id
 from suffixspec.pools.store import PoolStore
+from suffixspec.proposer import SuffixProposer
 
 
 def run(*args):
@@ -66,8 +67,38 @@ def test_outputs_of_the_trace_are_what_is_stored(tmp_path, trace_slice, tokenize
     want = [r.output.tolist() for r in load_trace(trace_slice, hf_encoder(tokenizer_path))]
     stored = list(PoolStore(pool, readonly=True).sequences())
     assert [s.output.tolist() for s in stored] == want
-    # Each ingested output starts with the global output-start anchor.
-    assert all(s.tokens[:s.anchors].tolist() == [BOS] for s in stored)
+
+
+@pytest.mark.parametrize("trace, records", [("sql_spider_bird.jsonl.gz", 40),
+                                             ("agent_miniswe_swebench.jsonl.gz", 40)])
+def test_ingested_outputs_keep_the_anchors_of_their_prompts(tmp_path, traces_dir,
+                                                            tokenizer_path, trace, records):
+    """As a live commit does: replay's prompt (a conversation's turns rebuilt)
+    gives the anchors each stored output starts with."""
+    from suffixspec.anchors import start_anchors
+    from suffixspec.replay.traces import hf_encoder, load_trace
+
+    log = tmp_path / "log.jsonl.gz"
+    with gzip.open(traces_dir / trace, "rt") as src, gzip.open(log, "wt") as dst:
+        for _, line in zip(range(records), src):
+            dst.write(line)
+    pool = tmp_path / "pool.lmdb"
+    assert run("ingest", pool, log, "--tokenizer", tokenizer_path).exit_code == 0
+    requests = load_trace(log, hf_encoder(tokenizer_path))
+    stored = list(PoolStore(pool, readonly=True).sequences())
+    assert len(stored) == len(requests) == records
+    for s, req in zip(stored, requests):
+        assert s.output.tolist() == req.output.tolist()
+        assert s.tokens[:s.anchors].tolist() == start_anchors(req.prompt).tolist()
+
+
+def test_outputs_without_a_prompt_get_the_global_anchor(tmp_path, tokenizer_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"output": "SELECT 1"}) + "\n")
+    pool = tmp_path / "pool.lmdb"
+    assert run("ingest", pool, log, "--tokenizer", tokenizer_path).exit_code == 0
+    (stored,) = PoolStore(pool, readonly=True).sequences()
+    assert stored.tokens[:stored.anchors].tolist() == [BOS]
 
 
 def test_openai_chat_and_text_formats(tmp_path, tokenizer_path):
@@ -269,3 +300,42 @@ def test_a_new_pool_from_logs_needs_the_tokenizer(tmp_path, trace_slice):
 def test_the_text_summary_names_no_empty_fields(tmp_path, trace_slice, tokenizer_path):
     r = run("ingest", tmp_path / "pool.lmdb", trace_slice, "--tokenizer", tokenizer_path)
     assert r.exit_code == 0 and "None" not in r.stdout and "stopped" not in r.stdout
+
+
+def test_ingest_learns_the_calibration_from_the_newest_logged_requests(tmp_path, trace_slice,
+                                                                       tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--learn", "20", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["sequences"] == 60 and summary["learned_from"]["requests"] == 20
+    assert summary["learned_from"]["drafted_per_step"] > 0  # it drafted from the other 40
+    with PoolStore(pool, readonly=True) as store:
+        table = store.load_table("calibration")
+        assert len(list(store.sequences())) == 60
+        assert store.stats()["snapshot_tokens"] == summary["tokens"]
+    fresh = SuffixProposer().stats.table
+    assert table.shape == fresh.shape and not np.array_equal(table, fresh)
+    # Nothing learned when asked not to.
+    plain = tmp_path / "plain.lmdb"
+    assert run("ingest", plain, trace_slice, "--tokenizer", tokenizer_path, "--learn", "0"
+               ).exit_code == 0
+    with PoolStore(plain, readonly=True) as store:
+        assert store.load_table("calibration") is None
+
+
+def test_held_back_outputs_a_failed_calibration_left_are_committed_once(tmp_path,
+                                                                         tokenizer_path):
+    from suffixspec.learn import commit_rest, request_id
+
+    pool = tmp_path / "pool.lmdb"
+    held = [(np.arange(5, dtype=np.int32) + i, np.arange(10, 20, dtype=np.int32) + i, "default")
+            for i in range(4)]
+    with PoolStore(pool, tokenizer=tokenizer_id(tokenizer_path), max_depth=64) as store:
+        store.add(np.concatenate([[BOS], held[0][1]]).astype(np.int32), "default", "x",
+                  request_id(0))
+    assert commit_rest(pool, held) == 3
+    assert commit_rest(pool, held) == 0
+    with PoolStore(pool, readonly=True) as store:
+        stored = sorted(s.output.tolist() for s in store.sequences())
+    assert stored == sorted(h[1].tolist() for h in held)

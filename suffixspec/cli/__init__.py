@@ -5,8 +5,8 @@ Data goes to stdout (JSON with ``--json``); progress bars and logs to stderr.
 
 import click
 
-from suffixspec.cli.pool import (add_segment_cmd, export_cmd, forget_cmd, ingest_cmd, prune_cmd,
-                                 snapshot_cmd, stats_cmd)
+from suffixspec.cli.pool import (add_segment_cmd, export_cmd, fleet_build_cmd, forget_cmd,
+                                 ingest_cmd, prune_cmd, snapshot_cmd, stats_cmd)
 from suffixspec.cli.replay import replay_cmd
 from suffixspec.cli.warmup import warmup_cmd
 
@@ -18,7 +18,7 @@ def main():
 
 
 for command in (replay_cmd, ingest_cmd, stats_cmd, prune_cmd, forget_cmd, export_cmd,
-                snapshot_cmd, add_segment_cmd, warmup_cmd):
+                snapshot_cmd, add_segment_cmd, fleet_build_cmd, warmup_cmd):
     main.add_command(command)
 
 __all__ = ["main"]

@@ -15,6 +15,9 @@ from suffixspec.cli.common import load_tokenizer, open_pool, parse_duration
 from suffixspec.ingest import FORMATS, export_tokenizer, ingest
 from suffixspec.pools.store import PoolError, PoolStore
 
+#: Logged requests ``ingest`` serves to learn the calibration (``--learn``).
+LEARN_FROM = 256
+
 _POOL = click.argument("pool", type=click.Path(dir_okay=False))
 
 
@@ -65,11 +68,15 @@ def _emit(obj: dict, as_json: bool) -> None:
 @click.option("--strict", is_flag=True, help="Stop at the first bad line (what came before stays).")
 @click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True,
               help="Index depth, when the pool is created.")
+@click.option("--learn", type=click.IntRange(0), default=LEARN_FROM, show_default=True,
+              help="Serve the last N logged requests (trace format, with prompts) against "
+                   "the pool the rest built, so the pool keeps the calibration a live server "
+                   "would have learned; 0: off.")
 @click.option("--no-snapshot", is_flag=True, help="Skip writing the index snapshot at the end.")
 @_JOBS
 @click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
 def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, strict, max_depth,
-               no_snapshot, jobs, as_json):
+               learn, no_snapshot, jobs, as_json):
     """Add the outputs in FILES to POOL (created if missing).
 
     \b
@@ -94,16 +101,39 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
                 report = ingest(store, list(files), encode, namespace=namespace, fmt=fmt,
                                 roles=tuple(roles), include_prompts=include_prompts,
                                 strict=strict, progress=bar.update,
-                                warn=lambda m: tqdm.write(m, file=sys.stderr))
+                                warn=lambda m: tqdm.write(m, file=sys.stderr),
+                                hold_back=learn)
+            depth = store.max_depth
             snapshot_s = 0.0
             if not no_snapshot and report.sequences:
+                # Before learning: the held-back requests draft from the pool
+                # as engines opening it will (its segments).
                 t1 = time.perf_counter()
                 _snapshot_with_progress(store, jobs)
                 snapshot_s = time.perf_counter() - t1
         except (PoolError, ValueError) as e:
             raise click.ClickException(str(e)) from e
-    summary = {**report.summary(), "snapshot_s": round(snapshot_s, 3),
-               "wall_s": round(time.perf_counter() - t0, 3)}
+    learned = {}
+    if report.held and tok is not None:
+        from suffixspec.learn import calibrate, commit_rest
+
+        t1 = time.perf_counter()
+        try:
+            learned = calibrate(pool, tok, depth, report.held)
+            learned["learn_s"] = round(time.perf_counter() - t1, 3)
+        except Exception as e:  # the outputs are committed whatever happens
+            click.echo(f"ingest: calibration not learned ({type(e).__name__}: {e}); "
+                       f"{commit_rest(pool, report.held)} held-back outputs committed "
+                       f"as they are", err=True)
+        report.sequences += len(report.held)
+        report.tokens += sum(output.shape[0] for _, output, _ in report.held)
+        if not no_snapshot:
+            with _store(pool) as store:
+                t1 = time.perf_counter()
+                _snapshot_with_progress(store, jobs)
+                snapshot_s += time.perf_counter() - t1
+    summary = {**report.summary(), **({"learned_from": learned} if learned else {}),
+               "snapshot_s": round(snapshot_s, 3), "wall_s": round(time.perf_counter() - t0, 3)}
     _emit(summary, as_json)
     if report.stopped:
         raise click.ClickException(f"stopped at a bad line (--strict): {report.stopped}")
@@ -261,3 +291,40 @@ def add_segment_cmd(pool, sources, jobs, as_json):
     _emit({"sequences": added, "skipped": skipped, "segments": len(snap.segments) if snap else 0,
            "snapshot_tokens": snap.tokens if snap else 0,
            "seconds": round(time.perf_counter() - t0, 3)}, as_json)
+
+
+@click.command(name="fleet-build")
+@_POOL
+@click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", type=click.Path(exists=True), required=True,
+              help="tokenizer.json or a model folder holding one.")
+@click.option("--work-dir", type=click.Path(file_okay=False), required=True,
+              help="Where the shard pools are written: a folder every node and this host "
+                   "reach (a shared file system on a multi-node cluster).")
+@click.option("--namespace", help="Namespace the sequences join (default: \"default\").")
+@click.option("--max-depth", type=click.IntRange(2, 1024), default=64, show_default=True)
+@click.option("--learn", type=click.IntRange(0), default=LEARN_FROM, show_default=True,
+              help="As for ingest: the last N logged requests of the last shard teach the "
+                   "merged pool its calibration; 0: off.")
+@click.option("--address", help="Ray cluster to join (default: start a local one).")
+@_JOBS
+@click.option("--json", "as_json", is_flag=True, help="Result as JSON on stdout.")
+def fleet_build_cmd(pool, logs, tokenizer, work_dir, namespace, max_depth, learn, address, jobs,
+                    as_json):
+    """Build POOL from log shards (LOGS) on a Ray cluster: one ingest task per
+    shard, then the shard pools are added as add-segment does.
+
+    \b
+    Example:
+      suffixspec fleet-build fleet.lmdb logs/part-*.jsonl.gz \\
+          --tokenizer ../shared/tokenizers/qwen --work-dir /shared/shards
+    """
+    from suffixspec.fleet_build import fleet_build
+
+    t0 = time.perf_counter()
+    try:
+        result = fleet_build(pool, list(logs), tokenizer, work_dir, namespace=namespace,
+                             max_depth=max_depth, jobs=jobs, learn=learn, address=address)
+    except (PoolError, ValueError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from e
+    _emit({**result, "seconds": round(time.perf_counter() - t0, 3)}, as_json)
