@@ -26,7 +26,8 @@ Usage (from the repository root):
   ``propose`` and ``finish_request`` latencies while a ``forget`` lands during
   a merge, and with ``snapshot_every``.
 
-Writes ``faults.json`` and ``faults.md`` into ``--out`` and prints the Markdown.
+Writes ``faults.json`` and ``faults.md`` into ``--out`` (``faults_<sections>``
+with ``--only``) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -609,7 +610,9 @@ def main():
                    if not args.only or name in args.only}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    save_results(args.out, "faults", results, markdown(results))
+    # A partial run keeps its own files beside the full run's.
+    name = "faults" if not args.only else "faults_" + "_".join(args.only)
+    save_results(args.out, name, results, markdown(results))
 
 
 if __name__ == "__main__":
