@@ -92,7 +92,14 @@ def main():
     ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
                     help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    ap.add_argument("--tables-from", type=Path, default=None,
+                    help="Write the tables again from an earlier run's gpu.json (no replay).")
     args = ap.parse_args()
+    if args.tables_from is not None:
+        done = json.loads(args.tables_from.read_text())
+        measured = {int(b): c for b, c in done["per_step_ms"].items()}
+        save_results(args.out, "gpu", done, markdown(done["rows"], args, measured))
+        return
     encode = hf_encoder(args.tokenizer)
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -150,11 +157,21 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
                    + f" | {r['suffixspec MRV2'] / best:.3f} |")
     costs = "; ".join(f"{b} in flight: bookkeeping {c['bookkeeping']:.3f}, round trip "
                       f"{c['round trip']:.3f}" for b, c in measured.items())
+    drafting = ["", "Drafting at one request in flight (the same replays): MTS, drafted "
+                "tokens per step, est = MTS / (1 + 0.03 × drafted)", "",
+                "| trace | " + " | ".join(CONFIGS) + " |", "|---|" + "---|" * len(CONFIGS)]
+    for r in (r for r in rows if r["concurrency"] == 1):
+        cells = [f"{d['mts']:.3f} / {d['drafted']:.2f} / {d['mts'] / (1 + 0.03 * d['drafted']):.3f}"
+                 for d in (r[c + " detail"] for c in CONFIGS)]
+        drafting.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + (
         f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
         f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's steps add the "
         f"plugin's measured ms per step ({costs}), MRV2 steps the round trip too.  Slices: "
-        f"policy_bench's times {args.fraction}.\n")
+        f"policy_bench's times {args.fraction}.\n") + "\n".join(drafting) + (
+        "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
+        "the roofline a token below the knee is free, which is why every suffix drafter "
+        "here drafts long.\n")
 
 
 if __name__ == "__main__":
