@@ -18,12 +18,18 @@ speculation token for token.  Needs vLLM (CPU build) and, for the arctic
 row, arctic-inference (bench/setup_arctic.sh).
 
 Scenarios: ``cold`` (the above: every row on a fresh server) and
-``restart`` (sql and agent: the first half of the requests is served, the
-server restarts, the second half is timed; arctic restarted starts with an
-empty cache, suffixspec reopens its pool file; against arctic never
-restarted, which serves both halves in one process) and ``replicas`` (sql:
+``restart`` (sql and agent: the first half of the requests is day 1, the
+second half day 2, timed on a server just started; arctic restarted starts
+with an empty cache, suffixspec reopens the pool file day 1 filled, or a
+pool ``suffixspec ingest`` built from day 1's log; against arctic never
+restarted, which serves both days in one process) and ``replicas`` (sql:
 two servers at once, one core each, every other request to each; arctic
 keeps a cache per server, suffixspec's share one pool file).
+
+    python bench/vllm_bench.py --scenarios restart,replicas --restart-workloads sql \
+        --prompts 400 --modes concurrent --name vllm_history
+
+is the history run: day 1 of 200 requests, day 2 of 200.
 
 ``python bench/vllm_bench.py record`` keeps the outputs without speculation
 for ``bench/engine_replay.py``.
@@ -69,7 +75,8 @@ PHASES = ("all", "day1", "day2", "both")
 RESTART = (("none", "none", ("day2",)),
            ("arctic restarted", "arctic", ("day2",)),
            ("arctic never restarted", "arctic", ("both",)),
-           ("suffixspec restarted, pool kept", "suffixspec", ("day1", "day2")))
+           ("suffixspec restarted, pool kept", "suffixspec", ("day1", "day2")),
+           ("suffixspec, pool ingested from day 1's log", "suffixspec", ("log", "day2")))
 REPLICA_METHODS = ("none", "arctic", "suffixspec")
 ROLE = re.compile(r"<\|(system|user|assistant|tool)\|>\n")
 
@@ -288,30 +295,34 @@ def spec_counts(llm) -> dict:
 @click.option("--baseline-once/--baseline-per-mode", default=True, show_default=True,
               help="Serve without speculation once per workload and scenario (concurrent) "
                    "and check both modes' outputs against it.")
+@click.option("--modes", "mode_names", default=",".join(MODES), show_default=True,
+              help="sequential (one request at a time) and / or concurrent (8 in flight).")
 @click.option("--out", type=click.Path(path_type=Path),
               default=Path(__file__).parent / "results", show_default=True,
-              help="Folder for vllm.json and vllm.md.")
+              help="Folder for NAME.json and NAME.md.")
+@click.option("--name", default="vllm", show_default=True, help="Name of the results files.")
 @click.pass_context
 def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, scenarios,
-         restart_workloads, replica_workloads, repeats, baseline_once, out):
+         restart_workloads, replica_workloads, repeats, baseline_once, mode_names, out, name):
     if ctx.invoked_subcommand is not None:
         return
     model = str(ensure_model())
     knobs = dict(k=k, depth=depth, factor=factor, min_prob=min_prob)
+    run_modes = [m for m in modes(baseline_once) if m[0] in mode_names.split(",")]
     rows = []
 
     def save(part):  # after every row, so a stopped run keeps what it measured
-        write(rows + part, out, knobs, prompts, show=False)
+        write(rows + part, out, name, knobs, prompts, show=False)
 
     if "replicas" in scenarios.split(","):  # first: it needs both cores
         rows += replica_rows(model, traces, prompts, knobs, replica_workloads.split(","),
-                             baseline_once, save)
+                             run_modes, save)
     if "restart" in scenarios.split(","):
         rows += restart_rows(model, traces, prompts, knobs, restart_workloads.split(","),
-                             baseline_once, save)
+                             run_modes, save)
     for wl in (workloads.split(",") if "cold" in scenarios.split(",") else ()):
         base = None
-        for mode, conc in modes(baseline_once):
+        for mode, conc in run_modes:
             for rnd in range(repeats):  # rounds interleave the methods: A B A B ...
                 for method in methods.split(","):
                     if method == "none" and base is not None:
@@ -326,10 +337,10 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, s
                     print(f"{wl:5s} {mode:10s} {method:10s} round {rnd} "
                           f"{res['tokens_per_s']:7.1f} tok/s  accept {res['acceptance_length']:.2f}"
                           f"  identical {res['identical']}", flush=True)
-    write(rows, out, knobs, prompts)
+    write(rows, out, name, knobs, prompts)
 
 
-def restart_rows(model, traces, prompts, knobs, workloads, baseline_once, save) -> list[dict]:
+def restart_rows(model, traces, prompts, knobs, workloads, run_modes, save) -> list[dict]:
     """The restart scenario: day 2 served by a restarted server (arctic starts
     cold, suffixspec reopens its pool file) and by one never restarted."""
     import tempfile
@@ -337,13 +348,16 @@ def restart_rows(model, traces, prompts, knobs, workloads, baseline_once, save) 
     rows = []
     for wl in workloads:
         base = None
-        for mode, conc in modes(baseline_once):
+        for mode, conc in run_modes:
             for name, method, phases in RESTART:
                 if method == "none" and base is not None:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
                     pool = Path(tmp) / "pool.lmdb" if method.startswith("suffixspec") else None
                     for phase in phases:
+                        if phase == "log":
+                            ingest_day1_log(model, wl, traces, prompts, conc, knobs, pool)
+                            continue
                         res = child(model, method, wl, traces, prompts, conc, knobs, phase, pool)
                 if method == "none":
                     base = res["outputs"]
@@ -355,6 +369,25 @@ def restart_rows(model, traces, prompts, knobs, workloads, baseline_once, save) 
                       f"accept {res['acceptance_length']:.2f}  identical {res['identical']}",
                       flush=True)
     return rows
+
+
+def ingest_day1_log(model, wl, traces, prompts, conc, knobs, pool: Path) -> None:
+    """Day 1 served without speculation, its log written as a gateway in front
+    of the server keeps one (a JSON line per request: the prompt as the engine
+    saw it, chat template applied, and the output text; docs/vllm.md), and
+    ``suffixspec ingest`` run on it, as a user builds a pool from logs."""
+    from tokenizers import Tokenizer
+
+    res = child(model, "none", wl, traces, prompts, conc, knobs, "day1")
+    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    log = pool.with_name("day1.jsonl")
+    with log.open("w") as f:
+        for prompt, output in zip(res["prompt_ids"], res["outputs"]):
+            f.write(json.dumps({"prompt": tok.decode(prompt, skip_special_tokens=False),
+                                "output": tok.decode(output, skip_special_tokens=True)}) + "\n")
+    subprocess.run([sys.executable, "-m", "suffixspec", "ingest", str(pool), str(log),
+                    "--tokenizer", model, "--max-depth", str(knobs["depth"])],
+                   check=True, stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
 
 
 def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None) -> dict:
@@ -394,7 +427,7 @@ def collect(proc: subprocess.Popen, method: str, wl: str) -> dict:
     return json.loads(lines[-1])
 
 
-def replica_rows(model, traces, prompts, knobs, workloads, baseline_once, save,
+def replica_rows(model, traces, prompts, knobs, workloads, run_modes, save,
                  replicas: int = 2) -> list[dict]:
     """The replicas scenario: ``replicas`` servers on this host, each taking
     every ``replicas``-th request (agent: session) as a round-robin client
@@ -407,7 +440,7 @@ def replica_rows(model, traces, prompts, knobs, workloads, baseline_once, save,
     rows = []
     for wl in workloads:
         base = None
-        for mode, conc in modes(baseline_once):
+        for mode, conc in run_modes:
             for method in REPLICA_METHODS:
                 if method == "none" and base is not None:
                     continue
@@ -498,7 +531,7 @@ def recorded_path(wl: str, prompts: int) -> Path:
     return CACHE / f"vllm-outputs-{wl}-{prompts}.json.gz"
 
 
-def write(rows, out: Path, knobs: dict, prompts: int, show: bool = True) -> None:
+def write(rows, out: Path, name: str, knobs: dict, prompts: int, show: bool = True) -> None:
     from tabulate import tabulate
 
     slim = [{k: v for k, v in r.items() if k not in ("outputs", "prompt_ids")} for r in rows]
@@ -541,7 +574,7 @@ def write(rows, out: Path, knobs: dict, prompts: int, show: bool = True) -> None
              for key, v in rounds.items()],
             headers=["workload", "mode", "method", "rounds", "median", "range"],
             tablefmt="github")
-    save_results(out, "vllm", {"knobs": knobs, "prompts": prompts, "rows": slim},
+    save_results(out, name, {"knobs": knobs, "prompts": prompts, "rows": slim},
                  f"SmolLM2-135M-Instruct fp32, vLLM CPU, greedy, max_tokens 128; sql and bfcl: "
                  f"{prompts} prompts each; agent: {SESSIONS} sessions of {TURNS} turns, one request "
                  f"per turn. "
@@ -549,7 +582,8 @@ def write(rows, out: Path, knobs: dict, prompts: int, show: bool = True) -> None
                  f"found indexed already (the earlier turn a request continues).  restart: the "
                  f"second half of the prompts (agent: of the sessions) timed on a server "
                  f"restarted after serving the first half; suffixspec keeps its pool in a file "
-                 f"(SUFFIXSPEC_POOL).  replicas: two servers at once on this host, every other "
+                 f"(SUFFIXSPEC_POOL), or opens one `suffixspec ingest` built from the first "
+                 f"half's log.  replicas: two servers at once on this host, every other "
                  f"request (agent: session) to each, tok/s over the wall time of both; "
                  f"suffixspec's servers share one pool file.\n\n{md}", show=show)
 
