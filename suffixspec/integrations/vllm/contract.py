@@ -58,24 +58,37 @@ def tested(version: str | None) -> bool:
         return False
 
 
-def problems(root: Path) -> list[str]:
-    """Each way the vLLM sources under ``root`` differ from what the plugin needs."""
+
+def _parse(root: Path, rels) -> tuple[dict[str, ast.Module], list[str]]:
+    """The syntax trees of vLLM's files ``rels``, and a line per file that cannot be read."""
     trees: dict[str, ast.Module] = {}
     out: list[str] = []
-    for rel in (_PROPOSER, _RUNNER, _BATCH, _CONFIG, _PARALLEL):
+    for rel in dict.fromkeys(rels):
         try:
             trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"))
         except (OSError, SyntaxError, ValueError) as e:
             out.append(f"cannot read vllm/{rel} ({type(e).__name__})")
-    if out:
-        return out
-    for (rel, cls, method), want in _SIGNATURES.items():
+    return trees, out
+
+
+def _signatures(trees: dict[str, ast.Module], signatures: dict, who: str) -> list[str]:
+    """A line per method of ``signatures`` that is gone or takes other leading parameters."""
+    out = []
+    for (rel, cls, method), want in signatures.items():
         fn = _method(trees[rel], cls, method)
         if fn is None:
             out.append(f"vllm/{rel}: {cls}.{method} is gone")
         elif _params(fn)[:len(want)] != list(want):
             out.append(f"vllm/{rel}: {cls}.{method} takes ({', '.join(_params(fn))}), "
-                       f"the plugin needs ({', '.join(want)})")
+                       f"{who} needs ({', '.join(want)})")
+    return out
+
+def problems(root: Path) -> list[str]:
+    """Each way the vLLM sources under ``root`` differ from what the plugin needs."""
+    trees, out = _parse(root, (_PROPOSER, _RUNNER, _BATCH, _CONFIG, _PARALLEL))
+    if out:
+        return out
+    out += _signatures(trees, _SIGNATURES, "the plugin")
     if "get_tp_group" not in _module_names(trees[_PARALLEL]):
         out.append(f"vllm/{_PARALLEL} no longer defines get_tp_group")
     group = _class(trees[_PARALLEL], "GroupCoordinator")
@@ -127,13 +140,7 @@ _MRV2_FIELDS = {(_STATES, "RequestState"): ("all_token_ids", "total_len", "promp
 
 def mrv2_problems(root: Path) -> list[str]:
     """Each way vLLM's Model Runner V2 differs from what suffixspec's speculator needs."""
-    out: list[str] = []
-    trees = {}
-    for rel in {_MRV2, _BASE, _STATES, _MRV2_BATCH, _MRV2_RUNNER, _VLLM_CONFIG}:
-        try:
-            trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, ValueError) as e:
-            out.append(f"cannot read vllm/{rel} ({type(e).__name__})")
+    trees, out = _parse(root, (_MRV2, _BASE, _STATES, _MRV2_BATCH, _MRV2_RUNNER, _VLLM_CONFIG))
     if out:
         return out
     init = next((n for n in trees[_MRV2].body
@@ -142,13 +149,7 @@ def mrv2_problems(root: Path) -> list[str]:
         out.append(f"vllm/{_MRV2}: init_speculator(vllm_config, device, req_states) is gone")
     if "init_speculator" not in _module_names(trees[_MRV2_RUNNER]):
         out.append(f"vllm/{_MRV2_RUNNER} no longer imports init_speculator")
-    for (rel, cls, method), want in _MRV2_SIGNATURES.items():
-        fn = _method(trees[rel], cls, method)
-        if fn is None:
-            out.append(f"vllm/{rel}: {cls}.{method} is gone")
-        elif _params(fn)[:len(want)] != list(want):
-            out.append(f"vllm/{rel}: {cls}.{method} takes ({', '.join(_params(fn))}), "
-                       f"suffixspec's speculator needs ({', '.join(want)})")
+    out += _signatures(trees, _MRV2_SIGNATURES, "suffixspec's speculator")
     for (rel, cls), names in _MRV2_FIELDS.items():
         node = _class(trees[rel], cls)
         have = _class_fields(node) | _annotated(node) if node is not None else set()
