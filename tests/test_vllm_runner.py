@@ -83,3 +83,33 @@ def test_mrv2_contract_holds_on_the_installed_vllm():
     from suffixspec.integrations.vllm import contract
 
     assert contract.mrv2_problems(contract.vllm_root()) == []
+
+
+def test_mrv2_with_tensor_parallelism_falls_back_to_vllms_drafter(monkeypatch, caplog):
+    """Every MRV2 rank would draft on its own and ranks can draft apart: with
+    more than one tensor-parallel rank suffixspec's speculator stands aside,
+    says so in one line, and vLLM's own drafter serves."""
+    import vllm.v1.worker.gpu.spec_decode as spec_decode
+
+    built = []
+
+    def vllms_own(vllm_config, device, req_states):
+        built.append("vllm")
+        return "vllm's speculator"
+
+    monkeypatch.setattr(spec_decode, "init_speculator", vllms_own)
+    monkeypatch.setattr(runner, "_said", set())
+    monkeypatch.setattr(runner, "announce", lambda *a: None)
+    runner.watch_speculators("mrv2")
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method="suffix"),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=2),
+                          scheduler_config=SimpleNamespace(async_scheduling=True),
+                          use_v2_model_runner=True)
+    with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
+        assert spec_decode.init_speculator(cfg, "cpu", None) == "vllm's speculator"
+        assert spec_decode.init_speculator(cfg, "cpu", None) == "vllm's speculator"
+    assert built == ["vllm", "vllm"]
+    lines = [r for r in caplog.records if "tensor parallelism" in r.getMessage()]
+    assert len(lines) == 1 and "2 ranks" in lines[0].getMessage()
+    assert not runner.refuse_tensor_parallel(
+        SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1)))

@@ -112,6 +112,28 @@ def announce(who: str, runner: str, async_on: bool, want: str) -> str:
     return label
 
 
+def tensor_parallel_size(vllm_config) -> int:
+    parallel = getattr(vllm_config, "parallel_config", None)
+    return int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+
+
+def refuse_tensor_parallel(vllm_config) -> bool:
+    """Whether suffixspec's MRV2 speculator must stand aside for this config:
+    with more than one tensor-parallel rank every rank would draft on its own,
+    and ranks that draft differently feed the model different ``input_ids``.
+    Says so once; vLLM's own drafter then serves ``suffix``."""
+    tp = tensor_parallel_size(vllm_config)
+    if tp <= 1:
+        return False
+    if "tp" not in _said:
+        _said.add("tp")
+        logger.warning("suffixspec: SUFFIXSPEC_RUNNER=mrv2 with tensor parallelism (%d ranks) "
+                       "is not supported: its ranks would draft apart; vLLM's own drafter "
+                       "serves method \"suffix\" (SUFFIXSPEC_RUNNER=v1 serves it with "
+                       "suffixspec on the V1 runner, whose rank 0 drafts for all)", tp)
+    return True
+
+
 def watch_speculators(want: str) -> None:
     """Wrap MRV2's ``init_speculator``: for ``suffix`` it builds suffixspec's
     speculator (``want`` is ``mrv2``) or says that vLLM's own drafts."""
@@ -124,7 +146,7 @@ def watch_speculators(want: str) -> None:
     def init_speculator(vllm_config, device, req_states):
         if vllm_config.speculative_config.method != "suffix":
             return original(vllm_config, device, req_states)
-        if want == "mrv2":
+        if want == "mrv2" and not refuse_tensor_parallel(vllm_config):
             from suffixspec.integrations.vllm.speculator import SuffixSpecSpeculator
 
             return SuffixSpecSpeculator(vllm_config, device, req_states)
