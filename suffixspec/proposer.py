@@ -18,6 +18,8 @@ from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
+from suffixspec.native import union
+from suffixspec.native.windows import build_batch as build_windows, one_token_paths
 from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.pools.store import FileBusy, PoolError
 from suffixspec.pools.view import EMPTY_VIEW
@@ -376,6 +378,85 @@ class SuffixProposer:
                 d = _subtree(d, keep[i, :k])
             drafts.append(d)
         return drafts
+
+    @locked
+    def candidate_windows(self, req_ids: Sequence[Hashable], windows: lay.Windows,
+                          branch_points: int = 4) -> np.ndarray:
+        """Candidate windows of ``req_ids`` (rows of ``windows``, see
+        ``native.windows``): per request, the policy's best candidate from each
+        place it draws from, continued past the cost cut, and branch windows
+        at the best one's first ``branch_points`` branch points.  Returns how
+        many windows each request has.  What the device drafts from
+        (``suffixspec.device``); the pending drafts that ``extend`` scores are
+        left as they are."""
+        b = len(req_ids)
+        if b == 0:
+            return np.zeros(0, np.int64)
+        if b > 1:
+            _distinct(req_ids)
+        if windows.tokens.shape[0] < b:
+            raise ValueError(f"windows have {windows.tokens.shape[0]} rows for {b} requests")
+        if self.cross is not None:
+            self.cross.refresh()
+        rows = _fields(self._row(r) for r in req_ids)
+        view, delta, cross_roots = self._cross_args(req_ids)
+        batch = (rows[1], rows[0], rows[2], self._limits(None, b), cross_roots)
+        return build_windows(self.requests.index.read_only_arrays(), self.requests.index.roots,
+                             view.table, delta, batch, self._knobs_flat, self._stats_flat,
+                             self._pending_flat, self._work_flat, tuple(windows),
+                             int(branch_points))
+
+    @locked
+    def one_token_paths(self, width: int, vocab_size: int, tokens=None,
+                        namespace: str | None = None):
+        """The cross pool's most frequent continuation (``width`` tokens, with
+        counts) of single tokens in ``namespace`` (default: the proposer's):
+        of ``tokens`` (say, those of a newly committed output: only their paths
+        changed), or of every token id below ``vocab_size`` it holds.  See
+        ``native.windows.one_token_paths``.  Returns ``(keys, tokens, c, n)``,
+        a row per token."""
+        wanted = (np.zeros(0, np.int64) if tokens is None
+                  else np.unique(np.asarray(tokens, np.int64)))
+        wanted = wanted[(wanted >= 0) & (wanted < vocab_size)]
+        pool = self.cross
+        rows = wanted.shape[0] if tokens is not None else vocab_size
+        keys = np.zeros(rows, np.int32)
+        out = [np.full((rows, width), -1, np.int32), np.zeros((rows, width), np.int32),
+               np.zeros((rows, width), np.int32)]
+        if pool is None or rows == 0:
+            return keys[:0], *(a[:0] for a in out)
+        pool.refresh()
+        view, delta = pool.view, pool.delta
+        ns = self.namespace if namespace is None else namespace
+        roots = np.concatenate([[delta.root(ns)], view.roots(ns)]).astype(np.int64)
+        sides = np.concatenate([union.table([delta.index.read_only_arrays()]), view.table])
+        count = one_token_paths(sides, roots, self.max_depth, wanted,
+                                np.zeros(vocab_size, np.bool_), keys, *out)
+        return keys[:count], *(a[:count] for a in out)
+
+    @locked
+    def adopt_drafts(self, req_ids: Sequence[Hashable], tokens: np.ndarray, buckets: np.ndarray,
+                     n: np.ndarray) -> None:
+        """The engine verifies these path drafts (drafted on the device from this
+        proposer's windows) instead of this proposer's own: ``extend`` scores
+        them, row ``i`` for ``req_ids[i]``: its first ``n[i]`` ``tokens`` with
+        their calibration ``buckets``."""
+        pend = self._pending
+        k = pend.tokens.shape[1]
+        for i, req_id in enumerate(req_ids):
+            self._check_active(req_id)
+            seq = self.requests.requests[req_id][1]
+            m = min(int(n[i]), k)
+            pend.n[seq] = m
+            pend.tokens[seq, :m] = tokens[i, :m]
+            pend.buckets[seq, :m] = buckets[i, :m]
+            pend.parents[seq, :m] = np.arange(-1, m - 1)
+
+    @locked
+    def recent(self, req_id: Hashable) -> int:
+        """How ``req_id``'s last draft fared (``calibration.RECENT_*``)."""
+        self._check_active(req_id)
+        return int(self._pending.recent[self.requests.requests[req_id][1]])
 
     # ------------------------------------------------------------ internals
     # Records the kernels take, with their plain tuples (see ``native.layout``)

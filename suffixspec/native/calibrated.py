@@ -148,7 +148,9 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     context is start-anchored: its last ``anchor_out`` tokens are output, the
     ones before are anchors, and the source follows from how many anchors a
     length spans.  ``pos`` is scratch for the positions.  Returns ``(n,
-    gain, match_len)``, n 0 when nothing beat ``best_gain``.
+    gain, match_len, length)``, n 0 when nothing beat ``best_gain``: the
+    match length calibration sees (``anchor_out`` for an anchored context)
+    and the tokens of ``ctx`` matched.
     """
     sides, roots, own = trees
     lo_len, hi_len, anchor_out = span
@@ -158,6 +160,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     depth = side(sides, 0).active.shape[1]
     best_n = 0
     best_len = 0
+    best_length = 0
     longer = -1  # occurrences of the last length tried
     for length in range(hi_len, lo_len - 1, -1):
         for k in range(pos.shape[0]):
@@ -218,12 +221,28 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             best_gain = gain
             best_n = n
             best_len = m
+            best_length = length
             for j in range(n):  # loops, not slice copies: those compile a costly error path
                 out.tokens[j] = cand.tokens[j]
                 out.parents[j] = cand.parents[j]
                 out.probs[j] = cand.probs[j]
                 out.buckets[j] = cand.buckets[j]
-    return best_n, best_gain, best_len
+    return best_n, best_gain, best_len, best_length
+
+
+@njit(cache=True, nogil=True)
+def longest(trees, ctx, start, end, depth, used):
+    """The longest suffix of ``ctx[start:end]`` (below ``depth`` tokens) that
+    some tree of ``trees`` (sides ``0 .. used - 1``) holds with a continuation."""
+    sides, roots, own = trees
+    hi = 0
+    for k in range(used):
+        if roots[k] >= 0:
+            h, _, _ = longest_match(side(sides, k), roots[k], ctx, start, end, depth - 1,
+                                    True, own if k == 0 else NONE)
+            if h > hi:
+                hi = h
+    return hi
 
 
 @njit(cache=True, nogil=True)
@@ -244,16 +263,10 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     n_best = 0
     m_best = 0
     source = FROM_NONE
-    hi = 0
-    for k in range(pos.shape[0]):
-        if roots[k] >= 0:
-            h, _, _ = longest_match(side(sides, k), roots[k], ctx, start, end, depth - 1,
-                                    True, own if k == 0 else NONE)
-            if h > hi:
-                hi = h
+    hi = longest(trees, ctx, start, end, depth, pos.shape[0])
     if hi > 0:
-        n, gain, m = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1)), how, knobs, stats,
-                              best, out, work, pos)
+        n, gain, m, _ = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1)), how, knobs,
+                                 stats, best, out, work, pos)
         if n > 0:
             best = gain
             n_best = n
@@ -263,8 +276,9 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
         hi = out_len + n_anchors
         if hi > depth - 1:
             hi = depth - 1
-        n, gain, m = _lengths((sides, roots, (own[0], own[1], own[1])), c_arena, c_end,
-                              (out_len + 1, hi, out_len), how, knobs, stats, best, out, work, pos)
+        n, gain, m, _ = _lengths((sides, roots, (own[0], own[1], own[1])), c_arena, c_end,
+                                 (out_len + 1, hi, out_len), how, knobs, stats, best, out, work,
+                                 pos)
         if n > 0:
             best = gain
             n_best = n

@@ -118,6 +118,17 @@ Stats = namedtuple("Stats", "table state")
 #: how the previous draft fared.
 Pending = namedtuple("Pending", "tokens parents buckets n recent")
 
+#: Candidate windows of a step's requests (``windows``): row ``[i, r]`` is
+#: window ``r`` of request ``i``: its tokens, each token's counts ``c`` of
+#: ``n``, and ``meta`` (``windows.W_*``).
+Windows = namedtuple("Windows", "tokens c n meta")
+
+
+def windows(rows: int, per_request: int, width: int) -> Windows:
+    shape = (rows, per_request, width)
+    return Windows(np.full(shape, -1, np.int32), np.zeros(shape, np.int32),
+                   np.zeros(shape, np.int32), np.zeros((rows, per_request, 5), np.int32))
+
 
 def heap_scratch(max_tokens: int, min_prob: float = 0.0) -> Heap:
     """Frontier arrays of a tree draft.

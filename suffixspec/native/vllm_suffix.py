@@ -103,9 +103,11 @@ def local_match(row, seq_len, depth):
 
 
 @njit(cache=True, nogil=True)
-def corpus_draft(row, seq_len, corpus, table, depth, k, chain):
+def corpus_draft(row, seq_len, corpus, table, depth, k, chain, votes):
     """The corpus's draft for ``row[:seq_len]``: ``(match length, tokens)``, the
-    tokens in ``chain[:tokens]``; ``(0, 0)`` when no candidate matches."""
+    tokens in ``chain[:tokens]``; ``(0, 0)`` when no candidate matches.
+    ``votes[:tokens]`` gets each token's ``(c, n)``: ``c`` of the ``n``
+    candidates still matching voted for it."""
     cap = corpus.shape[0]
     nb = table.shape[1]
     c = 2 * SLOTS
@@ -175,6 +177,7 @@ def corpus_draft(row, seq_len, corpus, table, depth, k, chain):
         score = np.float32(0.0)
         n_emit = 0
         draft = np.zeros(k, np.int64)
+        tally = np.zeros((k, 2), np.int64)
         for d in range(k):
             for j in range(c):
                 col[j] = cont[j, d]
@@ -202,6 +205,8 @@ def corpus_draft(row, seq_len, corpus, table, depth, k, chain):
                 cum = np.float32(np.float32(cum * np.float32(cmax)) / np.float32(denom))
                 score = np.float32(score + cum)
                 draft[d] = tok
+                tally[d, 0] = cmax
+                tally[d, 1] = denom
                 n_emit += 1
             for j in range(c):
                 alive[j] = alive[j] and col[j] >= 0 and col[j] == tok
@@ -211,6 +216,8 @@ def corpus_draft(row, seq_len, corpus, table, depth, k, chain):
             best_n = n_emit
             for d in range(k):
                 chain[d] = draft[d]
+                votes[d, 0] = tally[d, 0]
+                votes[d, 1] = tally[d, 1]
     return best_len, best_n
 
 
@@ -229,7 +236,8 @@ def propose(row, seq_len, corpus, table, depth, k, out):
             valid += 1
     if corpus.shape[0] > 0:
         chain = np.zeros(k, np.int64)
-        g_len, g_n = corpus_draft(row, seq_len, corpus, table, depth, k, chain)
+        g_len, g_n = corpus_draft(row, seq_len, corpus, table, depth, k, chain,
+                                  np.zeros((k, 2), np.int64))
         if g_len > l_len:
             for d in range(g_n):
                 out[d] = chain[d]

@@ -15,6 +15,7 @@ import numpy as np
 from numba.core import event
 
 from . import calibration as cal, layout as lay, ngram, partition, propose, query, trie, union
+from . import windows
 from . import tokens as token_checks
 from .cache import drop_cache, record_cache_files
 
@@ -105,6 +106,28 @@ def _drafting(ix, root):
                               knobs, tuple(stats), tuple(out), tuple(pending), work)
 
 
+def _windows(ix, root):
+    # Candidate windows and one-token paths for the device (``suffixspec.device``),
+    # with the records and side tables the proposer passes.
+    b = 2
+    ro = tuple(lay.read_only(ix))
+    rows = np.zeros((3, b), np.int64)
+    rows[2] = -1
+    cross_roots = np.full((b, 1, 1 + lay.SEGMENTS), root, np.int64)
+    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots)
+    knobs = (DEPTH, 1.0, 0.0, 0.1, False, True)
+    sides = union.table([ro] * lay.SEGMENTS)
+    windows.build_batch(ro, np.array([root], np.int32), sides, ro, batch, knobs,
+                        tuple(cal.new_stats(0.0)), tuple(lay.pending(b, K)),
+                        lay.flat(lay.workspace(K)), tuple(lay.windows(b, 2, 16)), 2)
+    w = 4
+    windows.one_token_paths(union.table([ro] * (1 + lay.SEGMENTS)),
+                            np.full(1 + lay.SEGMENTS, root, np.int64), DEPTH,
+                            np.zeros(0, np.int64), np.zeros(8, np.bool_), np.zeros(8, np.int32),
+                            np.zeros((8, w), np.int32), np.zeros((8, w), np.int32),
+                            np.zeros((8, w), np.int32))
+
+
 def _learning(ix, root):
     cal.learn(tuple(cal.new_stats(0.0)), tuple(lay.pending(1, K)), np.zeros(1, np.int64),
               TOKENS, np.array([0, 2], np.int64), np.empty(K, np.int64), np.empty(K, np.bool_))
@@ -140,14 +163,15 @@ def _checks(ix, root):
 
 
 _STEPS = {"indexing": _indexing, "queries": _queries, "drafting": _drafting,
-          "learning": _learning, "maintenance": _maintenance, "checks": _checks}
+          "learning": _learning, "maintenance": _maintenance, "checks": _checks,
+          "windows": _windows}
 
 #: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
 STEPS = tuple(_STEPS)
 
 #: What serving (``SuffixProposer``, the CLI's replay) calls; the rest (the
-#: index's query API, integrity and input checks, the prompt-lookup baseline)
-#: compiles on first use.
+#: index's query API, integrity and input checks, the prompt-lookup baseline,
+#: the device's windows) compiles on first use.
 SERVING = ("indexing", "drafting", "learning", "maintenance")
 
 
@@ -194,5 +218,5 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
-           propose.propose_batch, cal.learn,
+           propose.propose_batch, cal.learn, windows.build_batch, windows.one_token_paths,
            ngram.ngram_propose, token_checks.first_bad_token)
