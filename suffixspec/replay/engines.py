@@ -1,6 +1,7 @@
 """Proposers the replay can drive, all behind the ``Proposer`` protocol.
 
-``suffixspec`` is ours; ``arctic`` runs arctic-inference's SuffixDecodingCache
+``suffixspec`` is ours; ``suffixspec-device`` drafts as ``suffixspec.device``
+does on a GPU (windows one step old; needs torch); ``arctic`` runs arctic-inference's SuffixDecodingCache
 with the same knobs; ``vllm-gpu`` drafts as vLLM's own GPU suffix drafter
 (``native.vllm_suffix``); ``ngram`` is prompt lookup; ``oracle`` drafts the
 recorded output itself (the ceiling).
@@ -20,7 +21,7 @@ from suffixspec.proposer import SuffixProposer
 from suffixspec.stepcost import H100_8B, Roofline
 from suffixspec.tokens import as_token_ids
 
-ENGINES = ("suffixspec", "arctic", "vllm-gpu", "ngram", "oracle")
+ENGINES = ("suffixspec", "suffixspec-device", "arctic", "vllm-gpu", "ngram", "oracle")
 
 
 class _Contexts:
@@ -324,6 +325,14 @@ def make_proposer(engine: str, requests=None, max_depth: int = 64, max_spec_toke
         return SuffixProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
                               max_spec_factor=max_spec_factor, max_spec_offset=max_spec_offset,
                               min_token_prob=min_token_prob, tree=tree, **suffixspec_options)
+    if engine == "suffixspec-device":
+        from suffixspec.device.replay import DeviceWindowsProposer
+
+        return DeviceWindowsProposer(max_depth=max_depth, max_spec_tokens=max_spec_tokens,
+                                     max_spec_factor=max_spec_factor,
+                                     max_spec_offset=max_spec_offset,
+                                     min_token_prob=min_token_prob, corpus_tokens=corpus_tokens,
+                                     **suffixspec_options)
     if engine == "arctic":
         return ArcticProposer(max_depth, max_spec_tokens,
                               ARCTIC_SPEC_FACTOR if max_spec_factor is None else max_spec_factor,

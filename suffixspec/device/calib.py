@@ -1,0 +1,59 @@
+"""``native.calibration``'s buckets and probabilities in torch ops.
+
+The same formulas as the Numba kernels, elementwise over tensors of any
+shape, so the device scores candidates exactly as the host policy does.
+Counts ``n < 1`` give a clamped row (callers mask those tokens out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from suffixspec.native import calibration as cal
+
+
+def _steps(x: torch.Tensor, bounds, values) -> torch.Tensor:
+    """``values[k]`` for the first ``bounds[k] >= x``, else ``values[-1]``."""
+    out = torch.full_like(x, values[-1])
+    for bound, value in reversed(list(zip(bounds, values[:-1]))):
+        out = torch.where(x <= bound, torch.full_like(x, value), out)
+    return out
+
+
+def count_bucket(n: torch.Tensor) -> torch.Tensor:
+    return torch.where(n <= 2, n - 1, _steps(n, (4, 8, 16), (2, 3, 4, 5))).clamp(min=0)
+
+
+def match_bucket(m: torch.Tensor) -> torch.Tensor:
+    return torch.where(m <= 3, m, _steps(m, (5, 8, 15, 31), (4, 5, 6, 7, 8))).clamp(min=0)
+
+
+def depth_bucket(j: torch.Tensor) -> torch.Tensor:
+    return torch.where(j <= 2, j, _steps(j, (4, 8), (3, 4, 5))).clamp(min=0)
+
+
+def bucket(src, match_len, depth, c, n) -> torch.Tensor:
+    """Fine bucket (table row) of a token chosen by ``c`` of ``n``; ``src`` is
+    ``source + N_SRC * recent`` (``calibration.bucket``)."""
+    safe_n = n.clamp(min=1)
+    ratio = torch.where(c >= n, torch.full_like(c, cal.N_RATIO - 1),
+                        ((5 * c) // safe_n).clamp(0, cal.N_RATIO - 2))
+    recent = src // cal.N_SRC
+    shared = (count_bucket(n) * cal.N_RATIO + ratio) * cal.N_MATCH + match_bucket(match_len)
+    coarse = (src - cal.N_SRC * recent) * cal.N_SHARED + shared
+    fine = (cal.N_SHARED + cal.N_COARSE + (coarse * cal.N_RECENT + recent) * cal.N_DEPTH
+            + depth_bucket(depth))
+    return fine.clamp(0, cal.TABLE_ROWS - 1)
+
+
+def probability(table, weights, fine, c, n, matched) -> torch.Tensor:
+    """Estimated acceptance of a token of bucket ``fine`` (``calibration.probability``);
+    ``weights`` are the shared, coarse and fine prior weights (0-d tensors or floats)."""
+    ws, wc, wf = weights
+    coarse = cal.N_SHARED + (fine - cal.N_SHARED - cal.N_COARSE) // (cal.N_RECENT * cal.N_DEPTH)
+    shared = (coarse - cal.N_SHARED) % cal.N_SHARED
+    dtype = table.dtype
+    prior = c.to(dtype) / (n.to(dtype) + 1.0 / torch.sqrt(matched.clamp(min=1).to(dtype)))
+    ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
+    pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
+    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)

@@ -1,0 +1,197 @@
+"""The pool's recent outputs on the device, and the pool's one-token paths.
+
+Windows (``native.windows``) are built from the context one step before the
+device drafts from them.  When the engine's bonus token leaves every window
+(the last draft was rejected somewhere no branch window covers), the host
+policy would match a shorter suffix of the new context somewhere else in the
+pool; two device-resident tiers stand in for that, with no host work in the
+step:
+
+* ``DeviceCorpus``: the pool's newest outputs in a ring of tokens, indexed
+  by their last 2 and last 4 tokens (``native.vllm_suffix``'s layout: each
+  bucket keeps the newest occurrence in each of its last ``SLOTS``
+  documents).  A lookup extends every candidate to its longest suffix match
+  and lets the candidates vote token by token; each drafted token carries
+  its votes ``(c, n)``, which calibration scores like a trie's counts.
+* ``OneTokenPaths``: per token id, the pool's most frequent continuation of
+  that single token with its counts (``SuffixProposer.one_token_paths``),
+  compiled by the host now and then.
+
+Both are torch ops on any device (``native.vllm_suffix.corpus_draft`` is the
+Numba twin replay uses; the tests hold them equal).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from suffixspec.native.vllm_suffix import HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for
+
+__all__ = ["DeviceCorpus", "OneTokenPaths", "PROMPT_CONTEXT"]
+
+_KEYS = (4, 2)  # key lengths of table 0 and table 1
+
+
+def _bucket(hv: torch.Tensor, buckets: int) -> torch.Tensor:
+    return ((hv >> 29) ^ hv) & (buckets - 1)
+
+
+def _hashes(tokens: torch.Tensor, at: torch.Tensor, start: torch.Tensor | int, buckets: int):
+    """Buckets of the 2 and 4 tokens before each position ``at`` of ``tokens``
+    (a row per batch entry, or one row), newest first; tokens before ``start``
+    count as 0."""
+    hv = torch.zeros_like(at)
+    out = {}
+    for d in range(4):
+        src = at - 1 - d
+        t = torch.where(src >= start, tokens.gather(-1, src.clamp(min=0)), 0).to(torch.int64)
+        hv = (hv ^ t) * HASH_MUL
+        if d + 1 in _KEYS:
+            out[d + 1] = _bucket(hv, buckets)
+    return out[4], out[2]
+
+
+class DeviceCorpus:
+    """A ring of ``capacity`` tokens of finished outputs (documents separated
+    by -1) and its two hash tables, on ``device``.  ``head`` and ``docs`` are
+    host ints: documents come from the host, so the ring's bookkeeping needs
+    no read back."""
+
+    def __init__(self, capacity: int, device="cpu"):
+        self.capacity = int(capacity)
+        self.buckets = buckets_for(self.capacity)
+        self.tokens = torch.full((max(self.capacity, 1),), -1, dtype=torch.int32, device=device)
+        self.table = torch.full((2, self.buckets, SLOTS), -1, dtype=torch.int64, device=device)
+        self.head = 0
+        self.docs = 0
+
+    def ingest(self, doc: torch.Tensor) -> None:
+        """Append one document (int32 tokens on the device; the newest
+        ``capacity - 1`` of them) and index it (``vllm_suffix.ingest``)."""
+        cap = self.capacity
+        n = min(int(doc.shape[0]), cap - 1)
+        doc = doc[doc.shape[0] - n:]
+        if self.head + n + 1 > cap:
+            self.head = 0
+        head, slot = self.head, self.docs % SLOTS
+        self.tokens[head:head + n] = doc
+        self.tokens[head + n] = -1
+        if n:
+            j = torch.arange(n, device=doc.device)
+            val = (self.docs << 32) | (head + j)
+            b4, b2 = _hashes(doc, j, 0, self.buckets)
+            for t, (b, key) in enumerate(((b4, 4), (b2, 2))):
+                m = j >= key
+                flat = self.table[t, :, slot]
+                flat.scatter_reduce_(0, b[m], val[m], reduce="amax")
+                self.table[t, :, slot] = flat
+        self.head = head + n + 1
+        self.docs += 1
+
+    def draft(self, rows: torch.Tensor, total: torch.Tensor, depth: int, k: int):
+        """The corpus's draft for each context ``rows[b, :total[b]]``:
+        ``(match length, tokens, c, n)`` (``[B]``, ``[B, k]`` x3), length 0
+        when no candidate matches (``vllm_suffix.corpus_draft``)."""
+        dev = rows.device
+        b = rows.shape[0]
+        cap = self.capacity
+        total = total.to(torch.int64)
+        corpus = self.tokens.to(torch.int64)
+        b4, b2 = (h[:, 0] for h in _hashes(rows.to(torch.int64), total[:, None], 0,
+                                            self.buckets))
+        vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
+        c = vals.shape[1]
+        cand = torch.arange(c, device=dev)
+        key_len = torch.where(cand < SLOTS, 4, 2)
+        cpos = vals & 0xFFFFFFFF
+        d = torch.arange(depth, device=dev)
+        tail_at = total[:, None] - 1 - d                                     # [B, D]
+        tail = torch.where(tail_at >= 0, rows.to(torch.int64).gather(1, tail_at.clamp(min=0)), -2)
+        src = cpos[:, :, None] - 1 - d                                       # [B, C, D]
+        same = (src >= 0) & (vals[:, :, None] >= 0) & (corpus[src.clamp(0, cap - 1)]
+                                                        == tail[:, None, :])
+        c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]
+        nxt = torch.where(cpos < cap, corpus[cpos.clamp(max=cap - 1)], -1)
+        ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (total[:, None] >= key_len)
+        earlier = cand[:, None] < cand[None, :]                              # [i, j]: i < j
+        dup = (cpos[:, :, None] == cpos[:, None, :]) & ok[:, :, None] & earlier
+        ok = ok & ~dup.any(dim=1)
+        j = torch.arange(k, device=dev)
+        at = cpos[:, :, None] + j                                            # [B, C, K]
+        cont = torch.where(ok[:, :, None] & (at < cap), corpus[at.clamp(max=cap - 1)], -1)
+        cont = torch.where((cont >= 0).to(torch.int64).cumprod(dim=2).bool(), cont, -1)
+        # One chain per distinct match length (its first candidate).
+        same_len = (c_len[:, :, None] == c_len[:, None, :]) & ok[:, :, None] & earlier
+        first = ok & ~same_len.any(dim=1)                                    # [B, C]
+        alive = ok[:, None, :] & (c_len[:, None, :] >= c_len[:, :, None])    # [B, chain, C]
+        go = first & (c_len > 0)
+        cum = torch.ones(b, c, dtype=torch.float32, device=dev)
+        score = torch.zeros(b, c, dtype=torch.float32, device=dev)
+        chain = torch.zeros(b, c, k, dtype=torch.int64, device=dev)
+        votes = torch.zeros(b, c, k, 2, dtype=torch.int64, device=dev)
+        emitted = torch.zeros(b, c, dtype=torch.int64, device=dev)
+        for t in range(k):
+            col = cont[:, None, :, t].expand(b, c, c)                       # [B, chain, C]
+            has = alive & (col >= 0)
+            count = ((col[..., :, None] == col[..., None, :]) & has[..., None, :]).sum(dim=3)
+            count = torch.where(has, count, 0)
+            cmax = count.max(dim=2).values                                   # [B, chain]
+            newest = torch.where(has & (count == cmax[..., None]), vals[:, None, :], -1)
+            pick = newest.argmax(dim=2, keepdim=True)
+            tok = col.gather(2, pick)[..., 0]
+            go = go & (cmax > 0)
+            denom = alive.sum(dim=2).clamp(min=1)
+            cum = torch.where(go, cum * cmax.to(torch.float32) / denom.to(torch.float32), cum)
+            score = torch.where(go, score + cum, score)
+            chain[:, :, t] = torch.where(go, tok, 0)
+            votes[:, :, t, 0] = torch.where(go, cmax, 0)
+            votes[:, :, t, 1] = torch.where(go, denom, 0)
+            emitted += go
+            alive = alive & (col >= 0) & (col == tok[..., None])
+        # The best chain: the highest score, then the longer match, then the first.
+        score = torch.where(first, score, -1.0)
+        top = score.max(dim=1, keepdim=True).values
+        length = torch.where(first & (score == top), c_len, -1)
+        best = length.argmax(dim=1)
+        matched = first.any(dim=1)
+        length = torch.where(matched, c_len.gather(1, best[:, None])[:, 0], 0)
+        tokens = chain[torch.arange(b, device=dev), best]
+        v = votes[torch.arange(b, device=dev), best]
+        live = matched[:, None]
+        return length, tokens * live, v[..., 0] * live, v[..., 1] * live
+
+
+class OneTokenPaths:
+    """``SuffixProposer.one_token_paths`` on the device, a row per token id:
+    ``tokens``, ``c``, ``n`` (int32, ``[vocab_size, k]``; ``n`` 0: none)."""
+
+    def __init__(self, vocab_size: int, k: int, device="cpu"):
+        self.tokens = torch.full((vocab_size, k), -1, dtype=torch.int32, device=device)
+        self.c = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
+        self.n = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
+
+    def update(self, keys, tokens, c, n) -> None:
+        """Rows ``keys`` (token ids) take the paths the host walked (device tensors
+        or arrays, as ``one_token_paths`` returns them)."""
+        vocab, k = self.tokens.shape
+        keys = torch.as_tensor(keys, device=self.tokens.device).to(torch.int64)
+        ok = (keys >= 0) & (keys < vocab)
+        keys = keys.clamp(0, vocab - 1)
+        for mine, theirs in ((self.tokens, tokens), (self.c, c), (self.n, n)):
+            rows = torch.as_tensor(theirs, device=mine.device)[:, :k].to(torch.int32)
+            old = mine[keys]
+            mine[keys] = torch.where(ok[:, None], rows, old)
+
+    def draft(self, last: torch.Tensor):
+        """``(match length, tokens, c, n)`` of each row's last token ``last``."""
+        vocab, k = self.tokens.shape
+        if vocab == 0:
+            zero = torch.zeros(last.shape[0], k, dtype=torch.int64, device=last.device)
+            return torch.zeros_like(last, dtype=torch.int64), zero, zero, zero
+        inside = (last >= 0) & (last < vocab)
+        r = last.clamp(0, vocab - 1).to(torch.int64)
+        live = (inside & (self.n[r, 0] > 0)).to(torch.int64)
+        return (live, self.tokens[r].to(torch.int64) * live[:, None],
+                self.c[r].to(torch.int64) * live[:, None],
+                self.n[r].to(torch.int64) * live[:, None])

@@ -1,0 +1,286 @@
+"""One drafting step on the device, in torch ops: the reference implementation.
+
+``draft_step`` drafts for a batch of requests from their candidate windows
+(``layout.DeviceWindows``) and their own history, with no read back to the
+host: every size is a host int, no operation has a data-dependent shape.  It
+runs on CPU tensors in the tests and in replay, and is the oracle of the fused
+Triton kernel (``draft_triton``).
+
+Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
+:total_len[s]]``):
+
+1. **Outcome of the last draft.**  ``num_sampled[b] - 1`` of the slot's last
+   draft (``last_valid[s]`` tokens) were accepted: how it fared (``recent``)
+   is calibration's feature, as ``calibration.learn`` sets it on the host.
+2. **Align.**  If the context followed the window since it was built (its
+   ``t`` tokens since then match the window right after the head), it ends
+   ``t`` tokens into the path, and calibration sees the window's match
+   length plus ``t``.  Else the context ends where its longest suffix (at
+   most ``head`` tokens; the later of equals) ends in the window, at or past
+   the head and before the last token, and calibration sees that length.
+3. **Own history.**  The longest suffix of the context (at most
+   ``scan_depth`` tokens) that ends earlier in the context, the newest of
+   equals (vLLM's rule); its continuation counts as seen once.
+4. **Score.**  A candidate's next ``k`` tokens, each with its calibrated
+   probability (``calib``), a running product, kept while it beats the
+   threshold (and within the length cap): the gain is ``sum(p - thr)``.  The
+   candidate with the largest positive gain drafts (the lowest row of
+   equals; the own-history candidate last).
+5. **Write** drafts (unused slots repeat the last token), per-slot
+   confidences (each token's own acceptance estimate given the ones before
+   it, as vLLM's adaptive verification takes them; 0 past the draft), valid
+   counts, calibration buckets, and the slot state.
+
+Token ids at or past ``vocab_size`` and the -1 padding never reach a draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from suffixspec.native import calibration as cal
+from suffixspec.device import calib
+from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_THR, P_W_COARSE, P_W_FINE,
+                                      P_W_SHARED, W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE,
+                                      Calibration, DeviceWindows)
+
+#: ``StepOutputs.choice``: drafted from the own-history scan, the pool's device
+#: corpus, the pool's one-token paths; nothing drafted.
+FROM_SCAN = -2
+FROM_CORPUS = -3
+FROM_SHORT = -4
+FROM_NOTHING = -1
+
+
+@dataclass
+class StepOutputs:
+    """A step's drafts, in batch order (``[B, k]`` / ``[B]``): ``drafts``
+    (int64), ``conf`` (float32), ``num_valid`` (int32), ``probs`` (each
+    token's running product, float32), ``buckets`` (int32), ``choice`` (the
+    window row that drafted, or ``FROM_*``), ``match`` (the match length
+    calibration saw), ``last`` (each row's last token, int64: the filler)."""
+
+    drafts: torch.Tensor
+    conf: torch.Tensor
+    num_valid: torch.Tensor
+    probs: torch.Tensor
+    buckets: torch.Tensor
+    choice: torch.Tensor
+    match: torch.Tensor
+    last: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, k: int, device="cpu") -> StepOutputs:
+        def z(*shape, dtype=torch.int32):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(z(rows, k, dtype=torch.int64), z(rows, k, dtype=torch.float32), z(rows),
+                   z(rows, k, dtype=torch.float32), z(rows, k), z(rows), z(rows),
+                   z(rows, dtype=torch.int64))
+
+    def rows(self, b: int) -> StepOutputs:
+        return StepOutputs(*(getattr(self, f)[:b] for f in self.__dataclass_fields__))
+
+
+def recent_of(last_valid: torch.Tensor, num_sampled: torch.Tensor) -> torch.Tensor:
+    """How each slot's last draft fared (``calibration.RECENT_*``)."""
+    accepted = (num_sampled - 1).clamp(min=0)
+    return torch.where(last_valid <= 0, cal.RECENT_NONE,
+                       torch.where(accepted <= 0, cal.RECENT_REJECTED,
+                                   torch.where(accepted < last_valid, cal.RECENT_PARTLY,
+                                               cal.RECENT_WHOLLY))).to(torch.int32)
+
+
+def context_tail(hist, total, depth: int) -> torch.Tensor:
+    """``[B, depth]``: each row's last tokens, newest first (-2 before its start)."""
+    d = torch.arange(depth, device=hist.device)
+    at = total[:, None] - 1 - d[None, :]
+    return torch.where(at >= 0, hist.gather(1, at.clamp(min=0)), -2)
+
+
+def own_history_scan(hist, total, depth: int):
+    """``(length, end)`` per row: the longest suffix of ``hist[b, :total[b]]`` (at
+    most ``depth`` tokens) that also ends at an earlier ``end`` (the newest of
+    equals); length 0 when none (``native.vllm_suffix.local_match``)."""
+    rows, width = hist.shape
+    tail = context_tail(hist, total, depth)                        # [B, D]
+    pos = torch.arange(width, device=hist.device)                  # candidate ends
+    d = torch.arange(depth, device=hist.device)
+    src = pos[:, None] - 1 - d[None, :]                            # [L, D]
+    tok = hist[:, src.clamp(min=0)]                                # [B, L, D]
+    ok = (src[None] >= 0) & (tok == tail[:, None, :])
+    length = ok.to(torch.int64).cumprod(dim=2).sum(dim=2)          # [B, L]
+    live = (pos[None, :] >= 1) & (pos[None, :] < total[:, None])
+    score = torch.where(live & (length > 0), length * (width + 1) + pos[None, :], 0)
+    best = score.max(dim=1).values
+    length = best // (width + 1)
+    return length, torch.where(length > 0, best - length * (width + 1), 0)
+
+
+def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size: int):
+    """Probabilities and gains of candidates: ``tokens``/``c``/``n``/``valid``
+    ``[..., k]``, ``src``/``match`` ``[...]``.  Returns ``(q, p, kept, gain,
+    buckets)``: each token's estimate, running product, whether it is drafted,
+    the candidate's gain, the tokens' buckets."""
+    params = calibration.params
+    thr = params[P_THR]
+    k = tokens.shape[-1]
+    depth = torch.arange(k, device=tokens.device)
+    ok = valid & (c > 0) & (n > 0) & (tokens >= 0) & (tokens < vocab_size)
+    ok = ok.to(torch.int32).cumprod(dim=-1).bool()
+    m = match[..., None].expand_as(tokens)
+    fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n)
+    weights = (params[P_W_SHARED], params[P_W_COARSE], params[P_W_FINE])
+    q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m), 0.0)
+    p = q.cumprod(dim=-1)
+    # The length cap: match length * factor + offset tokens, when a factor is set.
+    cap = torch.where(params[P_FACTOR] >= 0,
+                      (match.to(p.dtype) * params[P_FACTOR] + params[P_OFFSET] + 1e-6).floor(),
+                      torch.full_like(match, k, dtype=p.dtype))
+    kept = ok & (p > thr) & (depth.to(p.dtype) < cap[..., None])
+    kept = kept.to(torch.int32).cumprod(dim=-1).bool()
+    gain = torch.where(kept, p - thr, 0.0).sum(dim=-1)
+    return q, p, kept, gain, fine
+
+
+#: Sources of the direct candidates (``direct_candidates``), in their order.
+DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS)
+
+
+def direct_candidates(rows_hist, total, k: int, scan, corpus=None, short=None):
+    """The candidates found apart from the windows, ``(tokens, c, n, match)``
+    (``[B, X, k]`` x3, ``[B, X]``; int64), in the order of ``DIRECT_SOURCES``:
+    the own history (``scan``: ``(length, end)``; a continuation seen once),
+    the pool's device corpus (``corpus``: its draft and votes), the pool's
+    one-token paths (``short``).  A missing one drafts nothing."""
+    b = total.shape[0]
+    dev = total.device
+    j = torch.arange(k, device=dev)
+    s_len, s_end = (x.to(torch.int64) for x in scan)
+    s_at = s_end[:, None] + j
+    one = ((s_len[:, None] > 0) & (s_at < total[:, None])).to(torch.int64)
+    tokens = [rows_hist.gather(1, s_at.clamp(max=rows_hist.shape[1] - 1)).to(torch.int64)]
+    counts, totals, matches = [one], [one], [s_len]
+    zero = torch.zeros(b, k, dtype=torch.int64, device=dev)
+    for extra in (corpus, short):
+        if extra is None:
+            extra = (torch.zeros(b, dtype=torch.int64, device=dev), zero, zero, zero)
+        e_len, e_tok, e_c, e_n = (x.to(torch.int64) for x in extra)
+        live = (e_len > 0)[:, None]
+        tokens.append(e_tok)
+        counts.append(e_c * live)
+        totals.append(e_n * live)
+        matches.append(e_len)
+    return (torch.stack(tokens, dim=1), torch.stack(counts, dim=1), torch.stack(totals, dim=1),
+            torch.stack(matches, dim=1))
+
+
+def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
+               calibration: Calibration, k: int, vocab_size: int, out: StepOutputs,
+               scan=None, scan_depth: int = 24, corpus=None, short=None,
+               fused=None) -> StepOutputs:
+    """Drafts for the batch rows ``idx`` (slots); see the module docstring.
+
+    ``hist`` (int32 ``[slots, max_len]``) and ``total_len`` (``[slots]``) are
+    the requests' tokens; ``num_sampled`` (``[B]``) the tokens the last step
+    emitted per row (0: the row is prefilling and gets no draft).  ``scan``:
+    the own-history match ``(length, end)`` per row, when computed apart
+    (replay does it in a Numba kernel); else computed here.  ``corpus``,
+    ``short``: the pool tiers' drafts (``corpus.DeviceCorpus.draft``,
+    ``corpus.OneTokenPaths.draft``).  ``fused``: what aligns, scores and
+    writes (``fused_ref``, or the Triton kernel's launcher).  Writes the
+    first ``B`` rows of ``out`` and returns them; updates the slots' state.
+    """
+    b = idx.shape[0]
+    slots = idx.to(torch.int64)
+    total = total_len[slots].to(torch.int64)
+    rows_hist = hist[slots]                                              # [B, L]
+    sampled = num_sampled.to(torch.int64)
+    recent = recent_of(windows.last_valid[slots], sampled)
+    tail = context_tail(rows_hist, total, windows.spec.head)             # [B, D]
+    if scan is None:
+        scan = own_history_scan(rows_hist, total, scan_depth)
+    direct = direct_candidates(rows_hist, total, k, scan, corpus, short)
+    o = out.rows(b)
+    (fused or fused_ref)(tail, total, sampled, recent, slots, windows, direct, calibration, k,
+                         vocab_size, o)
+    windows.recent[slots] = recent
+    windows.last_valid[slots] = o.num_valid
+    return o
+
+
+def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,
+              calibration: Calibration, k: int, vocab_size: int, o: StepOutputs) -> None:
+    """Align every window, score every candidate, keep the best, write ``o``:
+    steps 2, 4 and 5 of the module docstring, for the batch's ``slots``.
+    ``tail`` (``[B, head]``) is each context's last tokens, newest first;
+    ``direct`` the other candidates (``direct_candidates``).  The Triton
+    kernel (``draft_triton``) does this in one launch."""
+    spec = windows.spec
+    b = slots.shape[0]
+    dev = tail.device
+    head = spec.head
+    width = spec.width
+    wt = windows.tokens[slots].to(torch.int64)                           # [B, R, W]
+    meta = windows.meta[slots].to(torch.int64)                           # [B, R, F]
+    w_head, w_len = meta[..., W_HEAD], meta[..., W_LEN]
+    e = torch.arange(width, device=dev)
+    d = torch.arange(head, device=dev)
+    at = e[:, None] - d[None, :]                                         # [W, D]
+    same = (at >= 0) & (wt[:, :, at.clamp(min=0)] == tail[:, None, None, :])
+    length = same.to(torch.int64).cumprod(dim=3).sum(dim=3)              # [B, R, W]
+    # Where the context now ends in the window if it followed the window since
+    # it was built: its tokens since then all match there.
+    followed = total[:, None] - meta[..., W_AT]                         # [B, R]
+    e_at = w_head - 1 + followed
+    inside = (followed >= 0) & (e_at + 1 < w_len)
+    at_len = length.gather(2, e_at.clamp(0, width - 1)[..., None])[..., 0]
+    on_path = inside & (at_len >= torch.minimum(e_at + 1, torch.full_like(e_at, head)))
+    # Else the longest match anywhere past the head (the later of equals).
+    fits = (e >= w_head[..., None] - 1) & (e + 1 < w_len[..., None]) & (length > 0)
+    score = torch.where(fits, length * (width + 1) + e, -1).max(dim=2).values
+    aligned = on_path | (score >= 0)
+    a_len = torch.where(score >= 0, score // (width + 1), 0)
+    a_end = torch.where(on_path, e_at, torch.where(score >= 0, score - a_len * (width + 1), 0))
+    match = torch.where(on_path, meta[..., W_MATCH] + followed, a_len)
+    match = torch.minimum(match, calibration.params[P_DEPTH].to(torch.int64))
+    j = torch.arange(k, device=dev)
+    at = a_end[..., None] + 1 + j                                        # [B, R, K]
+    inside = aligned[..., None] & (at < w_len[..., None])
+    at = at.clamp(max=width - 1)
+
+    d_tok, d_c, d_n, d_match = direct
+    tokens = torch.cat([wt.gather(2, at), d_tok], dim=1)                 # [B, C, K]
+    counts = torch.cat([windows.c[slots].to(torch.int64).gather(2, at) * inside, d_c], dim=1)
+    totals = torch.cat([windows.n[slots].to(torch.int64).gather(2, at) * inside, d_n], dim=1)
+    match = torch.cat([match, d_match], dim=1)                           # [B, C]
+    sources = torch.tensor(DIRECT_SOURCES, device=dev).expand(b, -1)
+    src = torch.cat([meta[..., W_SOURCE], sources], dim=1) + cal.N_SRC * recent[:, None]
+    q, p, kept, gain, fine = _score(tokens, counts, totals,
+                                    torch.ones_like(tokens, dtype=torch.bool), src, match,
+                                    calibration, vocab_size)
+
+    # The best candidate: windows in row order, then the others in order.
+    best = gain.argmax(dim=1)                                            # the first of equals
+    drafts_ok = (gain.gather(1, best[:, None])[:, 0] > 0) & (sampled > 0)
+    pick = best[:, None, None].expand(b, 1, k)
+
+    def chosen(x):
+        return x.gather(1, pick)[:, 0]
+
+    kept = chosen(kept) & drafts_ok[:, None]
+    tokens, q, p, fine = chosen(tokens), chosen(q), chosen(p), chosen(fine)
+    rows = spec.rows
+    match_all = match.gather(1, best[:, None])[:, 0]
+    kind = torch.where(best < rows, best, FROM_SCAN - (best - rows))
+    last = tail[:, 0].clamp(min=0)
+    o.drafts.copy_(torch.where(kept, tokens, last[:, None]))
+    o.conf.copy_(torch.where(kept, q, 0.0).to(torch.float32))
+    o.probs.copy_(torch.where(kept, p, 0.0).to(torch.float32))
+    o.num_valid.copy_(kept.sum(dim=1).to(torch.int32))
+    o.buckets.copy_(torch.where(kept, fine, 0).to(torch.int32))
+    o.choice.copy_(torch.where(drafts_ok, kind, FROM_NOTHING).to(torch.int32))
+    o.match.copy_(torch.where(drafts_ok, match_all, 0).to(torch.int32))
+    o.last.copy_(last)

@@ -1,0 +1,94 @@
+"""What the device keeps per request slot, and the sizes that fix it.
+
+Each request slot ``s`` of the engine (a row of MRV2's ``RequestState``) holds
+``rows`` candidate windows of ``width`` tokens (``native.windows``), the slot's
+epoch (bumped whenever a new request takes the slot, so an update built for
+the slot's last request is dropped), how many tokens its last draft held and
+how that draft fared (``recent``, calibration's feature).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from suffixspec.native import calibration as cal
+from suffixspec.native.windows import W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH, W_SOURCE  # noqa: F401
+
+#: A window's head (the context's last tokens, which the device lines up) is at
+#: most this share of its width.
+HEAD_SHARE = 4
+
+# ``params`` (float32, shape [PARAMS]): what the host sets each step.
+P_THR = 0        # the cost threshold a drafted token's probability must beat
+P_FACTOR = 1     # draft length cap: match length * factor + offset (-1: none)
+P_OFFSET = 2
+P_DEPTH = 3      # the trie depth: the longest match length calibration sees
+P_W_SHARED = 4   # calibration's prior weights (``calibration.ST_W_*``)
+P_W_COARSE = 5
+P_W_FINE = 6
+PARAMS = 7
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Sizes of the device state: ``rows`` windows of ``width`` tokens per slot,
+    drafts of ``k`` tokens, an own-history scan of matches up to ``scan_depth``
+    tokens (vLLM's drafter scans 24)."""
+
+    rows: int = 8
+    width: int = 64
+    k: int = 16
+    scan_depth: int = 24
+
+    def __post_init__(self):
+        if self.rows < 1 or self.k < 1 or self.scan_depth < 1:
+            raise ValueError("rows, k and scan_depth must be positive")
+        if self.width < 2 * HEAD_SHARE:
+            raise ValueError(f"a window must hold at least {2 * HEAD_SHARE} tokens")
+
+    @property
+    def head(self) -> int:
+        return self.width // HEAD_SHARE
+
+
+class DeviceWindows:
+    """Per-slot windows and state on ``device``: ``tokens``, ``c``, ``n``
+    (int32, ``[slots, rows, width]``), ``meta`` (int32, ``[slots, rows,
+    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``)."""
+
+    def __init__(self, spec: WindowSpec, slots: int, device="cpu"):
+        self.spec = spec
+        shape = (slots, spec.rows, spec.width)
+        self.tokens = torch.full(shape, -1, dtype=torch.int32, device=device)
+        self.c = torch.zeros(shape, dtype=torch.int32, device=device)
+        self.n = torch.zeros(shape, dtype=torch.int32, device=device)
+        self.meta = torch.zeros(slots, spec.rows, W_FIELDS, dtype=torch.int32, device=device)
+        self.epoch = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.last_valid = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.recent = torch.full((slots,), cal.RECENT_NONE, dtype=torch.int32, device=device)
+
+    def reset(self, slots) -> None:
+        """Slots that a new request takes: no windows, no last draft."""
+        self.meta[slots] = 0
+        self.last_valid[slots] = 0
+        self.recent[slots] = cal.RECENT_NONE
+
+
+class Calibration:
+    """The calibration table on the device (``table``: ``[TABLE_ROWS, 2]``)
+    and ``params`` (``P_*``), in ``dtype``."""
+
+    def __init__(self, device="cpu", dtype=torch.float32):
+        self.table = torch.zeros(cal.TABLE_ROWS, 2, dtype=dtype, device=device)
+        self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
+
+    def host_params(self, state, thr: float, factor: float, offset: float, depth: int):
+        """``params`` as a host list, from calibration's ``state`` and the step's threshold."""
+        out = [0.0] * PARAMS
+        out[P_THR], out[P_FACTOR], out[P_OFFSET], out[P_DEPTH] = thr, factor, offset, depth
+        out[P_W_SHARED] = float(state[cal.ST_W_SHARED])
+        out[P_W_COARSE] = float(state[cal.ST_W_COARSE])
+        out[P_W_FINE] = float(state[cal.ST_W_FINE])
+        return out

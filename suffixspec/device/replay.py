@@ -1,0 +1,256 @@
+"""The replay engine ``suffixspec-device``: drafting on the device, as serving would.
+
+Every step drafts with ``draft_ref.draft_step`` on CPU tensors, from the
+windows the host built at the *previous* step (the feeder's windows are one
+step old when the device uses them), and from the request's own history.
+Between steps the host indexes what was emitted, scores the device's drafts
+(calibration learns from them, ``SuffixProposer.adopt_drafts``) and builds the
+next windows from the context as it is now.  So replay measures what the
+staleness of windows costs against drafting on the host, before any kernel
+or engine work (``bench/device_gate.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+
+from suffixspec.draft import Draft
+from suffixspec.native import calibration as cal
+from suffixspec.native import layout as lay
+from suffixspec.native.warmup import warmup
+from suffixspec.native import vllm_suffix as gpu
+from suffixspec.native.vllm_suffix import local_match
+from suffixspec.proposer import SuffixProposer
+from suffixspec.tokens import as_token_ids
+from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_SCAN, FROM_SHORT, StepOutputs,
+                                         draft_step)
+from suffixspec.device.corpus import OneTokenPaths
+from suffixspec.device.fit import fit_batch
+from suffixspec.device.layout import P_THR, Calibration, DeviceWindows, WindowSpec
+
+
+class DeviceWindowsProposer:
+    """Drafts as ``suffixspec.device`` does on a GPU, behind the proposer protocol.
+
+    ``stale``: steps between building windows and drafting from them (1, as
+    serving; 0 drafts from windows of the same step).  ``branch_points``:
+    branch windows per request.  ``scan``: the own-history candidate.  The
+    remaining settings are ``SuffixProposer``'s (the host policy).  A
+    ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
+    to it on the device (``fit.fit_batch``), as the host proposer does.
+    """
+
+    def __init__(self, spec: WindowSpec | None = None, stale: int = 1, branch_points: int = 4,
+                 scan: bool = True, slots: int = 8, max_len: int = 4096,
+                 corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18, **settings):
+        self.host = SuffixProposer(**settings)
+        warmup(steps=("windows",))
+        k = self.host.max_spec_tokens
+        self.spec = spec or WindowSpec(k=k)
+        if self.spec.k != k:
+            raise ValueError(f"window spec drafts {self.spec.k} tokens, the proposer {k}")
+        if stale not in (0, 1):
+            raise ValueError("stale must be 0 or 1")
+        self.stale = stale
+        self.branch_points = branch_points
+        self.use_scan = scan
+        self.max_spec_tokens = k
+        self.calibration = Calibration(dtype=torch.float64)
+        self.calibration.table = torch.from_numpy(self.host.stats.table)  # shared, learned here
+        self._slot: dict[Hashable, int] = {}
+        self._free = list(range(slots - 1, -1, -1))
+        self._emitted: dict[Hashable, int] = {}
+        self._alloc(slots, max_len)
+        self._staged = lay.windows(slots, self.spec.rows, self.spec.width)
+        self.counts = {"window": 0, "scan": 0, "corpus": 0, "short": 0, "none": 0}
+        self.corpus = np.full(max(corpus_tokens, 0), -1, np.int32)
+        self.table = np.full((2, gpu.buckets_for(corpus_tokens) if corpus_tokens else 1,
+                              gpu.SLOTS), -1, np.int64)
+        self.head = np.zeros(2, np.int64)
+        self._prompt_len: dict[Hashable, int] = {}
+        self.short = OneTokenPaths(vocab_size, self.spec.k)
+        self._changed: list[np.ndarray] = []  # tokens whose one-token paths changed
+
+    @property
+    def step_cost(self):
+        return self.host.step_cost
+
+    @step_cost.setter
+    def step_cost(self, cost) -> None:
+        self.host.step_cost = cost
+
+    def _alloc(self, slots: int, max_len: int) -> None:
+        old = getattr(self, "hist", None)
+        hist = np.zeros((slots, max_len), np.int32)
+        total = np.zeros(slots, np.int32)
+        windows = DeviceWindows(self.spec, slots)
+        if old is not None:
+            n, m = old.shape
+            hist[:n, :m] = old
+            total[:n] = self.total
+            for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent"):
+                getattr(windows, name)[:n] = getattr(self.windows, name)
+        self.hist, self.total, self.windows = hist, total, windows
+        self.out = StepOutputs.empty(slots, self.spec.k)
+
+    # ------------------------------------------------------------ lifecycle
+    def start_request(self, req_id, prompt_token_ids) -> None:
+        prompt = as_token_ids(prompt_token_ids)
+        self.host.start_request(req_id, prompt)
+        if not self._free:
+            n = self.hist.shape[0]
+            self._alloc(2 * n, self.hist.shape[1])
+            self._free = list(range(2 * n - 1, n - 1, -1))
+            self._staged = lay.windows(2 * n, self.spec.rows, self.spec.width)
+        slot = self._free.pop()
+        self._slot[req_id] = slot
+        self.total[slot] = 0
+        self.windows.reset(slot)
+        self._append(slot, prompt)
+        self._emitted[req_id] = 1
+        self._prompt_len[req_id] = prompt.shape[0]
+        if self.stale:  # windows ready before the first step, as the feeder builds them
+            self._build([req_id])
+
+    def _append(self, slot: int, tokens: np.ndarray) -> None:
+        n = int(self.total[slot])
+        need = n + tokens.shape[0]
+        if need > self.hist.shape[1]:
+            self._alloc(self.hist.shape[0], max(2 * self.hist.shape[1], need))
+        self.hist[slot, n:need] = tokens
+        self.total[slot] = need
+
+    def extend(self, req_id, token_ids) -> None:
+        tokens = as_token_ids(token_ids)
+        self.host.extend(req_id, tokens)
+        slot = self._slot[req_id]
+        if tokens.shape[0]:
+            # The output grows in the pool: the paths of its tokens, and of the
+            # ``k`` before them (a path is ``k`` tokens long), change.
+            end = int(self.total[slot])
+            self._changed.append(self.hist[slot, max(end - self.spec.k, 0):end])
+            self._changed.append(tokens)
+        self._append(slot, tokens)
+        self._emitted[req_id] = max(tokens.shape[0], 1)
+
+    def finish_request(self, req_id) -> None:
+        self.host.finish_request(req_id)
+        slot = self._slot[req_id]
+        if self.corpus.shape[0]:
+            start = max(self._prompt_len[req_id] - gpu.PROMPT_CONTEXT, 0)
+            gpu.ingest(self.corpus, self.table, self.head, self.hist[slot], start,
+                       int(self.total[slot]))
+        self._release(req_id)
+
+    def abort_request(self, req_id) -> None:
+        self.host.abort_request(req_id)
+        self._release(req_id)
+
+    def _release(self, req_id) -> None:
+        self._free.append(self._slot.pop(req_id))
+        del self._emitted[req_id], self._prompt_len[req_id]
+
+    def index_memory(self):
+        return self.host.index_memory()
+
+    # ------------------------------------------------------------- drafting
+    def _build(self, req_ids) -> None:
+        """Windows for ``req_ids`` from their contexts now (the feeder's work)."""
+        b = len(req_ids)
+        staged = self._staged
+        self.host.candidate_windows(req_ids, staged, self.branch_points)
+        slots = torch.as_tensor([self._slot[r] for r in req_ids], dtype=torch.int64)
+        w = self.windows
+        w.tokens[slots] = torch.from_numpy(staged.tokens[:b])
+        w.c[slots] = torch.from_numpy(staged.c[:b])
+        w.n[slots] = torch.from_numpy(staged.n[:b])
+        w.meta[slots] = torch.from_numpy(staged.meta[:b])
+
+    def propose(self, req_ids: Sequence[Hashable], max_spec_tokens=None) -> list[Draft]:
+        b = len(req_ids)
+        if b == 0:
+            return []
+        if not self.stale:
+            self._build(req_ids)
+            self._update_short()
+        host = self.host
+        thr = 0.0 if getattr(host.step_cost, "admit", None) is not None else float(
+            cal.threshold(host.stats.state))
+        self.calibration.params[:] = torch.as_tensor(self.calibration.host_params(
+            host.stats.state, max(thr, host.min_token_prob), host.max_spec_factor,
+            host.max_spec_offset, host.max_depth), dtype=torch.float64)
+        slots = np.array([self._slot[r] for r in req_ids], np.int64)
+        sampled = torch.as_tensor([self._emitted[r] for r in req_ids], dtype=torch.int64)
+        scan = self._scan(slots) if self.use_scan else (torch.zeros(b, dtype=torch.int64),) * 2
+        out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
+                         torch.from_numpy(slots), sampled, self.windows, self.calibration,
+                         self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
+                         corpus=self._corpus(slots),
+                         short=self.short.draft(torch.from_numpy(self.hist[slots, self.total[slots] - 1])))
+        if getattr(host.step_cost, "admit", None) is not None:
+            fit_batch(out, host.step_cost)
+            self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid
+        n = out.num_valid.numpy().astype(np.int64)
+        if max_spec_tokens is not None:
+            n = np.minimum(n, np.broadcast_to(np.asarray(max_spec_tokens), (b,)))
+        tokens = out.drafts.numpy().astype(np.int32)
+        probs = out.probs.numpy()
+        choice = out.choice.numpy()
+        match = out.match.numpy()
+        host.adopt_drafts(req_ids, tokens, out.buckets.numpy(), n)
+        if self.stale:  # for the next step
+            self._build(req_ids)
+            self._update_short()
+        drafts = []
+        for i in range(b):
+            m = int(n[i])
+            kind = ("none" if m == 0 else "scan" if choice[i] == FROM_SCAN
+                    else "corpus" if choice[i] == FROM_CORPUS
+                    else "short" if choice[i] == FROM_SHORT else "window")
+            self.counts[kind] += 1
+            if m == 0:
+                drafts.append(Draft(match_len=int(match[i])))
+                continue
+            p = probs[i, :m].copy()
+            drafts.append(Draft(tokens[i, :m].copy(), np.arange(-1, m - 1, dtype=np.int32), p,
+                                float(p.sum()), int(match[i]), kind))
+        return drafts
+
+    def _corpus(self, slots: np.ndarray):
+        """The device corpus's draft of each row (``vllm_suffix.corpus_draft``)."""
+        b, k = slots.shape[0], self.spec.k
+        length = np.zeros(b, np.int64)
+        tokens = np.zeros((b, k), np.int64)
+        votes = np.zeros((b, k, 2), np.int64)
+        if self.corpus.shape[0] == 0 or self.head[1] == 0:
+            return tuple(torch.from_numpy(x) for x in (length, tokens, votes[..., 0],
+                                                       votes[..., 1]))
+        for i, s in enumerate(slots):
+            length[i], _ = gpu.corpus_draft(self.hist[s], int(self.total[s]), self.corpus,
+                                            self.table, self.spec.scan_depth, k, tokens[i],
+                                            votes[i])
+        return (torch.from_numpy(length), torch.from_numpy(tokens),
+                torch.from_numpy(votes[..., 0].copy()), torch.from_numpy(votes[..., 1].copy()))
+
+    def _update_short(self) -> None:
+        """One-token paths of the tokens that the pool's open outputs gained."""
+        if not self._changed or self.short.tokens.shape[0] == 0:
+            self._changed.clear()
+            return
+        tokens = np.concatenate(self._changed)
+        self._changed.clear()
+        self.short.update(*self.host.one_token_paths(self.spec.k, self.short.tokens.shape[0],
+                                                     tokens))
+
+    def _scan(self, slots: np.ndarray):
+        """The own-history match of each row (``vllm_suffix.local_match``, as the
+        device's scan kernel finds it)."""
+        length = np.zeros(slots.shape[0], np.int64)
+        end = np.zeros(slots.shape[0], np.int64)
+        for i, s in enumerate(slots):
+            length[i], end[i] = local_match(self.hist[s], int(self.total[s]),
+                                            self.spec.scan_depth)
+        return torch.from_numpy(length), torch.from_numpy(end)

@@ -1,0 +1,121 @@
+"""Brute-force twins of the device drafting step, written from its docstring
+in plain Python loops (``suffixspec.device.draft_ref``): the oracle its torch
+ops and the Triton kernel are held to."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from suffixspec.native import calibration as cal
+
+FROM_SCAN, FROM_NOTHING = -2, -1
+
+
+def probability(table, weights, src, m, depth, c, n):
+    fine = int(cal.bucket(src, m, depth, c, n))
+    coarse = int(cal.coarse_of(fine))
+    shared = int(cal.shared_of(fine))
+    ws, wc, wf = weights
+    prior = c / (n + 1.0 / np.sqrt(max(m, 1)))
+    ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
+    pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
+    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf), fine
+
+
+def recent_of(last_valid, sampled):
+    accepted = max(sampled - 1, 0)
+    if last_valid <= 0:
+        return cal.RECENT_NONE
+    if accepted <= 0:
+        return cal.RECENT_REJECTED
+    return cal.RECENT_PARTLY if accepted < last_valid else cal.RECENT_WHOLLY
+
+
+def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab):
+    """(gain, drafted tokens, q per token, p per token, buckets) of one candidate."""
+    cap = k if factor < 0 else int(np.floor(m * factor + offset + 1e-6))
+    prob, gain = 1.0, 0.0
+    out, qs, ps, fines = [], [], [], []
+    for j in range(k):
+        if j >= len(tokens):
+            break
+        t, cj, nj = tokens[j], c[j], n[j]
+        if not (cj > 0 and nj > 0 and 0 <= t < vocab):
+            break
+        q, fine = probability(table, weights, src, m, j, cj, nj)
+        p = prob * q
+        if not (p > thr and j < cap):
+            break
+        prob = p
+        gain += p - thr
+        out.append(t)
+        qs.append(q)
+        ps.append(p)
+        fines.append(fine)
+    return gain, out, qs, ps, fines
+
+
+def local_match(row, total, depth):
+    best_len, best_pos = 0, 0
+    for pos in range(1, total):
+        m = 0
+        while m < depth and pos - 1 - m >= 0 and row[pos - 1 - m] == row[total - 1 - m]:
+            m += 1
+        if m > 0 and (m > best_len or (m == best_len and pos > best_pos)):
+            best_len, best_pos = m, pos
+    return best_len, best_pos
+
+
+def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
+              k, vocab, head, scan_depth=24, extra=()):
+    """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
+    [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
+    n, match, source)`` after the scan.  Returns ``(tokens, q, p, buckets,
+    choice, match, recent)``."""
+    recent = recent_of(last_valid, sampled)
+    cands = []
+    for tokens, c, n, meta in windows:
+        source, base, w_head, w_len, w_at = meta
+
+        def matched(e):
+            length = 0
+            while (length < head and e - length >= 0 and length < len(ctx)
+                   and tokens[e - length] == ctx[-1 - length]):
+                length += 1
+            return length
+
+        followed = len(ctx) - w_at
+        e = w_head - 1 + followed
+        if followed >= 0 and e + 1 < w_len and matched(e) >= min(e + 1, head):
+            m = base + followed
+        else:
+            best = None
+            for e in range(len(tokens)):
+                if e >= w_head - 1 and e + 1 < w_len and matched(e) > 0:
+                    if best is None or (matched(e), e) > best:
+                        best = (matched(e), e)
+            if best is None:
+                cands.append(None)
+                continue
+            m, e = best
+        m = min(m, depth)
+        span = slice(e + 1, w_len)
+        cands.append((list(tokens[span]), list(c[span]), list(n[span]), m, source))
+    s_len, s_end = local_match(ctx, len(ctx), scan_depth)
+    s_tok = list(ctx[s_end:s_end + k]) if s_len > 0 else []
+    cands.append((s_tok, [1] * len(s_tok), [1] * len(s_tok), s_len, cal.SRC_REQUEST))
+    cands.extend(extra)
+    best, best_gain = None, 0.0
+    for i, cand in enumerate(cands):
+        if cand is None:
+            continue
+        tokens, c, n, m, source = cand
+        result = score(tokens, c, n, source + cal.N_SRC * recent, m, k, table, weights, thr,
+                       factor, offset, vocab)
+        if result[0] > best_gain:
+            best, best_gain = (i, result, m), result[0]
+    if best is None or sampled <= 0:
+        return [], [], [], [], FROM_NOTHING, 0, recent
+    i, (gain, out, qs, ps, fines), m = best
+    choice = i if i < len(windows) else FROM_SCAN - (i - len(windows))
+    return out, qs, ps, fines, choice, m, recent

@@ -1,0 +1,301 @@
+"""Drafting on the device, in torch ops, against brute force and the host policy.
+
+``suffixspec.device`` runs on CPU tensors here: the same functions a GPU runs
+(the Triton kernel is held to them in ``test_device_triton``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from suffixspec import SuffixProposer  # noqa: E402
+from suffixspec.device import calib  # noqa: E402
+from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths  # noqa: E402
+from suffixspec.device.draft_ref import (StepOutputs, draft_step, own_history_scan,  # noqa: E402
+                                         recent_of)
+from suffixspec.device.fit import fit_batch  # noqa: E402
+from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec,  # noqa: E402
+                                      W_HEAD, W_LEN)
+from suffixspec.native import calibration as cal  # noqa: E402
+from suffixspec.native import layout as lay  # noqa: E402
+from suffixspec.native import vllm_suffix as gpu  # noqa: E402
+from suffixspec.stepcost import H100_8B, Roofline  # noqa: E402
+
+import naive_device as naive  # noqa: E402
+
+SLOW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _table(rng) -> np.ndarray:
+    tried = rng.integers(0, 40, size=cal.TABLE_ROWS).astype(np.float64)
+    return np.stack([np.floor(tried * rng.random(cal.TABLE_ROWS)), tried], axis=1)
+
+
+def test_the_calibration_port_equals_the_kernels():
+    rng = np.random.default_rng(3)
+    table = _table(rng)
+    state = cal.new_state(0.03)
+    n = rng.integers(1, 40, 2000)
+    c = np.minimum(rng.integers(1, 40, 2000), n)
+    m = rng.integers(0, 70, 2000)
+    depth = rng.integers(0, 16, 2000)
+    src = rng.integers(0, cal.N_SRC * cal.N_RECENT, 2000)
+    t = {k: torch.from_numpy(v) for k, v in dict(n=n, c=c, m=m, depth=depth, src=src).items()}
+    fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"])
+    weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
+    prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"])
+    for i in range(2000):
+        f = cal.bucket(src[i], m[i], depth[i], c[i], n[i])
+        assert fine[i] == f
+        assert prob[i].item() == pytest.approx(cal.probability(table, state, f, c[i], n[i], m[i]),
+                                               rel=1e-12)
+
+
+@FAST
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=60), st.integers(1, 8))
+def test_the_own_history_scan_is_vllms_rule(tokens, depth):
+    row = np.asarray(tokens, np.int32)
+    hist = torch.from_numpy(np.pad(row, (0, 5), constant_values=-7))[None]
+    length, end = own_history_scan(hist, torch.tensor([row.shape[0]]), depth)
+    assert (length.item(), end.item()) == gpu.local_match(row, row.shape[0], depth)
+
+
+@SLOW
+@given(st.data())
+def test_the_device_corpus_drafts_as_its_numba_twin(data):
+    """Ingest and draft in torch ops equal ``vllm_suffix``'s kernels, votes included."""
+    capacity = data.draw(st.sampled_from([16, 40, 200]))
+    docs = data.draw(st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=12))
+    corpus = DeviceCorpus(capacity)
+    ring = np.full(capacity, -1, np.int32)
+    table = np.full((2, gpu.buckets_for(capacity), gpu.SLOTS), -1, np.int64)
+    head = np.zeros(2, np.int64)
+    for doc in docs:
+        d = np.asarray(doc, np.int32)
+        corpus.ingest(torch.from_numpy(d))
+        gpu.ingest(ring, table, head, d, 0, d.shape[0])
+    assert corpus.tokens.numpy().tolist() == ring.tolist()
+    assert corpus.table.numpy().tolist() == table.tolist()
+    assert (corpus.head, corpus.docs) == (head[0], head[1])
+    ctx = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=20)), np.int32)
+    k, depth = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
+    length, tokens, c, n = corpus.draft(torch.from_numpy(ctx)[None], torch.tensor([len(ctx)]),
+                                        depth, k)
+    chain = np.zeros(k, np.int64)
+    votes = np.zeros((k, 2), np.int64)
+    g_len, g_n = gpu.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
+    assert length.item() == g_len
+    if g_len:
+        assert tokens[0, :g_n].tolist() == chain[:g_n].tolist()
+        assert c[0].tolist() == votes[:, 0].tolist() and n[0].tolist() == votes[:, 1].tolist()
+        assert (c[0, g_n:] == 0).all()
+
+
+def _random_windows(data, rows: int, width: int, vocab: int):
+    windows = []
+    for _ in range(rows):
+        size = data.draw(st.integers(0, width))
+        tokens = data.draw(st.lists(st.integers(-1, vocab - 1), min_size=size, max_size=size))
+        head = data.draw(st.integers(0, size)) if size else 0
+        c = [0] * head + data.draw(st.lists(st.integers(0, 5), min_size=size - head,
+                                            max_size=size - head))
+        n = [0] * head + [ci + data.draw(st.integers(0, 3)) for ci in c[head:]]
+        meta = [data.draw(st.integers(0, cal.N_SRC - 1)), data.draw(st.integers(0, 40)), head,
+                size, data.draw(st.integers(0, 40))]
+        pad = width - size
+        windows.append((tokens + [-1] * pad, c + [0] * pad, n + [0] * pad, meta))
+    return windows
+
+
+@SLOW
+@given(st.data())
+def test_draft_step_is_its_brute_force(data):
+    """Tiny vocabularies (windows overlap the context everywhere), empty and
+    short windows, -1 padding, prefilling rows, poisoned outputs."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    vocab = data.draw(st.integers(2, 5))
+    spec = WindowSpec(rows=data.draw(st.integers(1, 3)), width=data.draw(st.sampled_from([8, 16])),
+                      k=data.draw(st.integers(1, 6)), scan_depth=data.draw(st.integers(1, 6)))
+    b = data.draw(st.integers(1, 3))
+    slots = 4
+    hist = np.full((slots, 40), -9, np.int32)
+    total = np.zeros(slots, np.int32)
+    dw = DeviceWindows(spec, slots)
+    table = _table(rng)
+    calibration = Calibration(dtype=torch.float64)
+    calibration.table = torch.from_numpy(table)
+    thr = data.draw(st.sampled_from([0.0, 0.05, 0.3]))
+    factor = data.draw(st.sampled_from([-1.0, 0.5, 2.0]))
+    params = calibration.host_params(cal.new_state(0.0), thr, factor, 0.0, 64)
+    calibration.params[:] = torch.tensor(params, dtype=torch.float64)
+    idx = data.draw(st.lists(st.integers(0, slots - 1), min_size=b, max_size=b, unique=True))
+    sampled = data.draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))
+    expected = []
+    for i, s in enumerate(idx):
+        ctx = data.draw(st.lists(st.integers(0, vocab), min_size=1, max_size=40))
+        hist[s, :len(ctx)] = ctx
+        total[s] = len(ctx)
+        wins = _random_windows(data, spec.rows, spec.width, vocab + 1)
+        for r, (t, c, n, meta) in enumerate(wins):
+            dw.tokens[s, r] = torch.tensor(t)
+            dw.c[s, r] = torch.tensor(c)
+            dw.n[s, r] = torch.tensor(n)
+            dw.meta[s, r] = torch.tensor(meta)
+        last_valid = data.draw(st.integers(0, spec.k))
+        dw.last_valid[s] = last_valid
+        expected.append(naive.draft_row(
+            ctx, sampled[i], last_valid,
+            [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
+            table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
+            spec.scan_depth))
+    out = StepOutputs.empty(b + 1, spec.k)
+    for field in out.__dataclass_fields__:
+        getattr(out, field).fill_(77)  # poison: every written value must be the step's
+    got = draft_step(torch.from_numpy(hist), torch.from_numpy(total), torch.tensor(idx),
+                     torch.tensor(sampled), dw, calibration, spec.k, vocab, out,
+                     scan_depth=spec.scan_depth)
+    for i, (tokens, qs, ps, fines, choice, m, recent) in enumerate(expected):
+        n = got.num_valid[i].item()
+        assert n == len(tokens)
+        assert got.drafts[i, :n].tolist() == tokens
+        last = int(hist[idx[i], total[idx[i]] - 1])
+        assert got.drafts[i, n:].tolist() == [last] * (spec.k - n)
+        assert got.conf[i, :n].tolist() == pytest.approx(qs, rel=1e-6)
+        assert got.probs[i, :n].tolist() == pytest.approx(ps, rel=1e-6)
+        assert (got.conf[i, n:] == 0).all() and (got.probs[i, n:] == 0).all()
+        assert got.buckets[i, :n].tolist() == fines
+        assert (got.choice[i].item(), got.match[i].item()) == (choice, m)
+        assert dw.recent[idx[i]].item() == recent and dw.last_valid[idx[i]].item() == n
+    assert (out.drafts[b] == 77).all()  # rows past the batch untouched
+
+
+@SLOW
+@given(st.data())
+def test_fresh_windows_draft_exactly_as_the_host(data):
+    """With windows built from the context as it is (and nothing else to draft
+    from), the device drafts the host policy's own path: the same tokens, the
+    same calibrated probabilities.  Where the trie's depth ends the host's
+    path, the window goes on (it matches again), and so may the draft."""
+    vocab = data.draw(st.integers(2, 6))
+    k = data.draw(st.integers(1, 8))
+    spec = WindowSpec(rows=4, width=32, k=k)
+    prop = SuffixProposer(max_depth=data.draw(st.sampled_from([8, 16, 64])), max_spec_tokens=k,
+                          draft_cost=data.draw(st.sampled_from([0.0, 0.03, 0.2])))
+    past = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=30),
+                              max_size=4))
+    for i, out in enumerate(past):
+        prop.start_request(f"p{i}", data.draw(st.lists(st.integers(0, vocab - 1), max_size=5)))
+        prop.extend(f"p{i}", out)
+        prop.finish_request(f"p{i}")
+    ctxs = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=40),
+                              min_size=1, max_size=3))
+    ids = [f"r{i}" for i in range(len(ctxs))]
+    for r, ctx in zip(ids, ctxs):
+        prop.start_request(r, ctx)
+    staged = lay.windows(len(ids), spec.rows, spec.width)
+    prop.candidate_windows(ids, staged, branch_points=0)
+    dw = DeviceWindows(spec, len(ids))
+    for name in ("tokens", "c", "n", "meta"):
+        getattr(dw, name)[:] = torch.from_numpy(getattr(staged, name))
+    calibration = Calibration(dtype=torch.float64)
+    calibration.table = torch.from_numpy(prop.stats.table)
+    thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
+    calibration.params[:] = torch.tensor(calibration.host_params(
+        prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset, prop.max_depth),
+        dtype=torch.float64)
+    width = max(len(c) for c in ctxs)
+    hist = torch.tensor([c + [0] * (width - len(c)) for c in ctxs], dtype=torch.int32)
+    nothing = torch.zeros(len(ids), dtype=torch.int64)
+    got = draft_step(hist, torch.tensor([len(c) for c in ctxs]), torch.arange(len(ids)),
+                     torch.ones(len(ids), dtype=torch.int64), dw, calibration, k, 1 << 30,
+                     StepOutputs.empty(len(ids), k), scan=(nothing, nothing))
+    for i, d in enumerate(prop.propose(ids)):
+        n = len(d)
+        assert got.drafts[i, :n].tolist() == d.token_ids.tolist()
+        assert got.probs[i, :n].tolist() == pytest.approx(d.probs.tolist(), rel=1e-6)
+        if got.num_valid[i].item() != n:
+            assert got.num_valid[i].item() > n and d.match_len + n >= prop.max_depth - 1
+
+
+def test_a_branch_window_drafts_after_the_context_takes_the_branch():
+    prop = SuffixProposer(max_spec_tokens=4, draft_cost=0.0)
+    for i, out in enumerate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], [1, 2, 9, 8, 7, 6]]):
+        prop.start_request(f"p{i}", [0])
+        prop.extend(f"p{i}", out)
+        prop.finish_request(f"p{i}")
+    prop.start_request("r", [0, 1])
+    spec = WindowSpec(rows=4, width=16, k=4)
+    staged = lay.windows(1, spec.rows, spec.width)
+    assert prop.candidate_windows(["r"], staged, branch_points=2) >= 2
+    dw = DeviceWindows(spec, 1)
+    for name in ("tokens", "c", "n", "meta"):
+        getattr(dw, name)[:] = torch.from_numpy(getattr(staged, name))
+    calibration = Calibration(dtype=torch.float64)
+    calibration.params[:] = torch.tensor(calibration.host_params(
+        prop.stats.state, 0.0, -1.0, 0.0, 64), dtype=torch.float64)
+    hist = torch.tensor([[0, 1, 2, 9]], dtype=torch.int32)  # the draft [2, 3...] lost at 9
+    zero = torch.zeros(1, dtype=torch.int64)
+    got = draft_step(hist, torch.tensor([4]), torch.tensor([0]), torch.tensor([2]), dw,
+                     calibration, 4, 100, StepOutputs.empty(1, 4), scan=(zero, zero))
+    assert got.drafts[0, :got.num_valid[0]].tolist() == [8, 7, 6]
+    assert got.choice[0].item() >= 1  # a branch window, not the best one
+
+
+def test_one_token_paths_are_the_pools_most_frequent_continuations():
+    prop = SuffixProposer(max_spec_tokens=4)
+    for i, out in enumerate([[5, 6, 7, 8], [5, 6, 7, 9], [5, 1, 2], [3, 4]]):
+        prop.start_request(f"p{i}", [0])
+        prop.extend(f"p{i}", out)
+        prop.finish_request(f"p{i}")
+    keys, tokens, c, n = prop.one_token_paths(4, 16)
+    assert sorted(keys.tolist()) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    paths = {int(t): (tokens[r].tolist(), c[r].tolist(), n[r].tolist())
+             for r, t in enumerate(keys)}
+    assert paths[5][0][:2] == [6, 7] and paths[5][1][:2] == [2, 2] and paths[5][2][:2] == [3, 2]
+    assert paths[3][0][0] == 4 and paths[8][2][0] == 0  # nothing follows 8
+    some = prop.one_token_paths(4, 16, tokens=[5, 5, 3, 99])
+    assert some[0].tolist() == [3, 5] and some[1][1].tolist() == paths[5][0]
+    table = OneTokenPaths(16, 4)
+    table.update(keys, tokens, c, n)
+    hit, t, tc, tn = table.draft(torch.tensor([5, 15, 3, 8]))
+    assert hit.tolist() == [1, 0, 1, 0]
+    assert t[0, :2].tolist() == [6, 7] and (t[1] == 0).all() and tc[2, 0].item() == 1
+
+
+@FAST
+@given(st.lists(st.lists(st.floats(0.01, 1.0), max_size=6), min_size=1, max_size=6))
+def test_the_device_fit_is_the_rooflines(rows):
+    k = 6
+    probs = np.zeros((len(rows), k), np.float32)
+    n = np.zeros(len(rows), np.int32)
+    for i, r in enumerate(rows):
+        p = np.cumprod(np.asarray(r, np.float32))
+        probs[i, :len(r)] = p
+        n[i] = len(r)
+    out = StepOutputs.empty(len(rows), k)
+    out.probs.copy_(torch.from_numpy(probs))
+    out.conf.copy_(torch.from_numpy(probs))
+    out.num_valid.copy_(torch.from_numpy(n))
+    out.drafts.fill_(3)
+    out.last.fill_(9)
+    roofline = Roofline(flat=1.0, per_token=0.2)
+    fit_batch(out, roofline)
+    flat = np.sort(probs[np.arange(k)[None, :] < n[:, None]])[::-1]
+    assert out.num_valid.sum().item() == roofline.admit(len(rows), flat)
+    for i in range(len(rows)):
+        m = out.num_valid[i].item()
+        assert (out.drafts[i, m:] == 9).all() and (out.drafts[i, :m] == 3).all()
+
+
+def test_recent_follows_the_last_draft():
+    got = recent_of(torch.tensor([0, 3, 3, 3]), torch.tensor([1, 1, 2, 4]))
+    assert got.tolist() == [cal.RECENT_NONE, cal.RECENT_REJECTED, cal.RECENT_PARTLY,
+                            cal.RECENT_WHOLLY]
+    assert H100_8B.flat > 0
+    assert W_HEAD != W_LEN
