@@ -1,0 +1,250 @@
+"""The device drafting step's fused kernel in Triton: align, score, choose, write.
+
+``fused_triton`` takes what ``draft_ref.fused_ref`` takes and writes what it
+writes, in one launch of one program per batch row: every window is lined up
+with the context (a ``[width, head]`` block of comparisons, its run of
+matches counted by a cumulative sum), every candidate (windows, then the
+direct ones) is scored with the calibration table, the best kept.  Every size
+is a host int or a ``tl.constexpr``: nothing is read back to the host.
+
+``draft_ref.fused_ref`` is its oracle (``tests/test_device_triton.py`` runs
+both under ``TRITON_INTERPRET=1`` on CPU tensors, and compiles the kernel for
+sm_90).  Not yet run on a GPU: ``bench/device_check.py`` does that when one
+is lent.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from suffixspec.device.draft_ref import DIRECT_SOURCES, FROM_NOTHING, FROM_SCAN
+from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_THR, P_W_COARSE, P_W_FINE,
+                                      P_W_SHARED, W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH,
+                                      W_SOURCE, Calibration, DeviceWindows)
+from suffixspec.native import calibration as cal
+
+
+@triton.jit
+def _count_bucket(n):
+    return tl.where(n <= 2, n - 1, tl.where(n <= 4, 2, tl.where(n <= 8, 3,
+                                                                   tl.where(n <= 16, 4, 5))))
+
+
+@triton.jit
+def _match_bucket(m):
+    return tl.where(m <= 3, m, tl.where(m <= 5, 4, tl.where(m <= 8, 5, tl.where(
+        m <= 15, 6, tl.where(m <= 31, 7, 8)))))
+
+
+@triton.jit
+def _depth_bucket(j):
+    return tl.where(j <= 2, j, tl.where(j <= 4, 3, tl.where(j <= 8, 4, 5)))
+
+
+@triton.jit
+def _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K: tl.constexpr,
+           N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
+           N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
+           N_COARSE: tl.constexpr, ROWS: tl.constexpr):
+    """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``)."""
+    thr = tl.load(params_ptr + 0)
+    factor = tl.load(params_ptr + 1)
+    offset = tl.load(params_ptr + 2)
+    ws = tl.load(params_ptr + 4)
+    wc = tl.load(params_ptr + 5)
+    wf = tl.load(params_ptr + 6)
+    ok = (c > 0) & (n > 0) & (tok >= 0) & (tok < vocab) & (j < K)
+    ok = tl.cumsum((~ok).to(tl.int32), axis=0) == 0
+    safe_n = tl.maximum(n, 1)
+    ratio = tl.where(c >= n, N_RATIO - 1, tl.minimum(tl.maximum((5 * c) // safe_n, 0),
+                                                      N_RATIO - 2))
+    recent = src // N_SRC
+    shared = ((tl.maximum(_count_bucket(n), 0) * N_RATIO + ratio) * N_MATCH
+              + tl.maximum(_match_bucket(m), 0))
+    coarse = (src - N_SRC * recent) * N_SHARED + shared
+    fine = N_SHARED + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(j)
+    fine = tl.minimum(tl.maximum(fine, 0), ROWS - 1)
+    coarse_row = N_SHARED + (fine - N_SHARED - N_COARSE) // (N_RECENT * N_DEPTH)
+    shared_row = (coarse_row - N_SHARED) % N_SHARED
+    mf = tl.maximum(m, 1).to(tl.float32)
+    prior = c.to(tl.float32) / (n.to(tl.float32) + 1.0 / tl.sqrt_rn(mf))
+    ps = (tl.load(table_ptr + 2 * shared_row) + ws * prior) / (
+        tl.load(table_ptr + 2 * shared_row + 1) + ws)
+    pc = (tl.load(table_ptr + 2 * coarse_row) + wc * ps) / (
+        tl.load(table_ptr + 2 * coarse_row + 1) + wc)
+    q = (tl.load(table_ptr + 2 * fine) + wf * pc) / (tl.load(table_ptr + 2 * fine + 1) + wf)
+    q = tl.where(ok, q, 0.0)
+    p = tl.cumprod(q, axis=0)
+    cap = tl.where(factor >= 0, tl.floor(m.to(tl.float32) * factor + offset + 1e-6),
+                   K * 1.0)
+    kept = ok & (p > thr) & (j.to(tl.float32) < cap)
+    kept = tl.cumsum((~kept).to(tl.int32), axis=0) == 0
+    gain = tl.sum(tl.where(kept, p - thr, 0.0), axis=0)
+    return q, p, kept, gain, fine
+
+
+@triton.jit
+def _fused_kernel(
+    tail_ptr,        # *int64  [B, D]  each context's last tokens, newest first (-2: none)
+    total_ptr,       # *int64  [B]
+    sampled_ptr,     # *int64  [B]
+    recent_ptr,      # *int64  [B]
+    slots_ptr,       # *int64  [B]
+    win_tok_ptr,     # *int32  [S, R, W]
+    win_c_ptr,       # *int32  [S, R, W]
+    win_n_ptr,       # *int32  [S, R, W]
+    win_meta_ptr,    # *int32  [S, R, F]
+    d_tok_ptr,       # *int64  [B, X, K]
+    d_c_ptr,         # *int64  [B, X, K]
+    d_n_ptr,         # *int64  [B, X, K]
+    d_match_ptr,     # *int64  [B, X]
+    d_src_ptr,       # *int64  [X]
+    table_ptr,       # *fp32   [ROWS, 2]
+    params_ptr,      # *fp32   [PARAMS]
+    drafts_ptr,      # *int64  [B, K]  (out)
+    conf_ptr,        # *fp32   [B, K]  (out)
+    probs_ptr,       # *fp32   [B, K]  (out)
+    valid_ptr,       # *int32  [B]     (out)
+    buckets_ptr,     # *int32  [B, K]  (out)
+    choice_ptr,      # *int32  [B]     (out)
+    match_ptr,       # *int32  [B]     (out)
+    last_ptr,        # *int64  [B]     (out)
+    vocab,
+    R: tl.constexpr, W: tl.constexpr, D: tl.constexpr, F: tl.constexpr, X: tl.constexpr,
+    K: tl.constexpr, K_PO2: tl.constexpr,
+    M_SOURCE: tl.constexpr, M_MATCH: tl.constexpr, M_HEAD: tl.constexpr, M_LEN: tl.constexpr,
+    M_AT: tl.constexpr, FROM_SCAN: tl.constexpr, FROM_NOTHING: tl.constexpr,
+    N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
+    N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
+    N_COARSE: tl.constexpr, ROWS: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + b)
+    total = tl.load(total_ptr + b)
+    sampled = tl.load(sampled_ptr + b)
+    recent = tl.load(recent_ptr + b)
+    depth = tl.load(params_ptr + 3).to(tl.int64)
+    e = tl.arange(0, W).to(tl.int64)
+    d = tl.arange(0, D).to(tl.int64)
+    j = tl.arange(0, K_PO2).to(tl.int64)
+    tail = tl.load(tail_ptr + b * D + d)
+    at = e[:, None] - d[None, :]                                             # [W, D]
+
+    best_gain = tl.zeros((), tl.float32)
+    best = tl.full((), -1, tl.int64)
+    best_m = tl.zeros((), tl.int64)
+    best_tok = tl.zeros([K_PO2], tl.int64)
+    best_q = tl.zeros([K_PO2], tl.float32)
+    best_p = tl.zeros([K_PO2], tl.float32)
+    best_kept = tl.zeros([K_PO2], tl.int1)
+    best_fine = tl.zeros([K_PO2], tl.int64)
+    for r in range(R):
+        row = (slot * R + r) * W
+        meta = win_meta_ptr + (slot * R + r) * F
+        w_src = tl.load(meta + M_SOURCE).to(tl.int64)
+        w_match = tl.load(meta + M_MATCH).to(tl.int64)
+        w_head = tl.load(meta + M_HEAD).to(tl.int64)
+        w_len = tl.load(meta + M_LEN).to(tl.int64)
+        w_at = tl.load(meta + M_AT).to(tl.int64)
+        tok2 = tl.load(win_tok_ptr + row + at, mask=at >= 0, other=-1).to(tl.int64)
+        miss = ((at < 0) | (tok2 != tail[None, :])).to(tl.int32)
+        length = tl.sum((tl.cumsum(miss, axis=1) == 0).to(tl.int64), axis=1)   # [W]
+        followed = total - w_at
+        e_at = w_head - 1 + followed
+        inside = (followed >= 0) & (e_at + 1 < w_len)
+        at_len = tl.sum(tl.where(e == e_at, length, 0), axis=0)
+        on_path = inside & (at_len >= tl.minimum(e_at + 1, D))
+        fits = (e >= w_head - 1) & (e + 1 < w_len) & (length > 0)
+        score = tl.max(tl.where(fits, length * (W + 1) + e, -1), axis=0)
+        found = score >= 0
+        a_len = tl.where(found, score // (W + 1), 0)
+        a_end = tl.where(on_path, e_at, tl.where(found, score - a_len * (W + 1), 0))
+        m = tl.minimum(tl.where(on_path, w_match + followed, a_len), depth)
+        pos = a_end + 1 + j
+        # (a scalar condition joins a block through where: the interpreter's & would not)
+        ins = tl.where(on_path | found, (pos < w_len) & (pos < W) & (j < K), False)
+        tok = tl.load(win_tok_ptr + row + pos, mask=ins, other=-1).to(tl.int64)
+        c = tl.load(win_c_ptr + row + pos, mask=ins, other=0).to(tl.int64)
+        n = tl.load(win_n_ptr + row + pos, mask=ins, other=0).to(tl.int64)
+        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * recent, m, j, table_ptr,
+                                        params_ptr, vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT,
+                                        N_DEPTH, N_SHARED, N_COARSE, ROWS)
+        take = gain > best_gain
+        best_gain = tl.where(take, gain, best_gain)
+        best = tl.where(take, r, best)
+        best_m = tl.where(take, m, best_m)
+        best_tok = tl.where(take, tok, best_tok)
+        best_q = tl.where(take, q, best_q)
+        best_p = tl.where(take, p, best_p)
+        best_kept = tl.where(take, kept, best_kept)
+        best_fine = tl.where(take, fine, best_fine)
+    for x in range(X):
+        base = (b * X + x) * K
+        tok = tl.load(d_tok_ptr + base + j, mask=j < K, other=-1)
+        c = tl.load(d_c_ptr + base + j, mask=j < K, other=0)
+        n = tl.load(d_n_ptr + base + j, mask=j < K, other=0)
+        m = tl.load(d_match_ptr + b * X + x)
+        src = tl.load(d_src_ptr + x) + N_SRC * recent
+        q, p, kept, gain, fine = _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K,
+                                        N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH, N_SHARED,
+                                        N_COARSE, ROWS)
+        take = gain > best_gain
+        best_gain = tl.where(take, gain, best_gain)
+        best = tl.where(take, R + x, best)
+        best_m = tl.where(take, m, best_m)
+        best_tok = tl.where(take, tok, best_tok)
+        best_q = tl.where(take, q, best_q)
+        best_p = tl.where(take, p, best_p)
+        best_kept = tl.where(take, kept, best_kept)
+        best_fine = tl.where(take, fine, best_fine)
+
+    ok = (best >= 0) & (sampled > 0)
+    kept = tl.where(ok, best_kept & (j < K), False)
+    last = tl.maximum(tl.sum(tl.where(d == 0, tail, 0), axis=0), 0)
+    out = b * K + j
+    tl.store(drafts_ptr + out, tl.where(kept, best_tok, last), mask=j < K)
+    tl.store(conf_ptr + out, tl.where(kept, best_q, 0.0), mask=j < K)
+    tl.store(probs_ptr + out, tl.where(kept, best_p, 0.0), mask=j < K)
+    tl.store(buckets_ptr + out, tl.where(kept, best_fine, 0).to(tl.int32), mask=j < K)
+    tl.store(valid_ptr + b, tl.sum(kept.to(tl.int32), axis=0))
+    kind = tl.where(best < R, best, FROM_SCAN - (best - R))
+    tl.store(choice_ptr + b, tl.where(ok, kind, FROM_NOTHING).to(tl.int32))
+    tl.store(match_ptr + b, tl.where(ok, best_m, 0).to(tl.int32))
+    tl.store(last_ptr + b, last)
+
+
+def constexprs(windows: DeviceWindows, k: int) -> dict:
+    """The kernel's compile-time sizes for ``windows`` and drafts of ``k`` tokens."""
+    spec = windows.spec
+    return dict(R=spec.rows, W=spec.width, D=spec.head, F=W_FIELDS, X=len(DIRECT_SOURCES), K=k,
+                K_PO2=triton.next_power_of_2(k), M_SOURCE=W_SOURCE, M_MATCH=W_MATCH,
+                M_HEAD=W_HEAD, M_LEN=W_LEN, M_AT=W_AT, FROM_SCAN=FROM_SCAN,
+                FROM_NOTHING=FROM_NOTHING, N_SRC=cal.N_SRC, N_RATIO=cal.N_RATIO,
+                N_MATCH=cal.N_MATCH, N_RECENT=cal.N_RECENT, N_DEPTH=cal.N_DEPTH,
+                N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS)
+
+
+def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,
+                 calibration: Calibration, k: int, vocab_size: int, o) -> None:
+    """``draft_ref.fused_ref`` in one launch (float32 calibration)."""
+    spec = windows.spec
+    if not (triton.next_power_of_2(spec.width) == spec.width
+            and triton.next_power_of_2(spec.head) == spec.head):
+        raise ValueError("the Triton kernel needs a power-of-two window width")
+    b = slots.shape[0]
+    d_tok, d_c, d_n, d_match = (x.contiguous() for x in direct)
+    src = torch.tensor(DIRECT_SOURCES, dtype=torch.int64, device=tail.device)
+    table = calibration.table.to(torch.float32).contiguous()
+    params = calibration.params.to(torch.float32).contiguous()
+    _fused_kernel[(b,)](
+        tail.contiguous(), total.contiguous(), sampled.contiguous(),
+        recent.to(torch.int64).contiguous(), slots.contiguous(), windows.tokens, windows.c,
+        windows.n, windows.meta, d_tok, d_c, d_n, d_match, src, table, params,
+        o.drafts, o.conf, o.probs, o.num_valid, o.buckets, o.choice, o.match, o.last,
+        vocab_size, **constexprs(windows, k), num_warps=4)
+
+
+__all__ = ["fused_triton", "P_DEPTH", "P_FACTOR", "P_OFFSET", "P_THR", "P_W_COARSE",
+           "P_W_FINE", "P_W_SHARED"]
