@@ -80,6 +80,21 @@ def interpret(cases: int) -> dict:
             if not same:
                 mismatches.append({"case": case, "field": field, "want": a.tolist(),
                                    "got": b.tolist()})
+    from suffixspec.device.draft_ref import own_history_scan
+    from suffixspec.device.draft_triton import scan_triton
+
+    for case in range(cases):
+        width = int(rng.choice([8, 40, 300]))
+        hist = torch.from_numpy(rng.integers(0, int(rng.integers(1, 4)), (5, width))).to(
+            torch.int32)
+        slots = torch.from_numpy(rng.choice(5, 3, replace=False)).to(torch.int64)
+        total = torch.from_numpy(rng.integers(1, width + 1, 3)).to(torch.int64)
+        depth = int(rng.integers(1, 9))
+        want = own_history_scan(hist[slots], total, depth)
+        got = scan_triton(hist, total, slots, depth, block=16)
+        if not all(torch.equal(a, b) for a, b in zip(want, got)):
+            mismatches.append({"case": case, "field": "scan", "want": [w.tolist() for w in want],
+                               "got": [g.tolist() for g in got]})
     return {"cases": cases, "rows": rows, "mismatches": mismatches}
 
 
@@ -106,9 +121,16 @@ def compile_sm90() -> dict:
     signature = {n: ("constexpr" if n in consts else types[n]) for n in names}
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    scan = triton.compile(ASTSource(
+        fn=dt._scan_kernel, signature={"hist_ptr": "*i32", "hist_stride": "i64",
+                                       "slots_ptr": "*i64", "total_ptr": "*i64",
+                                       "best_ptr": "*i64", "NB": "constexpr",
+                                       "DEPTH": "constexpr", "BLOCK": "constexpr"},
+        constexprs={"NB": 128, "DEPTH": 24, "BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
     return {"target": "cuda:90", "cubin_bytes": len(compiled.asm["cubin"]),
             "shared_bytes": int(compiled.metadata.shared),
-            "registers": int(getattr(compiled, "n_regs", 0) or 0)}
+            "scan_cubin_bytes": len(scan.asm["cubin"]),
+            "scan_shared_bytes": int(scan.metadata.shared)}
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def _child(mode: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_the_kernel_writes_what_the_reference_writes():
+def test_the_kernels_write_what_the_reference_writes():
+    """The fused kernel, and the own-history scan kernel against ``own_history_scan``."""
     got = _child("interpret", "60")
     assert got["cases"] == 60 and got["rows"] > 60
     assert got["mismatches"] == [], got["mismatches"][:3]
@@ -43,5 +44,6 @@ def test_the_kernel_writes_what_the_reference_writes():
 
 def test_the_kernel_compiles_for_sm90():
     got = _child("compile")
-    assert got["target"] == "cuda:90" and got["cubin_bytes"] > 0
-    assert got["shared_bytes"] <= 228 * 1024  # an H100's shared memory per block
+    assert got["target"] == "cuda:90" and got["cubin_bytes"] > 0 and got["scan_cubin_bytes"] > 0
+    for shared in (got["shared_bytes"], got["scan_shared_bytes"]):
+        assert shared <= 228 * 1024  # an H100's shared memory per block

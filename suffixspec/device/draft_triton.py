@@ -215,6 +215,52 @@ def _fused_kernel(
     tl.store(last_ptr + b, last)
 
 
+@triton.jit
+def _scan_kernel(
+    hist_ptr,        # *int32  [S, L]  the requests' tokens
+    hist_stride,
+    slots_ptr,       # *int64  [B]
+    total_ptr,       # *int64  [B]
+    best_ptr,        # *int64  [B, NB]  (out) per block: length * (L + 1) + end, 0: none
+    NB: tl.constexpr, DEPTH: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per (row, block of end positions): the longest suffix of the context (at
+    most ``DEPTH`` tokens) that also ends at an earlier position of the
+    block, packed with that position so that one max picks the longest, then
+    the newest."""
+    b = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1).to(tl.int64)
+    row = hist_ptr + tl.load(slots_ptr + b) * hist_stride
+    total = tl.load(total_ptr + b)
+    radix = hist_stride + 1
+    end = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    live = (end >= 1) & (end < total)
+    length = tl.zeros([BLOCK], tl.int64)
+    for t in range(DEPTH):
+        want = tl.load(row + total - 1 - t, mask=total - 1 - t >= 0, other=-2)
+        at = end - 1 - t
+        live = tl.where(total - 1 - t >= 0, live & (at >= 0), False)
+        tok = tl.load(row + at, mask=live, other=-1)
+        live = live & (tok == want)
+        length += live.to(tl.int64)
+    score = tl.where(length > 0, length * radix + end, 0)
+    tl.store(best_ptr + b * NB + blk, tl.max(score, axis=0))
+
+
+def scan_triton(hist, total, slots, depth: int, block: int = 256):
+    """``draft_ref.own_history_scan`` for rows ``slots`` of ``hist`` in one launch
+    (``total`` per row): ``(length, end)``."""
+    b, width = slots.shape[0], hist.shape[1]
+    blocks = triton.cdiv(width, block)
+    best = torch.zeros(b, blocks, dtype=torch.int64, device=hist.device)
+    _scan_kernel[(b, blocks)](hist, hist.stride(0), slots.contiguous(),
+                              total.to(torch.int64).contiguous(), best, NB=blocks, DEPTH=depth,
+                              BLOCK=block, num_warps=4)
+    top = best.max(dim=1).values
+    length = top // (width + 1)
+    return length, torch.where(length > 0, top - length * (width + 1), 0)
+
+
 def constexprs(windows: DeviceWindows, k: int) -> dict:
     """The kernel's compile-time sizes for ``windows`` and drafts of ``k`` tokens."""
     spec = windows.spec
