@@ -80,13 +80,15 @@ def test_the_device_corpus_drafts_as_its_numba_twin(data):
         d = np.asarray(doc, np.int32)
         corpus.ingest(torch.from_numpy(d))
         gpu.ingest(ring, table, head, d, 0, d.shape[0])
-    assert corpus.tokens.numpy().tolist() == ring.tolist()
+    assert corpus.tokens[:capacity].numpy().tolist() == ring.tolist()
     assert corpus.table.numpy().tolist() == table.tolist()
     assert (corpus.head, corpus.docs) == (head[0], head[1])
     ctx = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=20)), np.int32)
     k, depth = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
-    length, tokens, c, n = corpus.draft(torch.from_numpy(ctx)[None], torch.tensor([len(ctx)]),
-                                        depth, k)
+    from suffixspec.device.draft_ref import context_tail
+
+    tail = context_tail(torch.from_numpy(ctx)[None], torch.tensor([len(ctx)]), max(depth, 4))
+    length, tokens, c, n = corpus.draft(tail, depth, k)
     chain = np.zeros(k, np.int64)
     votes = np.zeros((k, 2), np.int64)
     g_len, g_n = gpu.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
@@ -202,7 +204,7 @@ def test_fresh_windows_draft_exactly_as_the_host(data):
     prop.candidate_windows(ids, staged, branch_points=0)
     dw = DeviceWindows(spec, len(ids))
     for name in ("tokens", "c", "n", "meta"):
-        getattr(dw, name)[:] = torch.from_numpy(getattr(staged, name))
+        getattr(dw, name)[:len(staged.tokens)] = torch.from_numpy(getattr(staged, name))
     calibration = Calibration(dtype=torch.float64)
     calibration.table = torch.from_numpy(prop.stats.table)
     thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
@@ -235,7 +237,7 @@ def test_a_branch_window_drafts_after_the_context_takes_the_branch():
     assert prop.candidate_windows(["r"], staged, branch_points=2) >= 2
     dw = DeviceWindows(spec, 1)
     for name in ("tokens", "c", "n", "meta"):
-        getattr(dw, name)[:] = torch.from_numpy(getattr(staged, name))
+        getattr(dw, name)[:len(staged.tokens)] = torch.from_numpy(getattr(staged, name))
     calibration = Calibration(dtype=torch.float64)
     calibration.params[:] = torch.tensor(calibration.host_params(
         prop.stats.state, 0.0, -1.0, 0.0, 64), dtype=torch.float64)

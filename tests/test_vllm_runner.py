@@ -85,11 +85,20 @@ def test_mrv2_contract_holds_on_the_installed_vllm():
     assert contract.mrv2_problems(contract.vllm_root()) == []
 
 
-def test_mrv2_with_tensor_parallelism_falls_back_to_vllms_drafter(monkeypatch, caplog):
+def test_mrv2_with_tensor_parallelism_needs_a_speculator_that_broadcasts(monkeypatch, caplog):
     """Every MRV2 rank would draft on its own and ranks can draft apart: with
-    more than one tensor-parallel rank suffixspec's speculator stands aside,
-    says so in one line, and vLLM's own drafter serves."""
+    more than one tensor-parallel rank a speculator that does not broadcast
+    rank 0's work stands aside, says so in one line, and vLLM's own drafter
+    serves.  suffixspec's device speculator broadcasts its payload."""
     import vllm.v1.worker.gpu.spec_decode as spec_decode
+
+    import suffixspec.integrations.vllm.device_speculator as device
+
+    class Lone:  # a speculator without a broadcast
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("built with tensor parallelism")
+
+    monkeypatch.setattr(device, "DeviceSuffixSpeculator", Lone)
 
     built = []
 
@@ -111,5 +120,8 @@ def test_mrv2_with_tensor_parallelism_falls_back_to_vllms_drafter(monkeypatch, c
     assert built == ["vllm", "vllm"]
     lines = [r for r in caplog.records if "tensor parallelism" in r.getMessage()]
     assert len(lines) == 1 and "2 ranks" in lines[0].getMessage()
-    assert not runner.refuse_tensor_parallel(
-        SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1)))
+    one = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1))
+    assert not runner.refuse_tensor_parallel(one, Lone)
+    monkeypatch.undo()
+    assert device.DeviceSuffixSpeculator.broadcasts
+    assert not runner.refuse_tensor_parallel(cfg, device.DeviceSuffixSpeculator)

@@ -61,7 +61,8 @@ class DeviceCorpus:
     def __init__(self, capacity: int, device="cpu"):
         self.capacity = int(capacity)
         self.buckets = buckets_for(self.capacity)
-        self.tokens = torch.full((max(self.capacity, 1),), -1, dtype=torch.int32, device=device)
+        # One more token: the trash position of ``put``'s unused entries.
+        self.tokens = torch.full((self.capacity + 1,), -1, dtype=torch.int32, device=device)
         self.table = torch.full((2, self.buckets, SLOTS), -1, dtype=torch.int64, device=device)
         self.head = 0
         self.docs = 0
@@ -82,38 +83,59 @@ class DeviceCorpus:
             val = (self.docs << 32) | (head + j)
             b4, b2 = _hashes(doc, j, 0, self.buckets)
             for t, (b, key) in enumerate(((b4, 4), (b2, 2))):
-                m = j >= key
-                flat = self.table[t, :, slot]
-                flat.scatter_reduce_(0, b[m], val[m], reduce="amax")
-                self.table[t, :, slot] = flat
+                flat = self.table[t].view(-1)
+                flat.scatter_reduce_(0, b * SLOTS + slot, torch.where(j >= key, val, -1),
+                                     reduce="amax")
         self.head = head + n + 1
         self.docs += 1
 
-    def draft(self, rows: torch.Tensor, total: torch.Tensor, depth: int, k: int):
-        """The corpus's draft for each context ``rows[b, :total[b]]``:
+    def put(self, pos, tok, b4, b2, seq, keys) -> None:
+        """Documents packed on the host (``payload.Packer.put_doc``): each token's
+        ring position (``capacity``: unused), token, buckets, document number
+        and which keys index it (bit 0: 4 tokens, bit 1: 2 tokens); fixed
+        shapes, no read back."""
+        pos = pos.to(torch.int64)
+        self.tokens[pos] = tok.to(torch.int32)
+        val = (seq.to(torch.int64) << 32) | pos
+        slot = seq.to(torch.int64) % SLOTS
+        for t, (b, bit) in enumerate(((b4, 1), (b2, 2))):
+            flat = self.table[t].view(-1)
+            index = b.to(torch.int64).clamp(0, self.buckets - 1) * SLOTS + slot
+            flat.scatter_reduce_(0, index, torch.where((keys & bit) > 0, val, -1),
+                                 reduce="amax")
+
+    def draft(self, tail: torch.Tensor, depth: int, k: int):
+        """The corpus's draft for each context, given by its last tokens ``tail``
+        (``[B, >= max(depth, 4)]``, newest first, -2 before the context's start):
         ``(match length, tokens, c, n)`` (``[B]``, ``[B, k]`` x3), length 0
         when no candidate matches (``vllm_suffix.corpus_draft``)."""
-        dev = rows.device
-        b = rows.shape[0]
+        dev = tail.device
+        b = tail.shape[0]
         cap = self.capacity
-        total = total.to(torch.int64)
-        corpus = self.tokens.to(torch.int64)
-        b4, b2 = (h[:, 0] for h in _hashes(rows.to(torch.int64), total[:, None], 0,
-                                            self.buckets))
+        corpus = self.tokens[:max(cap, 1)].to(torch.int64)
+        tail = tail.to(torch.int64)
+        if tail.shape[1] < max(depth, 4):
+            raise ValueError(f"the corpus needs the last {max(depth, 4)} tokens")
+        hv = torch.zeros(b, dtype=torch.int64, device=dev)
+        for d in range(4):
+            hv = (hv ^ torch.where(tail[:, d] >= 0, tail[:, d], 0)) * HASH_MUL
+            if d == 1:
+                b2 = _bucket(hv, self.buckets)
+        b4 = _bucket(hv, self.buckets)
+        held = (tail[:, :4] >= 0).sum(dim=1)
+        tail = tail[:, :depth]
         vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
         c = vals.shape[1]
         cand = torch.arange(c, device=dev)
         key_len = torch.where(cand < SLOTS, 4, 2)
         cpos = vals & 0xFFFFFFFF
         d = torch.arange(depth, device=dev)
-        tail_at = total[:, None] - 1 - d                                     # [B, D]
-        tail = torch.where(tail_at >= 0, rows.to(torch.int64).gather(1, tail_at.clamp(min=0)), -2)
         src = cpos[:, :, None] - 1 - d                                       # [B, C, D]
-        same = (src >= 0) & (vals[:, :, None] >= 0) & (corpus[src.clamp(0, cap - 1)]
+        same = (src >= 0) & (vals[:, :, None] >= 0) & (corpus[src.clamp(0, max(cap - 1, 0))]
                                                         == tail[:, None, :])
         c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]
-        nxt = torch.where(cpos < cap, corpus[cpos.clamp(max=cap - 1)], -1)
-        ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (total[:, None] >= key_len)
+        nxt = torch.where(cpos < cap, corpus[cpos.clamp(max=max(cap - 1, 0))], -1)
+        ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held[:, None] >= key_len)
         earlier = cand[:, None] < cand[None, :]                              # [i, j]: i < j
         dup = (cpos[:, :, None] == cpos[:, None, :]) & ok[:, :, None] & earlier
         ok = ok & ~dup.any(dim=1)
@@ -167,14 +189,23 @@ class OneTokenPaths:
     ``tokens``, ``c``, ``n`` (int32, ``[vocab_size, k]``; ``n`` 0: none)."""
 
     def __init__(self, vocab_size: int, k: int, device="cpu"):
-        self.tokens = torch.full((vocab_size, k), -1, dtype=torch.int32, device=device)
-        self.c = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
-        self.n = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
+        self.vocab = vocab_size
+        rows = vocab_size + 1  # and a trash row, for ``put``'s unused entries
+        self.tokens = torch.full((rows, k), -1, dtype=torch.int32, device=device)
+        self.c = torch.zeros(rows, k, dtype=torch.int32, device=device)
+        self.n = torch.zeros(rows, k, dtype=torch.int32, device=device)
+
+    def put(self, keys, tokens, c, n) -> None:
+        """Rows ``keys`` (device tensors; ``vocab``: unused) take these paths."""
+        keys = keys.to(torch.int64).clamp(0, self.vocab)
+        self.tokens[keys] = tokens.to(torch.int32)
+        self.c[keys] = c.to(torch.int32)
+        self.n[keys] = n.to(torch.int32)
 
     def update(self, keys, tokens, c, n) -> None:
         """Rows ``keys`` (token ids) take the paths the host walked (device tensors
         or arrays, as ``one_token_paths`` returns them)."""
-        vocab, k = self.tokens.shape
+        vocab, k = self.vocab, self.tokens.shape[1]
         keys = torch.as_tensor(keys, device=self.tokens.device).to(torch.int64)
         ok = (keys >= 0) & (keys < vocab)
         keys = keys.clamp(0, vocab - 1)
@@ -185,7 +216,7 @@ class OneTokenPaths:
 
     def draft(self, last: torch.Tensor):
         """``(match length, tokens, c, n)`` of each row's last token ``last``."""
-        vocab, k = self.tokens.shape
+        vocab, k = self.vocab, self.tokens.shape[1]
         if vocab == 0:
             zero = torch.zeros(last.shape[0], k, dtype=torch.int64, device=last.device)
             return torch.zeros_like(last, dtype=torch.int64), zero, zero, zero

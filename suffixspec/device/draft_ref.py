@@ -93,11 +93,16 @@ def recent_of(last_valid: torch.Tensor, num_sampled: torch.Tensor) -> torch.Tens
                                                cal.RECENT_WHOLLY))).to(torch.int32)
 
 
-def context_tail(hist, total, depth: int) -> torch.Tensor:
-    """``[B, depth]``: each row's last tokens, newest first (-2 before its start)."""
+def context_tail(hist, total, depth: int, slots=None) -> torch.Tensor:
+    """``[B, depth]`` (int64): the last tokens of each row (of rows ``slots`` of
+    ``hist``, when given), newest first, -2 before its start."""
     d = torch.arange(depth, device=hist.device)
     at = total[:, None] - 1 - d[None, :]
-    return torch.where(at >= 0, hist.gather(1, at.clamp(min=0)), -2)
+    if slots is None:
+        got = hist.gather(1, at.clamp(min=0))
+    else:
+        got = hist[slots[:, None], at.clamp(0, hist.shape[1] - 1)]
+    return torch.where(at >= 0, got.to(torch.int64), -2)
 
 
 def own_history_scan(hist, total, depth: int):
@@ -149,7 +154,7 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
 DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS)
 
 
-def direct_candidates(rows_hist, total, k: int, scan, corpus=None, short=None):
+def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None):
     """The candidates found apart from the windows, ``(tokens, c, n, match)``
     (``[B, X, k]`` x3, ``[B, X]``; int64), in the order of ``DIRECT_SOURCES``:
     the own history (``scan``: ``(length, end)``; a continuation seen once),
@@ -161,7 +166,7 @@ def direct_candidates(rows_hist, total, k: int, scan, corpus=None, short=None):
     s_len, s_end = (x.to(torch.int64) for x in scan)
     s_at = s_end[:, None] + j
     one = ((s_len[:, None] > 0) & (s_at < total[:, None])).to(torch.int64)
-    tokens = [rows_hist.gather(1, s_at.clamp(max=rows_hist.shape[1] - 1)).to(torch.int64)]
+    tokens = [hist[slots[:, None], s_at.clamp(0, hist.shape[1] - 1)].to(torch.int64)]
     counts, totals, matches = [one], [one], [s_len]
     zero = torch.zeros(b, k, dtype=torch.int64, device=dev)
     for extra in (corpus, short):
@@ -188,21 +193,25 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
     emitted per row (0: the row is prefilling and gets no draft).  ``scan``:
     the own-history match ``(length, end)`` per row, when computed apart
     (replay does it in a Numba kernel); else computed here.  ``corpus``,
-    ``short``: the pool tiers' drafts (``corpus.DeviceCorpus.draft``,
-    ``corpus.OneTokenPaths.draft``).  ``fused``: what aligns, scores and
+    ``short``: the pool tiers' drafts, or functions of the context's last
+    tokens (newest first) and of its last token that give them
+    (``corpus.DeviceCorpus.draft``, ``corpus.OneTokenPaths.draft``).  ``fused``: what aligns, scores and
     writes (``fused_ref``, or the Triton kernel's launcher).  Writes the
     first ``B`` rows of ``out`` and returns them; updates the slots' state.
     """
     b = idx.shape[0]
     slots = idx.to(torch.int64)
     total = total_len[slots].to(torch.int64)
-    rows_hist = hist[slots]                                              # [B, L]
     sampled = num_sampled.to(torch.int64)
     recent = recent_of(windows.last_valid[slots], sampled)
-    tail = context_tail(rows_hist, total, windows.spec.head)             # [B, D]
+    tail = context_tail(hist, total, windows.spec.head, slots)           # [B, D]
     if scan is None:
-        scan = own_history_scan(rows_hist, total, scan_depth)
-    direct = direct_candidates(rows_hist, total, k, scan, corpus, short)
+        scan = own_history_scan(hist[slots], total, scan_depth)
+    if callable(corpus):
+        corpus = corpus(context_tail(hist, total, max(scan_depth, 4), slots))
+    if callable(short):
+        short = short(tail[:, 0])
+    direct = direct_candidates(hist, slots, total, k, scan, corpus, short)
     o = out.rows(b)
     (fused or fused_ref)(tail, total, sampled, recent, slots, windows, direct, calibration, k,
                          vocab_size, o)

@@ -56,10 +56,13 @@ class WindowSpec:
 class DeviceWindows:
     """Per-slot windows and state on ``device``: ``tokens``, ``c``, ``n``
     (int32, ``[slots, rows, width]``), ``meta`` (int32, ``[slots, rows,
-    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``)."""
+    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``).
+    One more slot than asked for: the trash row of updates that name no slot
+    (``payload.apply``)."""
 
     def __init__(self, spec: WindowSpec, slots: int, device="cpu"):
         self.spec = spec
+        slots += 1
         shape = (slots, spec.rows, spec.width)
         self.tokens = torch.full(shape, -1, dtype=torch.int32, device=device)
         self.c = torch.zeros(shape, dtype=torch.int32, device=device)
@@ -84,7 +87,8 @@ class Calibration:
         self.table = torch.zeros(cal.TABLE_ROWS, 2, dtype=dtype, device=device)
         self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
 
-    def host_params(self, state, thr: float, factor: float, offset: float, depth: int):
+    @staticmethod
+    def host_params(state, thr: float, factor: float, offset: float, depth: int) -> list[float]:
         """``params`` as a host list, from calibration's ``state`` and the step's threshold."""
         out = [0.0] * PARAMS
         out[P_THR], out[P_FACTOR], out[P_OFFSET], out[P_DEPTH] = thr, factor, offset, depth

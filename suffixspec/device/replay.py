@@ -188,8 +188,7 @@ class DeviceWindowsProposer:
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
-                         corpus=self._corpus(slots),
-                         short=self.short.draft(torch.from_numpy(self.hist[slots, self.total[slots] - 1])))
+                         corpus=self._corpus(slots), short=self.short.draft)
         if getattr(host.step_cost, "admit", None) is not None:
             fit_batch(out, host.step_cost)
             self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid
@@ -237,12 +236,12 @@ class DeviceWindowsProposer:
 
     def _update_short(self) -> None:
         """One-token paths of the tokens that the pool's open outputs gained."""
-        if not self._changed or self.short.tokens.shape[0] == 0:
+        if not self._changed or self.short.vocab == 0:
             self._changed.clear()
             return
         tokens = np.concatenate(self._changed)
         self._changed.clear()
-        self.short.update(*self.host.one_token_paths(self.spec.k, self.short.tokens.shape[0],
+        self.short.update(*self.host.one_token_paths(self.spec.k, self.short.vocab,
                                                      tokens))
 
     def _scan(self, slots: np.ndarray):

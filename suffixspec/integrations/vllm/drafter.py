@@ -8,7 +8,6 @@ request id and reads each request's tokens from ``token_ids_cpu``.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
@@ -16,7 +15,8 @@ from suffixspec.integrations.vllm import runner
 from suffixspec.integrations.vllm.hooks import install_runner_hooks
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (DraftService, Step, build_proposer,
-                                                  proposer_config)
+                                                  pool_tokenizer, proposer_config,
+                                                  tensor_parallel_group)
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 
@@ -46,7 +46,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         # With tensor parallelism every rank runs a drafter, and the ranks must
         # verify the same drafts.  Only rank 0 drafts (and alone touches the
         # pool); the others take its drafts, one broadcast per step.
-        self.tp = _tensor_parallel_group()
+        self.tp = tensor_parallel_group()
         self.leader = self.tp is None or self.tp.rank_in_group == 0
         # Drafts never hold an id the model cannot take (a pool may be shared).
         self.service = DraftService(self.num_speculative_tokens, model.max_model_len,
@@ -64,12 +64,7 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         want = runner.choice()
         runner.announce(*runner.drafter(vllm_config, want, want == "mrv2"), want)
         self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
-        # A pool that cannot serve (another tokenizer's, damaged) stops the
-        # engine's start now, whether or not the kernels are ready.
-        tokenizer = None
-        if settings.pool is not None and config.cross_pool_tokens != 0:
-            tokenizer = engine_tokenizer(model, settings)
-            check_pool(settings.pool, tokenizer, config.max_depth)
+        tokenizer = pool_tokenizer(model, settings, config)
 
         def build():
             return build_proposer(config, settings, tokenizer)
@@ -171,44 +166,3 @@ def output_end(state, prompt_len: int, have: int, tokens, max_model_len: int) ->
             if int(tokens[j]) in stops:
                 return have + j + 1
     return limit if have + len(tokens) >= limit else None
-
-
-def _tensor_parallel_group():
-    """vLLM's tensor-parallel group when it has more than one rank, else None."""
-    from vllm.distributed import get_tp_group
-
-    try:
-        group = get_tp_group()
-    except AssertionError:  # no distributed environment (some tools build a drafter alone)
-        return None
-    return group if group.world_size > 1 else None
-
-
-def check_pool(path: str, tokenizer, depth: int) -> None:
-    """Open the pool file and close it: refuses another tokenizer's pool, a
-    damaged one or another trie depth, as opening it for drafting would."""
-    from suffixspec.pools.store import PoolStore
-
-    PoolStore(path, tokenizer, depth).close()
-
-
-def engine_tokenizer(model_config, settings: Settings):
-    """The ``TokenizerId`` a persistent pool is checked against."""
-    from suffixspec.fingerprint import tokenizer_id
-
-    if settings.tokenizer:
-        return tokenizer_id(settings.tokenizer)
-    name = model_config.tokenizer
-    if Path(name, "tokenizer.json").is_file():
-        return tokenizer_id(name)
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "tokenizer.json",
-                                        revision=model_config.tokenizer_revision)
-    except Exception:
-        cached = None
-    if isinstance(cached, str):
-        return tokenizer_id(cached)
-    raise ValueError(f"suffixspec: no tokenizer.json found for {name!r}; set "
-                     "SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")

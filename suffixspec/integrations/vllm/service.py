@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -373,3 +374,56 @@ class DraftService:
 
 _NONE = np.empty(0, np.int32)
 _NO_PROBS = np.empty(0, np.float32)
+
+
+def tensor_parallel_group():
+    """vLLM's tensor-parallel group when it has more than one rank, else None."""
+    from vllm.distributed import get_tp_group
+
+    try:
+        group = get_tp_group()
+    except AssertionError:  # no distributed environment (some tools build a drafter alone)
+        return None
+    return group if group.world_size > 1 else None
+
+
+def check_pool(path: str, tokenizer, depth: int) -> None:
+    """Open the pool file and close it: refuses another tokenizer's pool, a
+    damaged one or another trie depth, as opening it for drafting would."""
+    from suffixspec.pools.store import PoolStore
+
+    PoolStore(path, tokenizer, depth).close()
+
+
+def engine_tokenizer(model_config, settings: Settings):
+    """The ``TokenizerId`` a persistent pool is checked against."""
+    from suffixspec.fingerprint import tokenizer_id
+
+    if settings.tokenizer:
+        return tokenizer_id(settings.tokenizer)
+    name = model_config.tokenizer
+    if Path(name, "tokenizer.json").is_file():
+        return tokenizer_id(name)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "tokenizer.json",
+                                        revision=model_config.tokenizer_revision)
+    except Exception:
+        cached = None
+    if isinstance(cached, str):
+        return tokenizer_id(cached)
+    raise ValueError(f"suffixspec: no tokenizer.json found for {name!r}; set "
+                     "SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")
+
+
+def pool_tokenizer(model_config, settings: Settings, config: ProposerConfig):
+    """The tokenizer a persistent pool is checked against, the pool opened and
+    closed once: a pool that cannot serve (another tokenizer's, damaged)
+    stops the engine's start now, whether or not the kernels are ready.
+    None when no pool is set or the cross pool is off."""
+    if settings.pool is None or config.cross_pool_tokens == 0:
+        return None
+    tokenizer = engine_tokenizer(model_config, settings)
+    check_pool(settings.pool, tokenizer, config.max_depth)
+    return tokenizer

@@ -35,7 +35,7 @@ from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 from suffixspec.integrations.vllm import runner
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (DraftService, Step, build_proposer,
-                                                  proposer_config)
+                                                  pool_tokenizer, proposer_config)
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 
@@ -77,12 +77,7 @@ class SuffixSpecSpeculator(BaseSpeculator):
         self._hook_requests(req_states)
         _hook_runner(type(self))
         self.publisher = Publisher(self.service.stats)
-        tokenizer = None
-        if settings.pool is not None and config.cross_pool_tokens != 0:
-            from suffixspec.integrations.vllm.drafter import check_pool, engine_tokenizer
-
-            tokenizer = engine_tokenizer(model, settings)
-            check_pool(settings.pool, tokenizer, config.max_depth)
+        tokenizer = pool_tokenizer(model, settings, config)
         runner.announce("suffixspec", "mrv2",
                         bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
                         "mrv2")

