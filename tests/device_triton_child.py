@@ -11,75 +11,11 @@ import numpy as np
 import torch
 
 
-def random_case(rng):
-    from suffixspec.device.draft_ref import StepOutputs
-    from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
-    from suffixspec.native import calibration as cal
-
-    vocab = int(rng.integers(2, 6))
-    k = int(rng.choice([1, 3, 4, 8, 16]))
-    spec = WindowSpec(rows=int(rng.integers(1, 4)), width=int(rng.choice([8, 16, 32])), k=k)
-    slots, b = 6, int(rng.integers(1, 5))
-    dw = DeviceWindows(spec, slots)
-    for s in range(slots):
-        for r in range(spec.rows):
-            size = int(rng.integers(0, spec.width + 1))
-            head = int(rng.integers(0, size + 1)) if size else 0
-            dw.tokens[s, r, :size] = torch.from_numpy(rng.integers(-1, vocab + 1, size))
-            c = rng.integers(0, 5, size)
-            c[:head] = 0
-            dw.c[s, r, :size] = torch.from_numpy(c)
-            dw.n[s, r, :size] = torch.from_numpy(c + rng.integers(0, 3, size))
-            dw.meta[s, r] = torch.tensor([rng.integers(0, cal.N_SRC), rng.integers(0, 40), head,
-                                          size, rng.integers(0, 40)])
-    calibration = Calibration(dtype=torch.float32)
-    tried = rng.integers(0, 30, cal.TABLE_ROWS)
-    calibration.table[:] = torch.from_numpy(np.stack([np.floor(tried * rng.random(
-        cal.TABLE_ROWS)), tried], 1).astype(np.float32))
-    calibration.params[:] = torch.tensor(calibration.host_params(
-        cal.new_state(0.0), float(rng.choice([0.0, 0.05, 0.3])),
-        float(rng.choice([-1.0, 0.5, 2.0])), 0.0, 64))
-    slot_ids = torch.from_numpy(rng.choice(slots, b, replace=False)).to(torch.int64)
-    total = torch.from_numpy(rng.integers(1, 40, b)).to(torch.int64)
-    tail = torch.from_numpy(rng.integers(0, vocab + 1, (b, spec.head))).to(torch.int64)
-    short = total < spec.head
-    for i in range(b):
-        tail[i, int(total[i]):] = -2
-    sampled = torch.from_numpy(rng.integers(0, 4, b)).to(torch.int64)
-    recent = torch.from_numpy(rng.integers(0, cal.N_RECENT, b)).to(torch.int64)
-    x = 3
-    direct = (torch.from_numpy(rng.integers(-1, vocab + 1, (b, x, k))).to(torch.int64),
-              torch.from_numpy(rng.integers(0, 4, (b, x, k))).to(torch.int64),
-              torch.from_numpy(rng.integers(0, 6, (b, x, k))).to(torch.int64),
-              torch.from_numpy(rng.integers(0, 30, (b, x))).to(torch.int64))
-    direct = (direct[0], direct[1], torch.maximum(direct[1], direct[2]), direct[3])
-    del short
-    return (tail, total, sampled, recent, slot_ids, dw, direct, calibration, k, vocab,
-            lambda: StepOutputs.empty(b, k))
-
-
 def interpret(cases: int) -> dict:
-    from suffixspec.device.draft_ref import fused_ref
-    from suffixspec.device.draft_triton import fused_triton
+    from suffixspec.device.cases import compare_fused
 
     rng = np.random.default_rng(7)
-    mismatches, rows = [], 0
-    for case in range(cases):
-        *args, fresh = random_case(rng)
-        want, got = fresh(), fresh()
-        for o in (want, got):
-            for field in o.__dataclass_fields__:
-                getattr(o, field).fill_(77)  # poison
-        fused_ref(*args, want)
-        fused_triton(*args, got)
-        rows += want.num_valid.shape[0]
-        for field in want.__dataclass_fields__:
-            a, b = getattr(want, field), getattr(got, field)
-            same = (torch.allclose(a, b, rtol=1e-5, atol=1e-6) if a.is_floating_point()
-                    else torch.equal(a, b))
-            if not same:
-                mismatches.append({"case": case, "field": field, "want": a.tolist(),
-                                   "got": b.tolist()})
+    mismatches, rows = compare_fused(rng, cases, "cpu")
     from suffixspec.device.draft_ref import own_history_scan
     from suffixspec.device.draft_triton import scan_triton
 

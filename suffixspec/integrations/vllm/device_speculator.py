@@ -52,6 +52,7 @@ from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 from suffixspec.native import calibration as cal
+from suffixspec.native.vllm_suffix import corpus_draft, local_match
 
 logger = logging.getLogger("vllm.suffixspec")
 
@@ -122,8 +123,12 @@ class DeviceSuffixSpeculator(BaseSpeculator):
 
             self._fused, self._scan = fused_triton, scan_triton
             self._side = torch.cuda.Stream(device)
-        else:
+        else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
             self._fused, self._scan, self._side = fused_ref, None, None
+            self._host_views = (req_states.all_token_ids.gpu.numpy(),
+                                req_states.total_len.gpu.numpy())
+            self._corpus_views = (self.corpus.tokens[:max(self.corpus.capacity, 1)].numpy(),
+                                  self.corpus.table.numpy())
         self.feeder = None
         self._start = None
         self._finishing: set[str] = set()  # told this step (the runner may tell twice)
@@ -194,12 +199,17 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         idx = input_batch.idx_mapping[:n]
         hist = rs.all_token_ids.gpu
         spec = self.window_spec
-        scan = None if self._scan is None else self._scan(
-            hist, rs.total_len.gpu[idx.to(torch.int64)], idx.to(torch.int64), spec.scan_depth)
+        if self._cuda:
+            scan = self._scan(hist, rs.total_len.gpu[idx.to(torch.int64)], idx.to(torch.int64),
+                              spec.scan_depth)
+        else:
+            scan = self._scan_cpu(input_batch.idx_mapping_np[:n], spec.scan_depth)
         corpus = None
-        if self.corpus.capacity > 1:
+        if self.corpus.capacity > 1 and self._cuda:
             def corpus(tail):
                 return self.corpus.draft(tail, spec.scan_depth, self.k)
+        elif self.corpus.capacity > 1:
+            corpus = self._corpus_cpu(input_batch.idx_mapping_np[:n])
         out = draft_step(hist, rs.total_len.gpu, idx, num_sampled[:n], self.windows,
                          self.calibration, self.k, self.vocab_size, self.out, scan=scan,
                          scan_depth=spec.scan_depth, corpus=corpus, short=self.paths.draft,
@@ -207,6 +217,28 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.leader:
             self._snapshot(input_batch, n, idx, num_sampled, out)
         return out.drafts[:n]
+
+    def _scan_cpu(self, slots: np.ndarray, depth: int):
+        """``own_history_scan`` by its Numba twin (CPU tensors only)."""
+        rows, totals = self._host_views
+        found = np.zeros((2, slots.shape[0]), np.int64)
+        for i, s in enumerate(slots):
+            found[:, i] = local_match(rows[s], int(totals[s]), depth)
+        return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+    def _corpus_cpu(self, slots: np.ndarray):
+        """``DeviceCorpus.draft`` by its Numba twin (CPU tensors only)."""
+        rows, totals = self._host_views
+        k, b = self.k, slots.shape[0]
+        length = np.zeros(b, np.int64)
+        tokens = np.zeros((b, k), np.int64)
+        votes = np.zeros((b, k, 2), np.int64)
+        ring = self._corpus_views
+        for i, s in enumerate(slots):
+            length[i], _ = corpus_draft(rows[s], int(totals[s]), ring[0], ring[1],
+                                        self.window_spec.scan_depth, k, tokens[i], votes[i])
+        return (torch.from_numpy(length), torch.from_numpy(tokens),
+                torch.from_numpy(votes[..., 0].copy()), torch.from_numpy(votes[..., 1].copy()))
 
     # -------------------------------------------------------------- the step
     def _receive(self, step: int) -> None:

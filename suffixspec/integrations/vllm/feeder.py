@@ -82,7 +82,8 @@ class FeederStats:
     taken: int = 0
     waits_timed_out: int = 0
     lost_requests: int = 0  # gaps in a request's tokens: its windows stop
-    seconds: float = 0.0
+    seconds: float = 0.0      # wall time handling jobs
+    cpu_seconds: float = 0.0  # this thread's CPU time doing it
     ages: deque = field(default_factory=lambda: deque(maxlen=4096))  # steps, per taken payload
 
 
@@ -190,7 +191,7 @@ class WindowFeeder:
                     return
                 jobs = list(self._jobs)
                 self._jobs.clear()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             last_step = None
             try:
                 for job in jobs:
@@ -202,6 +203,7 @@ class WindowFeeder:
             except Exception as exc:  # the feeder must never stop serving
                 self._failed(exc)
             self.stats.seconds += time.perf_counter() - start
+            self.stats.cpu_seconds += time.thread_time() - cpu
             if last_step is not None:
                 with self._cond:
                     self._done_step = max(self._done_step, last_step)

@@ -1,4 +1,8 @@
-"""``SuffixSpecSpeculator``: suffixspec as a Model Runner V2 speculator (``SUFFIXSPEC_RUNNER=mrv2``).
+"""``SuffixSpecSpeculator``: the synchronous Model Runner V2 speculator, kept as a baseline.
+
+``SUFFIXSPEC_RUNNER=mrv2`` serves ``device_speculator.DeviceSuffixSpeculator``;
+this one is what it replaced, kept so that ``bench/mrv2_bench.py`` and
+``bench/device_check.py`` measure the design it is judged against.
 
 Model Runner V2 (MRV2) keeps every request's tokens on the device
 (``RequestState.all_token_ids``, ``total_len``) and asks its speculator for a
@@ -26,13 +30,16 @@ runs in the tests on CPU tensors through vLLM's own ``RequestState``.
 from __future__ import annotations
 
 import logging
-import sys
 
 import numpy as np
 import torch
-from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-from suffixspec.integrations.vllm import runner
+try:
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+except ImportError:  # no vLLM (the device check on a bare GPU machine): the same methods
+    BaseSpeculator = object
+
+from suffixspec.integrations.vllm import hooks, runner
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (DraftService, Step, build_proposer,
                                                   pool_tokenizer, proposer_config)
@@ -40,8 +47,6 @@ from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 
 logger = logging.getLogger("vllm.suffixspec")
-
-_RUNNER = "vllm.v1.worker.gpu.model_runner"
 
 
 class SuffixSpecSpeculator(BaseSpeculator):
@@ -74,8 +79,8 @@ class SuffixSpecSpeculator(BaseSpeculator):
                                                         dtype=torch.float32, device=device)
         self._offsets = torch.arange(self.width, device=device, dtype=torch.int64)
         self.tokens: dict[str, np.ndarray] = {}  # each request's tokens on the host
-        self._hook_requests(req_states)
-        _hook_runner(type(self))
+        hooks.watch_added_requests(req_states, self._added)
+        hooks.install_mrv2_hooks(type(self))
         self.publisher = Publisher(self.service.stats)
         tokenizer = pool_tokenizer(model, settings, config)
         runner.announce("suffixspec", "mrv2",
@@ -181,15 +186,9 @@ class SuffixSpecSpeculator(BaseSpeculator):
         self.draft_token_confidence_probs[:n].copy_(staged[:, self.k:].view(torch.float32))
 
     # ------------------------------------------------------------ lifecycle
-    def _hook_requests(self, req_states) -> None:
+    def _added(self, req_id, prompt_len, all_token_ids) -> None:
         """Keep each request's prompt (and resumed output) on the host as MRV2 adds it."""
-        add = req_states.add_request
-
-        def add_request(req_id, prompt_len, all_token_ids, *args, **kwargs):
-            self.tokens[req_id] = np.asarray(all_token_ids, np.int32)
-            return add(req_id, prompt_len, all_token_ids, *args, **kwargs)
-
-        req_states.add_request = add_request
+        self.tokens[req_id] = np.asarray(all_token_ids, np.int32)
 
     def on_requests_finished(self, finished, preempted=()) -> None:
         """The runner lets these requests go: finished ones join the pool; a
@@ -206,22 +205,3 @@ class SuffixSpecSpeculator(BaseSpeculator):
 
     def stats(self) -> dict:
         return self.service.stats()
-
-
-def _hook_runner(speculator_cls) -> None:
-    """Tell the speculator which requests MRV2's runner lets go, before their
-    slots are freed (0.33's runner has no such call), and close it at shutdown."""
-    module = sys.modules.get(_RUNNER)
-    cls = getattr(module, "GPUModelRunner", None)
-    if cls is None or getattr(cls.finish_requests, "_suffixspec", False):
-        return
-    finish = cls.finish_requests
-
-    def finish_requests(self, scheduler_output):
-        spec = getattr(self, "speculator", None)
-        if isinstance(spec, speculator_cls):
-            spec.on_requests_finished(sorted(scheduler_output.finished_req_ids))
-        return finish(self, scheduler_output)
-
-    finish_requests._suffixspec = True
-    cls.finish_requests = finish_requests

@@ -1,0 +1,441 @@
+"""The checks of drafting on the device, in one run, for a lent GPU (or the CPU).
+
+    PYTHONPATH=. python bench/device_check.py --out "$OUT" [--device cuda]
+
+It needs torch, Triton and Numba, and suffixspec's own dependencies (carry
+their wheels: ``bench/device_wheels.sh``); no vLLM (a request state of MRV2's
+shape stands in).  ``--device cpu`` runs every part small, as a smoke test
+(the test suite does); on a GPU it takes a few minutes.  Writes
+``device_check.json``:
+
+1. ``correctness``: the fused Triton kernel against the torch reference on
+   random cases at 1, 8, 32 and 64 rows, and the Triton scan against the
+   torch scan (on the device);
+2. ``device_time``: one drafting step (payload apply, scan, corpus, one-token
+   paths, the fused kernel) at 1 / 8 / 32 / 64 in flight with histories of
+   2K and 16K tokens, median of CUDA-event timings, with the scan alone, and
+   the torch operations (kernel launches) a step issues;
+3. ``no_sync``: 300 steps of ``DeviceSuffixSpeculator.propose`` under
+   ``torch.cuda.set_sync_debug_mode("error")`` (GPU only);
+4. ``loop``: a synthetic MRV2 step loop (a busy kernel stands in for a
+   6.5 ms forward, the host one step ahead with 0.3 ms of emulated host work,
+   a real proposer over the sql trace when ``--traces`` names it) with no
+   drafter, today's synchronous speculator and the device speculator: step
+   period p50 / p99 and tokens per step;
+5. ``feeder``: how old the windows were when used (steps), and how often the
+   one bounded wait ran out, at 64 in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+K = 16
+FORWARD_S = 6.5e-3
+HOST_S = 0.3e-3
+
+
+def now(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+# ---------------------------------------------------------------- 1. correctness
+def correctness(device, cases: int) -> dict:
+    from suffixspec.device.cases import compare_fused
+    from suffixspec.device.draft_ref import own_history_scan
+    from suffixspec.device.draft_triton import scan_triton
+
+    rng = np.random.default_rng(11)
+    out = {}
+    for b in (1, 8, 32, 64):
+        mismatches, rows = compare_fused(rng, cases, device, batch=b)
+        out[f"fused_b{b}"] = {"cases": cases, "rows": rows, "mismatches": len(mismatches),
+                              "first": mismatches[:2]}
+    bad = 0
+    for _ in range(cases):
+        width = int(rng.choice([64, 700, 3000]))
+        hist = torch.from_numpy(rng.integers(0, 3, (8, width))).to(device, torch.int32)
+        slots = torch.from_numpy(rng.choice(8, 4, replace=False)).to(device)
+        total = torch.from_numpy(rng.integers(1, width + 1, 4)).to(device)
+        want = own_history_scan(hist[slots], total, 24)
+        got = scan_triton(hist, total, slots, 24)
+        bad += not all(torch.equal(a, c) for a, c in zip(want, got))
+    out["scan"] = {"cases": cases, "mismatches": bad}
+    return out
+
+
+# ------------------------------------------------------------ 2. device time
+def _state(device, b: int, history: int, max_len: int, rng):
+    """A drafting state with ``b`` requests of ``history`` tokens, full windows."""
+    from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+    from suffixspec.device.draft_ref import StepOutputs
+    from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+
+    spec = WindowSpec(k=K)
+    slots = max(b, 64)
+    hist = torch.from_numpy(rng.integers(0, 500, (slots, max_len))).to(device, torch.int32)
+    total = torch.full((slots,), history, dtype=torch.int32, device=device)
+    windows = DeviceWindows(spec, slots, device)
+    windows.tokens[:] = torch.from_numpy(rng.integers(0, 500, tuple(windows.tokens.shape))).to(
+        device, torch.int32)
+    windows.c[:] = 1
+    windows.n[:] = 2
+    windows.meta[:, :, 2] = spec.head
+    windows.meta[:, :, 3] = spec.width
+    windows.meta[:, :, 4] = history
+    calibration = Calibration(device)
+    calibration.params[:] = torch.tensor([0.0, -1.0, 0.0, 64.0, 4.0, 8.0, 16.0])
+    corpus = DeviceCorpus(1 << 20, device)
+    for _ in range(64):
+        corpus.ingest(torch.from_numpy(rng.integers(0, 500, 2000)).to(device, torch.int32))
+    paths = OneTokenPaths(152_000, K, device)
+    out = StepOutputs.empty(slots, K, device)
+    idx = torch.arange(b, device=device)
+    sampled = torch.ones(b, dtype=torch.int64, device=device)
+    return spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled
+
+
+def _step_fn(device, state):
+    from suffixspec.device.draft_ref import draft_step, fused_ref
+
+    spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled = state
+    cuda = device.type == "cuda"
+    if cuda:
+        from suffixspec.device.draft_triton import fused_triton, scan_triton
+
+    def step():
+        scan = (scan_triton(hist, total[idx], idx, spec.scan_depth) if cuda else None)
+        return draft_step(hist, total, idx, sampled, windows, calibration, K, 152_000, out,
+                          scan=scan, scan_depth=spec.scan_depth,
+                          corpus=lambda tail: corpus.draft(tail, spec.scan_depth, K),
+                          short=paths.draft, fused=fused_triton if cuda else fused_ref)
+
+    def scan_only():
+        if cuda:
+            return scan_triton(hist, total[idx], idx, spec.scan_depth)
+        from suffixspec.device.draft_ref import own_history_scan
+        return own_history_scan(hist[idx], total[idx], spec.scan_depth)
+
+    return step, scan_only
+
+
+def _time(fn, device, reps: int) -> float:
+    """Median seconds of ``fn`` (CUDA events on a GPU)."""
+    for _ in range(min(20, reps)):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _launches(fn) -> int:
+    """Torch operations a call issues (each at most a kernel launch on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+    return len([e for e in top if not any(v in e.name for v in (
+        "view", "slice", "select", "expand", "as_strided", "reshape", "unsqueeze", "squeeze",
+        "alias", "detach", "empty", "t", "permute", "lift", "unbind", "split"))])
+
+
+def device_time(device, histories, batches, reps: int, max_len: int) -> dict:
+    rng = np.random.default_rng(5)
+    out = {}
+    for history in histories:
+        for b in batches:
+            state = _state(device, b, history, max_len, rng)
+            step, scan = _step_fn(device, state)
+            out[f"b{b}_h{history}"] = {
+                "step_us": round(1e6 * _time(step, device, reps), 1),
+                "scan_us": round(1e6 * _time(scan, device, reps), 1),
+                "torch_ops": _launches(step)}
+            print(f"device time b={b} history={history}: {out[f'b{b}_h{history}']}",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+# --------------------------------------------------- MRV2 stand-ins (no vLLM)
+class States:
+    """MRV2's ``RequestState``, as much of it as the speculators read."""
+
+    def __init__(self, max_reqs: int, max_len: int, device):
+        self.all_token_ids = SimpleNamespace(
+            gpu=torch.zeros(max_reqs, max_len, dtype=torch.int32, device=device))
+        self.total_len = SimpleNamespace(gpu=torch.zeros(max_reqs, dtype=torch.int32,
+                                                         device=device))
+        self.prompt_len = SimpleNamespace(np=np.zeros(max_reqs, np.int32))
+        self.req_id_to_index: dict[str, int] = {}
+        self.free = list(range(max_reqs - 1, -1, -1))
+        self.max_len = max_len
+
+    def add_request(self, req_id, prompt_len, all_token_ids, *args, **kwargs):
+        slot = self.free.pop()
+        self.req_id_to_index[req_id] = slot
+        tokens = torch.as_tensor(np.asarray(all_token_ids, np.int32)[-self.max_len // 2:])
+        self.all_token_ids.gpu[slot, :tokens.shape[0]] = tokens.to(self.all_token_ids.gpu.device)
+        self.total_len.gpu[slot] = tokens.shape[0]
+        self.prompt_len.np[slot] = min(prompt_len, tokens.shape[0])
+
+    def remove_request(self, req_id):
+        self.free.append(self.req_id_to_index.pop(req_id))
+
+
+def _config(max_reqs: int, max_len: int):
+    spec = SimpleNamespace(method="suffix", num_speculative_tokens=K,
+                           suffix_decoding_max_tree_depth=64,
+                           suffix_decoding_max_cached_requests=-1,
+                           suffix_decoding_max_spec_factor=1.0,
+                           suffix_decoding_min_token_prob=0.1)
+    return SimpleNamespace(
+        speculative_config=spec,
+        model_config=SimpleNamespace(max_model_len=max_len, get_vocab_size=lambda: 152_000),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_reqs, max_num_batched_tokens=8192,
+                                         async_scheduling=True),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1), use_v2_model_runner=True)
+
+
+def _requests(traces: str | None, tokenizer: str | None, count: int, rng):
+    """(prompt, output) pairs: the sql trace's, or repetitive synthetic ones."""
+    if traces and tokenizer and Path(traces, "sql_spider_bird.jsonl.gz").is_file():
+        from suffixspec.replay.traces import hf_encoder, load_trace
+
+        reqs = load_trace(Path(traces) / "sql_spider_bird.jsonl.gz", hf_encoder(tokenizer),
+                          max_records=count)
+        return [(r.prompt, r.output) for r in reqs if r.output.shape[0] > 4]
+    phrases = [rng.integers(0, 2000, 12) for _ in range(40)]
+    out = []
+    for _ in range(count):
+        body = np.concatenate([phrases[i] for i in rng.integers(0, 40, 30)]).astype(np.int32)
+        out.append((body[:200], body[200:]))
+    return out
+
+
+# ------------------------------------------------------------------ 4. the loop
+def _sleep(device, seconds: float) -> None:
+    """The forward: a GPU busy for ``seconds`` (the host goes on), or the host asleep."""
+    if device.type == "cuda":
+        torch.cuda._sleep(int(seconds * _sleep.cycles_per_s))
+    else:
+        time.sleep(seconds)
+
+
+def _calibrate_sleep(device) -> None:
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(10_000_000)
+    b.record()
+    b.synchronize()
+    _sleep.cycles_per_s = 10_000_000 / (a.elapsed_time(b) / 1e3)
+
+
+def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> dict:
+    """The synthetic MRV2 loop (see the module docstring) with ``b`` in flight."""
+    from suffixspec.integrations.vllm import device_speculator as ds
+    from suffixspec.integrations.vllm.speculator import SuffixSpecSpeculator
+
+    max_reqs = max(b, 8)
+    states = States(max_reqs, max_len, device)
+    config = _config(max_reqs, max_len)
+    spec = None
+    if variant == "device":
+        spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
+        spec.start(wait=True)
+    elif variant == "sync":
+        spec = SuffixSpecSpeculator(config, device, states)
+    drafts = torch.zeros(max_reqs, K, dtype=torch.int64, device=device)
+    outputs = torch.full((max_reqs, max_len), -1, dtype=torch.int64, device=device)
+    pos = torch.zeros(max_reqs, dtype=torch.int64, device=device)
+    sampled = torch.ones(max_reqs, dtype=torch.int32, device=device)
+    pending = iter(requests)
+    active: dict[str, int] = {}
+    n_req = 0
+
+    def admit():
+        nonlocal n_req
+        while len(active) < b:
+            item = next(pending, None)
+            if item is None:
+                return
+            prompt, output = item
+            req = f"r{n_req}"
+            n_req += 1
+            states.add_request(req, prompt.shape[0], prompt, 0, 1 << 20)
+            slot = states.req_id_to_index[req]
+            o = torch.as_tensor(output[:max_len // 2].astype(np.int64))
+            outputs[slot] = -1
+            outputs[slot, :o.shape[0]] = o.to(device)
+            pos[slot] = 0
+            sampled[slot] = 1
+            active[req] = slot
+
+    admit()
+    pin = device.type == "cuda"
+    seen = torch.zeros(max_reqs, dtype=torch.int64, pin_memory=pin)
+    last_event = None
+    periods, t_prev = [], None
+    made = torch.zeros((), dtype=torch.int64, device=device)  # tokens emitted, on the device
+    k_range = torch.arange(K, device=device)
+    for step in range(steps):
+        if not active:
+            break
+        t0 = time.perf_counter()
+        if t_prev is not None:
+            periods.append(t0 - t_prev)
+        t_prev = t0
+        spin = time.perf_counter() + HOST_S  # vLLM's host work of the step
+        while time.perf_counter() < spin:
+            pass
+        if last_event is not None:  # the previous step's output (AsyncOutput.get_output)
+            last_event.synchronize()
+        done = [r for r, s in active.items() if int(seen[s]) < 0]
+        if done:
+            if spec is not None:
+                spec.on_requests_finished(done)
+            for r in done:
+                states.remove_request(r)
+                del active[r]
+            admit()
+            if not active:
+                break
+        ids = list(active)
+        slots = torch.tensor([active[r] for r in ids], dtype=torch.int64).to(device)
+        _sleep(device, FORWARD_S)
+        # Sampling: the longest draft prefix equal to the recorded output, and one more.
+        at = pos[slots][:, None] + k_range
+        target = outputs[slots[:, None], at.clamp(max=max_len - 1)]
+        ok = (drafts[slots] == target).to(torch.int64).cumprod(dim=1).sum(dim=1)
+        left = (outputs[slots] >= 0).sum(dim=1) - pos[slots]
+        emit = torch.minimum(ok + 1, left).clamp(min=1)
+        total = states.total_len.gpu[slots].to(torch.int64)
+        for j in range(K + 1):
+            live = j < emit
+            tok = outputs[slots, (pos[slots] + j).clamp(max=max_len - 1)]
+            dst = (total + j).clamp(max=max_len - 1)
+            keep = states.all_token_ids.gpu[slots, dst]
+            states.all_token_ids.gpu[slots, dst] = torch.where(live, tok, keep.to(
+                torch.int64)).to(torch.int32)
+        states.total_len.gpu[slots] = (total + emit).to(torch.int32)
+        pos[slots] += emit
+        made.add_(emit.sum())
+        sampled[slots] = emit.to(torch.int32)
+        batch = SimpleNamespace(req_ids=ids, num_reqs=len(ids), idx_mapping=slots,
+                                idx_mapping_np=np.array([active[r] for r in ids]))
+        if spec is not None:
+            d = spec.propose(batch, None, None, None, None, sampled[slots],
+                             torch.zeros(len(ids), dtype=torch.int32, device=device), None,
+                             None, None, None)
+            drafts[slots] = d.to(torch.int64)
+        # The step's output to the host, behind an event: -1 where a request finished.
+        flag = torch.where(left - emit <= 0, -1, emit)
+        seen_dev = torch.zeros(max_reqs, dtype=torch.int64, device=device)
+        seen_dev[slots] = flag
+        seen.copy_(seen_dev, non_blocking=pin)
+        if pin:
+            last_event = torch.cuda.Event()
+            last_event.record()
+    now(device)
+    result = {"steps": len(periods) + 1,
+              "period_p50_ms": round(1e3 * float(np.percentile(periods, 50)), 3),
+              "period_p99_ms": round(1e3 * float(np.percentile(periods, 99)), 3)}
+    result["tokens_per_request_step"] = round(int(made) / max(len(periods) + 1, 1) / b, 3)
+    if variant == "device" and spec is not None:
+        result["feeder"] = spec.feeder.lag()
+        stats = spec.feeder.stats
+        result["feeder_ms_per_step"] = round(1e3 * stats.seconds / max(step, 1), 3)
+        result["feeder_cpu_ms_per_step"] = round(1e3 * stats.cpu_seconds / max(step, 1), 3)
+        spec.close()
+    elif spec is not None:
+        spec.close()
+    return result
+
+
+def no_sync(device, requests, steps: int = 300) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "CUDA only"}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = loop(device, "device", 8, steps, requests, 4096)
+    except RuntimeError as exc:
+        return {"raised": repr(exc)[:500]}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"steps": got["steps"], "raised": None}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--traces", default=None)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--only", nargs="*", default=None,
+                    choices=["correctness", "device_time", "no_sync", "loop"])
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    small = device.type == "cpu"
+    os.environ.setdefault("SUFFIXSPEC_LOG_INTERVAL", "0")
+    os.environ.setdefault("SUFFIXSPEC_DRAFT_COST", "0.03")
+    if small:  # the interpreter runs the Triton kernels on CPU tensors
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    _calibrate_sleep(device)
+    rng = np.random.default_rng(3)
+    requests = _requests(args.traces, args.tokenizer, 400, rng)
+    report = {"device": str(device), "name": (torch.cuda.get_device_name(device)
+                                              if device.type == "cuda" else "cpu"),
+              "torch": torch.__version__}
+    parts = args.only or ["correctness", "device_time", "no_sync", "loop"]
+    t0 = time.perf_counter()
+    if "correctness" in parts:
+        report["correctness"] = correctness(device, 3 if small else 50)
+    if "device_time" in parts:
+        report["device_time"] = device_time(
+            device, (2048,) if small else (2048, 16384), (1, 8) if small else (1, 8, 32, 64),
+            5 if small else 500, 4096 if small else 32768)
+    if "no_sync" in parts:
+        report["no_sync"] = no_sync(device, requests)
+    if "loop" in parts:
+        report["loop"] = {}
+        for b in ((8, 64) if small else (1, 8, 32, 64)):
+            for variant in ("none", "sync", "device"):
+                got = loop(device, variant, b, 40 if small else 400, requests, 4096)
+                report["loop"][f"{variant}_b{b}"] = got
+                print(f"loop {variant} b={b}: {got}", file=sys.stderr, flush=True)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device_check.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
