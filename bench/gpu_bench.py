@@ -23,9 +23,18 @@ configuration, what the step also pays:
 * ``suffixspec V1``: suffixspec drafting for this roofline (candidates cut
   to what the whole batch gains from: ``Roofline.admit``), its measured time,
   the plugin's bookkeeping around it, and ``SYNC_MS``;
-* ``suffixspec MRV2``: the same drafts on Model Runner V2: its measured time,
-  the bookkeeping and one host round trip per step (copies and the host token
-  mirror), async scheduling for the rest.
+* ``suffixspec MRV2 sync``: the same drafts on Model Runner V2 by the
+  synchronous speculator (the design ``SUFFIXSPEC_RUNNER=mrv2`` had before):
+  its measured time, the bookkeeping, one host round trip per step (copies
+  and the host token mirror), and the host work async scheduling would have
+  hidden: its wait drains the stream, so the GPU idles through vLLM's own
+  per-step host work (``HIDDEN_MS``);
+* ``suffixspec device``: drafting on the device (``suffixspec.device``,
+  ``SUFFIXSPEC_RUNNER=mrv2``): windows one step old, fitted to the roofline
+  on the device; no host time on the critical path, an estimated device time
+  per step (``DEVICE_MS``, or measured: ``--device-check``).
+
+vLLM's own drafter pays its estimated device time too (``VLLM_DEVICE_MS``).
 
 Bookkeeping and round trip per step come from ``bench/mrv2_bench.py``'s
 ``mrv2.json`` (``--mrv2``), at the same numbers of requests in flight.
@@ -54,22 +63,37 @@ from policy_bench import SLICES
 
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
 SYNC_MS = 0.26
+#: vLLM's per-step host work (output processing, scheduling, prepare_inputs,
+#: launch) that async scheduling hides and a synchronising speculator exposes:
+#: the same figure (async scheduling is worth 3-5% of an 8B model's step in
+#: published runs; vLLM PR #29184 reports +3-39% tokens/s).
+HIDDEN_MS = SYNC_MS
+#: Device time per step, estimated (no GPU has run them): vLLM's drafter, 2-3
+#: small kernels and a scan of the history (its design notes: 20-100 us);
+#: suffixspec's device step, 3 Triton kernels and about 100 small torch ops
+#: (counted by bench/device_check.py: 54 to draft, 31 to apply the payload, and
+#: the snapshot), at ~2 us each.
+VLLM_DEVICE_MS = 0.05
+DEVICE_MS = 0.2
 K16 = dict(max_spec_tokens=16)
 CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see host_costs)
-    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, ()),
-    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False, ()),
+    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, ("vllm device",)),
+    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False,
+                          ("vllm device",)),
     "arctic V1": ("arctic", dict(K16, max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
                   True, ("sync",)),
     "suffixspec V1": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
                       ("sync", "bookkeeping")),
-    "suffixspec MRV2": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
-                        ("bookkeeping", "round trip")),
+    "suffixspec MRV2 sync": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None),
+                             True, ("bookkeeping", "round trip", "hidden")),
+    "suffixspec device": ("suffixspec-device", dict(K16, max_depth=64, cross_pool_tokens=None),
+                          False, ("device",)),
 }
 
 
 def run_one(requests, engine: str, settings: dict, concurrency: int) -> dict:
     proposer = make_proposer(engine, requests, **settings)
-    if engine == "suffixspec":
+    if engine.startswith("suffixspec"):
         proposer.step_cost = H100_8B  # drafts for this regime
     res = replay(requests, proposer, concurrency=concurrency, step_cost=H100_8B)
     m = res.metrics()
@@ -94,6 +118,9 @@ def main():
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the tables again from an earlier run's gpu.json (no replay).")
+    ap.add_argument("--device-check", type=Path, default=None,
+                    help="bench/device_check.py's JSON from a GPU: its measured device time "
+                         "per step replaces DEVICE_MS")
     args = ap.parse_args()
     if args.tables_from is not None:
         done = json.loads(args.tables_from.read_text())
@@ -103,7 +130,7 @@ def main():
     encode = hf_encoder(args.tokenizer)
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
-    measured = host_costs(args.mrv2, levels)
+    measured = host_costs(args.mrv2, levels, args.device_check)
     rows = []
     for name in args.only or list(SLICES):
         file, kw = SLICES[name]
@@ -125,9 +152,12 @@ def main():
                                    "rows": rows}, markdown(rows, args, measured))
 
 
-def host_costs(path: Path, levels: list[int]) -> dict[int, dict]:
-    """Per level in flight, the milliseconds a step adds: ``sync`` (V1), and the
-    plugin's ``bookkeeping`` and MRV2 ``round trip`` measured by mrv2_bench."""
+def host_costs(path: Path, levels: list[int], device_check: Path | None = None) -> dict:
+    """Per level in flight, the milliseconds a step adds: ``sync`` (V1), the
+    plugin's ``bookkeeping`` and MRV2 ``round trip`` measured by mrv2_bench,
+    the host work a synchronising speculator exposes (``hidden``), and the
+    device time of vLLM's drafter and of suffixspec's (``device``: measured
+    by device_check on a GPU when given, 16K-token histories)."""
     try:
         rows = {r["in_flight"]: r for r in json.loads(path.read_text())["rows"]}
     except (OSError, ValueError, KeyError) as exc:
@@ -135,8 +165,13 @@ def host_costs(path: Path, levels: list[int]) -> dict[int, dict]:
     missing = [b for b in levels if b not in rows]
     if missing:
         sys.exit(f"gpu_bench: {path} has no timings at {missing} in flight")
+    device = {b: DEVICE_MS for b in levels}
+    if device_check is not None:
+        timed = json.loads(device_check.read_text())["device_time"]
+        device = {b: timed[f"b{b}_h16384"]["step_us"] / 1e3 for b in levels}
     return {b: {"sync": SYNC_MS, "bookkeeping": rows[b]["bookkeeping_p50_ms"],
-                "round trip": rows[b]["round_trip_p50_ms"]} for b in levels}
+                "round trip": rows[b]["round_trip_p50_ms"], "hidden": HIDDEN_MS,
+                "vllm device": VLLM_DEVICE_MS, "device": device[b]} for b in levels}
 
 
 def _plain(requests, b: int) -> float:
@@ -148,15 +183,18 @@ def _plain(requests, b: int) -> float:
 
 def markdown(rows: list[dict], args, measured: dict) -> str:
     names = ["none"] + list(CONFIGS)
-    out = ["| trace | in flight | " + " | ".join(names) + " | suffixspec MRV2 / vllm-gpu best |",
-           "|---|---|" + "---|" * (len(names) + 1)]
+    out = ["| trace | in flight | " + " | ".join(names)
+           + " | MRV2 sync / vllm-gpu best | device / vllm-gpu best |",
+           "|---|---|" + "---|" * (len(names) + 2)]
     for r in rows:
         best = max(r["vllm-gpu"], r["vllm-gpu adaptive"])
         out.append(f"| {r['trace']} | {r['concurrency']} | "
                    + " | ".join(f"{r[n]:.0f}" for n in names)
-                   + f" | {r['suffixspec MRV2'] / best:.3f} |")
+                   + f" | {r['suffixspec MRV2 sync'] / best:.3f} | "
+                     f"**{r['suffixspec device'] / best:.3f}** |")
     costs = "; ".join(f"{b} in flight: bookkeeping {c['bookkeeping']:.3f}, round trip "
-                      f"{c['round trip']:.3f}" for b, c in measured.items())
+                      f"{c['round trip']:.3f}, device {c['device']:.3f}"
+                      for b, c in measured.items())
     drafting = ["", "Drafting at one request in flight (the same replays): MTS, drafted "
                 "tokens per step, est = MTS / (1 + 0.03 × drafted)", "",
                 "| trace | " + " | ".join(CONFIGS) + " |", "|---|" + "---|" * len(CONFIGS)]
@@ -166,9 +204,12 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         drafting.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + (
         f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
-        f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's steps add the "
-        f"plugin's measured ms per step ({costs}), MRV2 steps the round trip too.  Slices: "
-        f"policy_bench's times {args.fraction}.\n") + "\n".join(drafting) + (
+        f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's host steps add the "
+        f"plugin's measured ms per step ({costs}), MRV2 sync steps the round trip and "
+        f"{HIDDEN_MS} ms of vLLM host work their wait exposes.  Device drafting pays an "
+        f"estimated device time per step: vLLM's drafter {VLLM_DEVICE_MS} ms, suffixspec's "
+        f"the 'device' figure above ({'measured on a GPU' if args.device_check else 'an estimate; no GPU has run it'}).  "
+        f"Slices: policy_bench's times {args.fraction}.\n") + "\n".join(drafting) + (
         "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
         "the roofline a token below the knee is free, which is why every suffix drafter "
         "here drafts long.\n")

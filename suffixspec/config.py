@@ -7,6 +7,7 @@ Numba here: the vLLM plugin reads it in processes that never draft.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 #: Settings earlier versions had, and what to do instead: naming one is refused
@@ -39,6 +40,22 @@ DEFAULT_CROSS_POOL_TOKENS = 4_000_000
 
 #: Tokens of finished requests' own tries kept for a conversation's next turn.
 DEFAULT_REUSE_TOKENS = 1 << 20
+
+
+def check_range(name: str, value, low: float = 0.0, high: float = float("inf"),
+                allow_none: bool = False):
+    """``value`` if it is a finite number in ``[low, high]`` (or None, with
+    ``allow_none``), else ``ValueError`` naming ``name``.  Settings are checked
+    where they are read: a negative pool budget would prune a shared pool to
+    nothing at its next snapshot."""
+    if value is None and allow_none:
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and low <= value <= high):
+        bound = f"in [{low:g}, {high:g}]" if high < float("inf") else f">= {low:g}"
+        raise ValueError(f"{name} must be a finite number {bound}"
+                         f"{' (or unset)' if allow_none else ''}, got {value!r}")
+    return value
 
 
 def check_namespace(namespace) -> str:
@@ -129,6 +146,8 @@ class ProposerConfig:
             raise ValueError(f"draft_cost must be in [0, 1), got {self.draft_cost}")
         if self.reuse_tokens < 0:
             raise ValueError(f"reuse_tokens must be >= 0, got {self.reuse_tokens}")
+        check_range("cross_pool_tokens", self.cross_pool_tokens, allow_none=True)
+        check_range("cross_pool_requests", self.cross_pool_requests, allow_none=True)
         check_namespace(self.namespace)
         if self.shared_namespace is not None:
             check_namespace(self.shared_namespace)

@@ -115,6 +115,7 @@ class SuffixProposer:
         self._roots_for: tuple = (None, -1, None, {})
         self._no_roots = np.full((8, 1, 1 + lay.SEGMENTS), -1, np.int64)
         self._finished = 0
+        self._closed = False
         self._calibration_failed = False
         self._load_calibration()
         warmup(steps=SERVING)
@@ -255,17 +256,27 @@ class SuffixProposer:
             return
         if kept is None:
             return
-        table = cal.upgrade_table(kept)
-        if table is None:
-            logger.warning("suffixspec: the pool's calibration table has a layout this "
-                           "version does not know (%s rows); it is learned again", kept.shape[0])
+        try:
+            table = cal.upgrade_table(kept)
+        except (ValueError, IndexError, TypeError):
+            table = None
+        problem = ("its layout is one this version does not know" if table is None
+                   else cal.table_problem(table))
+        if problem is not None:  # never drafted with, so never saved back
+            logger.warning("suffixspec: the pool's calibration table is not used (%s); it is "
+                           "learned again", problem)
             return
         self.stats.table[:] = table  # in place: the kernels hold this array
 
     def close(self) -> None:
         """Keep the calibration in a persistent pool and close the pool; the
-        proposer drafts no more.  Also on leaving a ``with`` block."""
+        proposer drafts no more (every later call raises ``locking.Closed``).
+        Also on leaving a ``with`` block.  Closing twice does nothing."""
+        if self._closed:
+            return
         self.save_calibration()
+        with self._lock:
+            self._closed = True
         close = getattr(self.cross, "close", None)
         if close is not None:
             close()  # not under the lock: a pool's writer thread takes it to finish

@@ -31,6 +31,25 @@ def interpret(cases: int) -> dict:
         if not all(torch.equal(a, b) for a, b in zip(want, got)):
             mismatches.append({"case": case, "field": "scan", "want": [w.tolist() for w in want],
                                "got": [g.tolist() for g in got]})
+    from suffixspec.device.corpus import DeviceCorpus
+    from suffixspec.device.draft_ref import context_tail
+    from suffixspec.device.draft_triton import corpus_triton
+
+    for case in range(cases):
+        corpus = DeviceCorpus(int(rng.choice([16, 64, 400])))
+        vocab = int(rng.integers(2, 5))
+        for _ in range(int(rng.integers(0, 12))):
+            corpus.ingest(torch.from_numpy(rng.integers(0, vocab, int(rng.integers(0, 30)))).to(
+                torch.int32))
+        ctx = torch.from_numpy(rng.integers(0, vocab, (3, 30))).to(torch.int32)
+        total = torch.from_numpy(rng.integers(1, 31, 3))
+        depth, k = int(rng.integers(1, 9)), int(rng.choice([1, 4, 16]))
+        tail = context_tail(ctx, total, max(depth, 4))
+        want = corpus.draft(tail, depth, k)
+        got = corpus_triton(corpus, tail, depth, k)
+        if not all(torch.equal(a, b) for a, b in zip(want, got)):
+            mismatches.append({"case": case, "field": "corpus", "want": [w.tolist() for w in want],
+                               "got": [g.tolist() for g in got]})
     return {"cases": cases, "rows": rows, "mismatches": mismatches}
 
 
@@ -63,7 +82,17 @@ def compile_sm90() -> dict:
                                        "best_ptr": "*i64", "NB": "constexpr",
                                        "DEPTH": "constexpr", "BLOCK": "constexpr"},
         constexprs={"NB": 128, "DEPTH": 24, "BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
+    corpus = triton.compile(ASTSource(
+        fn=dt._corpus_kernel, signature={
+            "tail_ptr": "*i64", "tail_stride": "i64", "corpus_ptr": "*i32", "table_ptr": "*i64",
+            "length_ptr": "*i64", "tokens_ptr": "*i64", "c_ptr": "*i64", "n_ptr": "*i64",
+            "cap": "i64", "HASH_MUL": "constexpr", "NB": "constexpr", "SLOTS": "constexpr",
+            "DEPTH": "constexpr", "DEPTH_PO2": "constexpr", "K": "constexpr",
+            "K_PO2": "constexpr"},
+        constexprs={"HASH_MUL": -7046029254386353131, "NB": 1 << 18, "SLOTS": 8, "DEPTH": 24,
+                    "DEPTH_PO2": 32, "K": 16, "K_PO2": 16}), target=GPUTarget("cuda", 90, 32))
     return {"target": "cuda:90", "cubin_bytes": len(compiled.asm["cubin"]),
+            "corpus_cubin_bytes": len(corpus.asm["cubin"]),
             "shared_bytes": int(compiled.metadata.shared),
             "scan_cubin_bytes": len(scan.asm["cubin"]),
             "scan_shared_bytes": int(scan.metadata.shared)}

@@ -390,3 +390,56 @@ def test_calibration_survives_restart_and_is_refused_when_damaged(tmp_path, capl
     fresh.start_request("x", [1, 2])  # drafts from the pool all the same
     assert fresh.propose(["x"])[0].token_ids.tolist()[:2] == PATTERN[:2]
     pool.close()
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "huge", "negative", "flat", "rows"])
+def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_path, caplog, bad):
+    """A table kept in the pool (signed, so its checksum holds) is checked before
+    it drafts: not finite, out of range or of a shape this version does not
+    know, it is learned again with one log line; it is never saved back."""
+    from suffixspec.native import calibration as cal
+
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    table = cal.new_table()
+    table[:, 1] = 4.0
+    table[:, 0] = 2.0
+    table = {"nan": lambda t: t.__setitem__((5, 0), np.nan) or t,
+             "inf": lambda t: t.__setitem__((5, 1), np.inf) or t,
+             "huge": lambda t: t.__setitem__((5, 1), 1e308) or t,
+             "negative": lambda t: t.__setitem__((5, 0), -5.0) or t,
+             "flat": lambda t: t.ravel(),
+             "rows": lambda t: t[:100]}[bad](table)
+    pool.save_calibration(table)
+    pool.close()
+    pool = pool_at(path)
+    with caplog.at_level("WARNING"):
+        prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    assert [r.getMessage() for r in caplog.records if "calibration" in r.getMessage()] and \
+        sum("calibration table is not used" in r.getMessage() for r in caplog.records) == 1
+    assert prop.stats.table[:, 1].sum() == 0 and np.isfinite(prop.stats.table).all()
+    run_request(prop, "a", [1, 2], PATTERN)
+    prop.start_request("b", [1, 2])
+    assert len(prop.propose(["b"])[0]) > 0  # drafts, with a table it learns afresh
+    prop.close()
+    kept = PoolStore(path).load_table("calibration")
+    assert np.isfinite(kept).all() and (kept >= 0).all()  # the bad one was not written back
+
+
+def test_a_closed_proposer_refuses_every_call_in_one_line(tmp_path):
+    from suffixspec.locking import Closed
+
+    pool = pool_at(tmp_path / "pool.lmdb")
+    prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    run_request(prop, "a", [1, 2], PATTERN)
+    prop.start_request("b", [1, 2])
+    prop.close()
+    prop.close()  # twice: nothing
+    for call in (lambda: prop.propose(["b"]), lambda: prop.extend("b", [3]),
+                 lambda: prop.finish_request("b"), lambda: prop.start_request("c", [1])):
+        with pytest.raises(Closed, match="SuffixProposer.* was closed"):
+            call()
+    again = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool_at(tmp_path / "pool.lmdb"))
+    again.start_request("c", [1, 2])
+    assert len(again.propose(["c"])[0]) > 0  # the file opens again in this process
+    again.close()

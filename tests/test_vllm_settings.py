@@ -87,3 +87,20 @@ def test_removed_settings_and_which_vllm_length_knobs_are_honoured(tmp_path):
                                suffix_decoding_min_token_prob=0.2)
     assert s.length_knobs(vllm_defaults) == (None, None)
     assert s.length_knobs(user_set) == (2.0, 0.2)
+
+
+@pytest.mark.parametrize("name, value", [("CROSS_TOKENS", "-1"), ("SNAPSHOT_EVERY", "-5"),
+                                         ("REFRESH_INTERVAL", "-1"), ("REFRESH_INTERVAL", "nan"),
+                                         ("REFRESH_INTERVAL", "inf"), ("LOG_INTERVAL", "-2"),
+                                         ("DRAFT_COST", "1.5")])
+def test_settings_out_of_range_are_refused_in_one_line(tmp_path, name, value):
+    """A negative pool budget would prune a shared pool to nothing at its next
+    snapshot: out-of-range settings are refused, from the environment or a file."""
+    from suffixspec.integrations.vllm.settings import Settings
+
+    with pytest.raises(ValueError, match=f"SUFFIXSPEC_{name} must be a finite number"):
+        Settings.from_env({f"SUFFIXSPEC_{name}": value})
+    config = tmp_path / "suffixspec.json"
+    config.write_text('{"cross_tokens": -5}')
+    with pytest.raises(ValueError, match="SUFFIXSPEC_CROSS_TOKENS must be a finite number"):
+        Settings.from_env({"SUFFIXSPEC_CONFIG": str(config)})

@@ -261,6 +261,120 @@ def scan_triton(hist, total, slots, depth: int, block: int = 256):
     return length, torch.where(length > 0, top - length * (width + 1), 0)
 
 
+@triton.jit
+def _corpus_kernel(
+    tail_ptr,        # *int64  [B, T]  each context's last tokens, newest first (-2: none)
+    tail_stride,
+    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents)
+    table_ptr,       # *int64  [2, NB, SLOTS]
+    length_ptr,      # *int64  [B]     (out) match length, 0: none
+    tokens_ptr,      # *int64  [B, K]  (out)
+    c_ptr,           # *int64  [B, K]  (out) votes for each token
+    n_ptr,           # *int64  [B, K]  (out) candidates still matching
+    cap,
+    HASH_MUL: tl.constexpr, NB: tl.constexpr, SLOTS: tl.constexpr, DEPTH: tl.constexpr,
+    DEPTH_PO2: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr,
+):
+    """``corpus.DeviceCorpus.draft`` for one row per program."""
+    b = tl.program_id(0).to(tl.int64)
+    C: tl.constexpr = 2 * SLOTS
+    ci = tl.arange(0, C).to(tl.int64)
+    di = tl.arange(0, DEPTH_PO2).to(tl.int64)
+    ki = tl.arange(0, K_PO2).to(tl.int64)
+    tail = tl.load(tail_ptr + b * tail_stride + di, mask=di < DEPTH, other=-2)
+    hv = tl.zeros((), tl.int64)
+    b2 = tl.zeros((), tl.int64)
+    held = tl.zeros((), tl.int64)
+    for d in tl.static_range(4):
+        t = tl.load(tail_ptr + b * tail_stride + d)
+        held += (t >= 0).to(tl.int64)
+        hv = (hv ^ tl.where(t >= 0, t, 0)) * HASH_MUL
+        if d == 1:
+            b2 = ((hv >> 29) ^ hv) & (NB - 1)
+    b4 = ((hv >> 29) ^ hv) & (NB - 1)
+    is4 = ci < SLOTS
+    key_len = tl.where(is4, 4, 2)
+    vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + ci, (NB + b2) * SLOTS + ci - SLOTS))
+    cpos = vals & 0xFFFFFFFF
+    src = cpos[:, None] - 1 - di[None, :]
+    ring = tl.load(corpus_ptr + src, mask=(vals[:, None] >= 0) & (src >= 0) & (di[None, :] < DEPTH),
+                   other=-3).to(tl.int64)
+    miss = (ring != tail[None, :]).to(tl.int32)
+    c_len = tl.sum((tl.cumsum(miss, axis=1) == 0).to(tl.int64), axis=1)
+    nxt = tl.load(corpus_ptr + cpos, mask=(vals >= 0) & (cpos < cap), other=-1)
+    ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held >= key_len)
+    earlier = ci[:, None] < ci[None, :]
+    dup = (cpos[:, None] == cpos[None, :]) & ok[:, None] & earlier
+    ok = ok & (tl.max(dup.to(tl.int32), axis=0) == 0)
+    at = cpos[:, None] + ki[None, :]
+    cont = tl.load(corpus_ptr + at, mask=ok[:, None] & (ki[None, :] < K) & (at < cap),
+                   other=-1).to(tl.int64)
+    cont = tl.where(tl.cumsum((cont < 0).to(tl.int32), axis=1) == 0, cont, -1)
+    same_len = (c_len[:, None] == c_len[None, :]) & ok[:, None] & earlier
+    first = ok & (tl.max(same_len.to(tl.int32), axis=0) == 0)
+    best_score = tl.full((), -1.0, tl.float32)
+    best_len = tl.full((), -1, tl.int64)
+    best_tok = tl.zeros([K_PO2], tl.int64)
+    best_c = tl.zeros([K_PO2], tl.int64)
+    best_n = tl.zeros([K_PO2], tl.int64)
+    for i in range(C):
+        pick = ci == i
+        if tl.sum(tl.where(pick, first.to(tl.int32), 0), axis=0) > 0:
+            length = tl.sum(tl.where(pick, c_len, 0), axis=0)
+            alive = ok & (c_len >= length)
+            go = length > 0
+            cum = tl.full((), 1.0, tl.float32)
+            score = tl.zeros((), tl.float32)
+            chain = tl.zeros([K_PO2], tl.int64)
+            votes = tl.zeros([K_PO2], tl.int64)
+            among = tl.zeros([K_PO2], tl.int64)
+            for d in tl.static_range(K):
+                col = tl.sum(tl.where(ki[None, :] == d, cont, 0), axis=1)
+                has = alive & (col >= 0)
+                count = tl.sum(((col[:, None] == col[None, :]) & has[None, :]).to(tl.int64),
+                               axis=1)
+                count = tl.where(has, count, 0)
+                cmax = tl.max(count, axis=0)
+                newest = tl.max(tl.where(has & (count == cmax), vals, -1), axis=0)
+                tok = tl.sum(tl.where(has & (vals == newest), col, 0), axis=0)
+                go = go & (cmax > 0)
+                denom = tl.maximum(tl.sum(alive.to(tl.int64), axis=0), 1)
+                cum = tl.where(go, cum * cmax.to(tl.float32) / denom.to(tl.float32), cum)
+                score = tl.where(go, score + cum, score)
+                chain = tl.where((ki == d) & go, tok, chain)
+                votes = tl.where((ki == d) & go, cmax, votes)
+                among = tl.where((ki == d) & go, denom, among)
+                alive = alive & (col >= 0) & (col == tok)
+            take = (score > best_score) | ((score == best_score) & (length > best_len))
+            best_score = tl.where(take, score, best_score)
+            best_len = tl.where(take, length, best_len)
+            best_tok = tl.where(take, chain, best_tok)
+            best_c = tl.where(take, votes, best_c)
+            best_n = tl.where(take, among, best_n)
+    found = best_len > 0
+    tl.store(length_ptr + b, tl.where(found, best_len, 0))
+    out = b * K + ki
+    tl.store(tokens_ptr + out, tl.where(found, best_tok, 0), mask=ki < K)
+    tl.store(c_ptr + out, tl.where(found, best_c, 0), mask=ki < K)
+    tl.store(n_ptr + out, tl.where(found, best_n, 0), mask=ki < K)
+
+
+def corpus_triton(corpus, tail, depth: int, k: int):
+    """``corpus.DeviceCorpus.draft`` of ``corpus`` in one launch."""
+    from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
+
+    b = tail.shape[0]
+    dev = tail.device
+    length = torch.zeros(b, dtype=torch.int64, device=dev)
+    tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
+    tail = tail.to(torch.int64).contiguous()
+    _corpus_kernel[(b,)](tail, tail.stride(0), corpus.tokens, corpus.table, length, tokens, c, n,
+                         corpus.capacity, HASH_MUL=int(HASH_MUL), NB=corpus.buckets, SLOTS=SLOTS,
+                         DEPTH=depth, DEPTH_PO2=triton.next_power_of_2(depth), K=k,
+                         K_PO2=triton.next_power_of_2(k), num_warps=4)
+    return length, tokens, c, n
+
+
 def constexprs(windows: DeviceWindows, k: int) -> dict:
     """The kernel's compile-time sizes for ``windows`` and drafts of ``k`` tokens."""
     spec = windows.spec

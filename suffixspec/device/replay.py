@@ -177,8 +177,10 @@ class DeviceWindowsProposer:
             self._build(req_ids)
             self._update_short()
         host = self.host
-        thr = 0.0 if getattr(host.step_cost, "admit", None) is not None else float(
-            cal.threshold(host.stats.state))
+        fitted = getattr(host.step_cost, "admit", None) is not None
+        if fitted:  # candidates as long as they go; the fit prices the batch (as the host's)
+            host.stats.state[cal.ST_COST] = 0.0
+        thr = 0.0 if fitted else float(cal.threshold(host.stats.state))
         self.calibration.params[:] = torch.as_tensor(self.calibration.host_params(
             host.stats.state, max(thr, host.min_token_prob), host.max_spec_factor,
             host.max_spec_offset, host.max_depth), dtype=torch.float64)
@@ -189,7 +191,7 @@ class DeviceWindowsProposer:
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
                          corpus=self._corpus(slots), short=self.short.draft)
-        if getattr(host.step_cost, "admit", None) is not None:
+        if fitted:
             fit_batch(out, host.step_cost)
             self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid
         n = out.num_valid.numpy().astype(np.int64)

@@ -94,6 +94,8 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     dropped here with its rows; every other row keeps its counts."""
     if table.shape == (TABLE_ROWS, 2):
         return table
+    if table.ndim != 2:
+        return None
     old_coarse = N_SRC_0_1 * N_SHARED
     if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
         return None
@@ -101,6 +103,21 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
     fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
     return np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)])
+
+
+def table_problem(table: np.ndarray) -> str | None:
+    """Why ``table`` cannot be drafted with (None: it can): every count finite, and
+    ``0 <= accepted <= tried <= 1e9`` (the table a
+    pool keeps is read back unchecked otherwise: NaN or huge counts would stop
+    every draft, a negative one would divide by zero)."""
+    if not isinstance(table, np.ndarray) or table.shape != (TABLE_ROWS, 2):
+        return f"its shape is {getattr(table, 'shape', None)}, not ({TABLE_ROWS}, 2)"
+    if not np.isfinite(table).all():
+        return "it holds counts that are not finite"
+    accepted, tried = table[:, 0], table[:, 1]
+    if (accepted < 0).any() or (accepted > tried).any() or (tried > 1e9).any():
+        return "it holds counts out of range"
+    return None
 
 
 def new_stats(draft_cost: float) -> Stats:

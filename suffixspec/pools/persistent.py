@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from suffixspec.anchors import anchor_count
-from suffixspec.config import DEFAULT_NAMESPACE, REFRESH_INTERVAL, check_namespace
+from suffixspec.config import DEFAULT_NAMESPACE, REFRESH_INTERVAL, check_namespace, check_range
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.native import layout as lay
 from suffixspec.pools import files, segments
@@ -114,6 +114,12 @@ class PersistentPool:
                  ttl: float | None = None, refresh_interval: float = REFRESH_INTERVAL,
                  snapshot_every: int | None = None, durable: bool = True,
                  catch_up_tokens: int = CATCH_UP_TOKENS, snapshot_jobs: int = 1):
+        check_range("max_tokens", max_tokens, allow_none=True)
+        check_range("ttl", ttl, allow_none=True)
+        check_range("refresh_interval", refresh_interval, high=1e9)
+        check_range("snapshot_every", snapshot_every, allow_none=True)
+        check_range("catch_up_tokens", catch_up_tokens, low=1)
+        check_range("snapshot_jobs", snapshot_jobs, low=1, high=64)
         self._shared = not isinstance(path, PoolStore)
         self.store = PoolStore.shared(path, tokenizer, max_depth, durable) if self._shared \
             else path

@@ -119,9 +119,9 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         cuda = device.type == "cuda"
         self._cuda = cuda
         if cuda:
-            from suffixspec.device.draft_triton import fused_triton, scan_triton
+            from suffixspec.device.draft_triton import corpus_triton, fused_triton, scan_triton
 
-            self._fused, self._scan = fused_triton, scan_triton
+            self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
             self._side = torch.cuda.Stream(device)
         else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
             self._fused, self._scan, self._side = fused_ref, None, None
@@ -207,7 +207,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         corpus = None
         if self.corpus.capacity > 1 and self._cuda:
             def corpus(tail):
-                return self.corpus.draft(tail, spec.scan_depth, self.k)
+                return self._corpus_kernel(self.corpus, tail, spec.scan_depth, self.k)
         elif self.corpus.capacity > 1:
             corpus = self._corpus_cpu(input_batch.idx_mapping_np[:n])
         out = draft_step(hist, rs.total_len.gpu, idx, num_sampled[:n], self.windows,

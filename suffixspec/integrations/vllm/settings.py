@@ -37,7 +37,7 @@ from typing import get_type_hints
 from pathlib import Path
 
 from suffixspec.config import (ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR, REFRESH_INTERVAL,
-                               REMOVED, ProposerConfig)
+                               REMOVED, ProposerConfig, check_range)
 
 PREFIX = "SUFFIXSPEC_"
 TRUE = {"1", "true", "yes", "on"}
@@ -90,6 +90,13 @@ class Settings:
     refresh_interval: float = REFRESH_INTERVAL
     log_interval: float = 10.0
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
+
+    def __post_init__(self):
+        for name in ("cross_tokens", "snapshot_every"):
+            check_range(PREFIX + name.upper(), getattr(self, name))
+        for name in ("refresh_interval", "log_interval"):
+            check_range(PREFIX + name.upper(), getattr(self, name), high=1e9)
+        check_range(PREFIX + "DRAFT_COST", self.draft_cost, high=0.999, allow_none=True)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> Settings:
