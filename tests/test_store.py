@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 import zlib
 
 import msgpack
@@ -198,3 +199,40 @@ def test_another_applications_file_is_refused_and_left_untouched(tmp_path):
         PoolStore(text, tokenizer=BYTES, max_depth=16)
     assert foreign.read_bytes() == before and text.read_text() == "hello"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "notes.txt"]
+
+
+def test_the_fingerprint_covers_added_tokens_special_or_not_and_the_size(tmp_path,
+                                                                         tokenizer_path):
+    """Qwen plus <sql_block> and Qwen plus <json_block> at the same id are two
+    tokenizers: a pool of one refuses the other's ids.  A tokenizer with no
+    added tokens beyond its special ones still opens pools of the earlier
+    fingerprint."""
+    import json
+
+    from suffixspec.fingerprint import fingerprint_vocab, load_hf_tokenizer, tokenizer_id
+    from suffixspec.pools.store import TokenizerMismatchError
+
+    base = json.loads(Path(tokenizer_path).read_text())
+    next_id = max(t["id"] for t in base["added_tokens"]) + 1
+    ids = {}
+    for word in ("sql_block", "json_block"):
+        data = json.loads(json.dumps(base))
+        data["added_tokens"].append({"id": next_id, "content": f"<{word}>", "single_word": False,
+                                     "lstrip": False, "rstrip": False, "normalized": False,
+                                     "special": False})
+        folder = tmp_path / word
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(json.dumps(data))
+        ids[word] = tokenizer_id(folder)
+    qwen = tokenizer_id(tokenizer_path)
+    assert len({qwen.fingerprint, ids["sql_block"].fingerprint,
+                ids["json_block"].fingerprint}) == 3
+    assert ids["sql_block"].legacy is None  # the earlier fingerprint cannot tell them apart
+    PoolStore(tmp_path / "sql.lmdb", ids["sql_block"], 16).close()
+    with pytest.raises(TokenizerMismatchError):
+        PoolStore(tmp_path / "sql.lmdb", ids["json_block"], 16)
+    # A pool holding Qwen's earlier fingerprint opens with Qwen.
+    tok = load_hf_tokenizer(tokenizer_path)
+    special = [(t.content, i) for i, t in tok.get_added_tokens_decoder().items() if t.special]
+    assert qwen.legacy == fingerprint_vocab(tok.get_vocab(with_added_tokens=False), special)
+    assert qwen.matches(qwen.legacy) and not ids["sql_block"].matches(qwen.legacy)

@@ -167,7 +167,7 @@ class PoolStore:
                 self.close()
 
     def _check_identity(self, tokenizer, max_depth) -> None:
-        if tokenizer is not None and tokenizer.fingerprint != self.info["fingerprint"]:
+        if tokenizer is not None and not tokenizer.matches(self.info["fingerprint"]):
             raise TokenizerMismatchError(
                 f"pool {self.path} was built with tokenizer {self.info['tokenizer']} "
                 f"({self.info['fingerprint']}), but this run uses {tokenizer}; pools "
