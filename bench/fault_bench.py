@@ -17,6 +17,9 @@ Usage (from the repository root):
   bytes left in the file;
 * other tenant: one process commits tokens into another namespace while a
   reader drafts: the reader's ``propose()`` p50 / p99 / max latency and RSS;
+* long commit: one process commits a single 2M-token sequence while a reader
+  drafts in the same namespace: the reader's worst ``propose()`` wall and CPU
+  time (the sequence is indexed a piece per refresh);
 * budget: a pool with a 1M-token budget that has 20M tokens committed to it,
   with and without ``snapshot_every``: peak RSS, file size, tokens indexed;
 * crafted segments: each of ``tests/crafted.py``'s broken segments (checksums
@@ -82,14 +85,15 @@ path, namespace, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
 prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace=namespace)
 end = time.monotonic() + seconds
-lat, errors, n = [], 0, 0
+lat, cpu, errors, n = [], [], 0, 0
 while time.monotonic() < end:
     try:
         prop.start_request(n, [1, 2, 3])
         for t in (5, 6, 7):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             prop.propose([n])
             lat.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
             prop.extend(n, [t])
         prop.abort_request(n)
     except Exception as e:
@@ -100,7 +104,7 @@ pool.close()
 lat = np.asarray(lat) * 1e3
 print(json.dumps({"proposes": len(lat), "errors": errors,
                   "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-                  "max_ms": float(lat.max()),
+                  "max_ms": float(lat.max()), "max_cpu_ms": 1e3 * float(np.max(cpu)),
                   "rss_mb": peak_rss_mb()}))
 """
 
@@ -372,6 +376,36 @@ def other_tenant(tmp: Path, tokens: int, seconds: float) -> dict:
     return {"other_tokens": tokens, "write_s": round(write_s, 1), **json.loads(out)}
 
 
+COMMIT_ONE = r"""
+import sys
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.pools.store import PoolStore
+store = PoolStore(sys.argv[1], tokenizer=BYTES)
+tokens = np.random.default_rng(1).integers(0, 250, int(sys.argv[2])).astype(np.int32)
+store.add_many([(tokens, sys.argv[3], "", "")])  # one sequence (one 8 MB ingest line)
+store.close()
+"""
+
+
+def long_commit(tmp: Path, tokens: int, seconds: float) -> dict:
+    """A reader drafting in the namespace another process commits one long
+    sequence to: its ``propose()`` wall and CPU time, the worst of them."""
+    path = tmp / "long.lmdb"
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+    for i in range(200):
+        pool.add(np.arange(i % 50, i % 50 + 40, dtype=np.int32) % 250, "mine")
+    pool.close()
+    reader = _run(READER, path, "mine", seconds)
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    writer = _run(COMMIT_ONE, path, tokens, "mine")
+    writer.communicate()
+    write_s = time.monotonic() - t0
+    out, err = reader.communicate()
+    return {"sequence_tokens": tokens, "write_s": round(write_s, 1), **json.loads(out)}
+
+
 BUDGET = PEAK_RSS + r"""
 import json, os, sys, time
 import numpy as np
@@ -553,6 +587,12 @@ def markdown(r: dict) -> str:
              f"{k['partial_sequences']}, half done {k['half_done']}, forgotten bytes left "
              f"{k['forgotten_left']}, drafts changed {k['drafts_changed']}, leftover files "
              f"{k['leftover_files']} |" for k in r.get("killed", [])]
+    if (c := r.get("long_commit")):
+        rows.append(f"| one {c['sequence_tokens']:,}-token sequence committed by another "
+                    f"process beside a reader ({c['write_s']} s to commit) | reader "
+                    f"propose() p50 {c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms, max "
+                    f"{c['max_ms']:.1f} ms (CPU max {c['max_cpu_ms']:.1f} ms), "
+                    f"{c['proposes']} proposes, {c['errors']} errors |")
     if (live := r.get("live_forget")):
         rows.append(f"| {live['seconds']:.0f} s: 2 writers, 3 readers, forget + prune every few "
                     f"seconds | {live['forgets']} forgets ({live['forgets_compacted']} "
@@ -592,8 +632,9 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter runs")
     ap.add_argument("--only", nargs="*", choices=("damage", "killed", "live_forget",
-                                                   "other_tenant", "budget", "crafted",
-                                                   "serving"), help="run only these")
+                                                   "other_tenant", "long_commit", "budget",
+                                                   "crafted", "serving"),
+                    help="run only these")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="suffixspec-faults-"))
     try:
@@ -603,6 +644,7 @@ def main():
                 "live_forget": lambda: live_forget(tmp, 15.0 if q else 60.0),
                 "other_tenant": lambda: other_tenant(tmp, 1_000_000 if q else 5_000_000,
                                                      20.0 if q else 60.0),
+                "long_commit": lambda: long_commit(tmp, 2_000_000, 20.0 if q else 40.0),
                 "budget": lambda: budget(tmp, 4_000_000 if q else 20_000_000),
                 "crafted": lambda: crafted(tmp),
                 "serving": lambda: serving_latency(tmp, 4_000_000, 40.0 if q else 60.0)}

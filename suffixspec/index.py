@@ -403,8 +403,8 @@ class SuffixIndex:
         entries = int(self.meta[lay.META_HASH_FILL]) + tokens + 2 * self.max_depth + 2
         size = 1 << int(np.ceil(np.log2(max(2 * entries + 2, self.hkeys.shape[0]))))
         if size > self.hkeys.shape[0]:
-            keys = np.full(size, lay.EMPTY, np.int64)
-            vals = np.full(size, -1, np.int32)
+            keys = _filled(size, lay.EMPTY, np.int64)
+            vals = _filled(size, -1, np.int32)
             trie.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
             self.hkeys, self.hvals = keys, vals
         arena = int(self.meta[lay.META_ARENA_TOP]) + 2 * tokens
@@ -425,8 +425,8 @@ class SuffixIndex:
         self._reserve_nodes(self.max_depth + 1)
         if self.meta[lay.META_HASH_FILL] + 2 * self.max_depth + 2 > self.hkeys.shape[0] // 2:
             size = 2 * self.hkeys.shape[0]
-            keys = np.full(size, lay.EMPTY, np.int64)
-            vals = np.full(size, -1, np.int32)
+            keys = _filled(size, lay.EMPTY, np.int64)
+            vals = _filled(size, -1, np.int32)
             trie.rehash(self.hkeys, self.hvals, keys, vals, self.meta)
             self.hkeys, self.hvals = keys, vals
 
@@ -457,6 +457,14 @@ class SuffixIndex:
 
 
 def _grown(arr: np.ndarray, rows: int, fill) -> np.ndarray:
-    out = np.full((rows,) + arr.shape[1:], fill, arr.dtype)
-    out[: arr.shape[0]] = arr
+    """``arr`` with ``rows`` rows, the new ones ``fill`` (filled in a kernel that
+    lets go of the interpreter lock: large arrays take a while)."""
+    out = np.empty((rows,) + arr.shape[1:], arr.dtype)
+    trie.grow_into(out.reshape(-1), np.ascontiguousarray(arr).reshape(-1), arr.dtype.type(fill))
+    return out
+
+
+def _filled(size: int, fill, dtype) -> np.ndarray:
+    out = np.empty(size, dtype)
+    trie.grow_into(out, out[:0], out.dtype.type(fill))
     return out

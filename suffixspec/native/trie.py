@@ -1149,3 +1149,14 @@ def check_integrity(index):
             return 8
     return 0
 
+
+@njit(cache=True, nogil=True)
+def grow_into(out, old, fill):
+    """``out[:len(old)] = old``, the rest ``fill`` (flat arrays): an index's array
+    grown without holding the interpreter lock (a loader thread grows a large
+    index beside the serving thread)."""
+    n = old.shape[0]
+    for i in range(n):
+        out[i] = old[i]
+    for i in range(n, out.shape[0]):
+        out[i] = fill

@@ -151,6 +151,8 @@ def _maintenance(ix, root):
                            np.zeros(nodes.shape[0], np.bool_), np.int64(0), keys2, vals2)
     partition.join_roots(nodes, np.int64(root), np.full(1, -1, np.int64), keys2, vals2)
     trie.drop_tree(flat, root)
+    for dtype in (np.int32, np.int64):  # growing an index's arrays (``index._grown``)
+        trie.grow_into(np.empty(4, dtype), np.zeros(2, dtype), dtype(-1))
 
 
 def _checks(ix, root):
@@ -215,7 +217,7 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
 
 
 KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remove_seq,
-           trie.drop_tree, trie.move_seq, trie.compact_arena, trie.longest_match,
+           trie.drop_tree, trie.move_seq, trie.grow_into, trie.compact_arena, trie.longest_match,
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn, windows.build_batch, windows.one_token_paths,

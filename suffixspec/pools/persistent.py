@@ -52,9 +52,9 @@ logger = logging.getLogger(__name__)
 
 #: Tokens of others' commits one ``refresh`` indexes at most (about 5 ms here).
 CATCH_UP_TOKENS = 1 << 11
-#: A sequence longer than what is left of a refresh's budget is indexed this many tokens
-#: a refresh at most (see ``PersistentPool._catch_up``).
-PIECE = CATCH_UP_TOKENS
+#: Another process's commit longer than this is indexed by the loader thread, not a
+#: serving call (see ``PersistentPool._catch_up``).
+LONG = 1 << 14
 #: Stored sequences read at once by the loader (it takes the store between reads).
 READ_BATCH = 128
 #: Commits stored in one transaction at most.
@@ -143,7 +143,7 @@ class PersistentPool:
         self._handles = 0
         self._ids: dict[int, int] = {}  # committed delta sequence -> store id
         self._seen = 0  # stored ids up to this are indexed (delta or view)
-        self._partial = None  # [record, delta sequence, tokens indexed]: a long one, in pieces
+        self._long_pending = False  # a long commit is being indexed by the loader
         self._own: set[int] = set()  # ids this process committed and indexed already
         self._deletes = 0
         self._inode = None
@@ -317,52 +317,30 @@ class PersistentPool:
         """Index what others committed in the namespaces wanted, about ``budget``
         tokens at most (None: all); ``behind`` says the next refresh goes on.
 
-        The budget counts tokens, not sequences: a sequence longer than what is
-        left of it is indexed a piece per refresh (an open sequence of the
-        delta until its last piece), so no serving call indexes a long
-        commit of another process at once.
+        A sequence longer than ``LONG`` (one long output, or an 8 MB ingest
+        line) is not indexed here, in a serving call: the loader thread
+        indexes it with everything after the snapshot and the result is
+        swapped in; until then others' newer commits wait.
         """
         self.behind = False
+        if self._long_pending and budget is not None:
+            return
         spent = 0
-        if self._partial is not None:
-            spent = self._continue_partial(budget)
-            if self._partial is not None:
-                self.behind = True
-                return
         for seq in self.store.sequences(after=self._seen):
-            self._seen = max(self._seen, seq.seq_id)
             if seq.seq_id not in self._own and (self.wanted is None
                                                 or seq.namespace in self.wanted):
-                room = None if budget is None else budget - spent
-                if room is not None and seq.length > max(room, PIECE):
-                    handle = self.delta.begin(seq.namespace, capacity=max(seq.length, 1))
-                    self._partial = [seq, handle, 0]
-                    spent += self._continue_partial(max(room, PIECE))
-                    if self._partial is not None:
-                        self.behind = True
-                        break
-                    continue
+                if budget is not None and seq.length > LONG:
+                    self._long_pending = True
+                    self._start_loader()
+                    break
                 self._ids[self.delta.add(seq.tokens, seq.namespace)] = seq.seq_id
+            self._seen = max(self._seen, seq.seq_id)
             spent += seq.length + 64  # reading a record costs too, indexed or not
             if budget is not None and spent >= budget:
                 self.behind = True
                 break
         self._own = {i for i in self._own if i > self._seen}
         self._evict()
-
-    def _continue_partial(self, budget: int | None) -> int:
-        """Index the next ``budget`` tokens (at least ``PIECE``; None: all) of the
-        sequence being indexed in pieces; returns them."""
-        seq, handle, done = self._partial
-        end = seq.length if budget is None else min(seq.length, done + max(budget, PIECE))
-        self.delta.extend(handle, np.ascontiguousarray(seq.tokens[done:end]))
-        if end < seq.length:
-            self._partial[2] = end
-        else:
-            self.delta.close(handle)
-            self._ids[handle] = seq.seq_id
-            self._partial = None
-        return end - done
 
     def _evict(self) -> None:
         """Keep the indexed tokens within ``max_tokens`` by dropping the oldest
@@ -730,7 +708,7 @@ class PersistentPool:
         self._open = moved
         self.delta, self.view, self._ids = new.delta, new.view, new.ids
         self._seen, self._own, self._deletes = new.upto, set(), new.deletes
-        self._partial = None  # its rest is read again after ``upto``, whole or in pieces
+        self._long_pending = False  # the loader indexed up to ``upto``
         self._inode = new.inode
         self.behind = True  # catch up on what came after ``upto`` at the next refresh
         if new.wanted != (None if self.wanted is None else frozenset(self.wanted)):
