@@ -301,3 +301,17 @@ def test_recent_follows_the_last_draft():
                             cal.RECENT_WHOLLY]
     assert H100_8B.flat > 0
     assert W_HEAD != W_LEN
+
+
+def test_suffixspec_and_its_cli_import_neither_torch_nor_triton():
+    """torch and Triton stay optional: only ``suffixspec.device`` needs them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, suffixspec, suffixspec.proposer, suffixspec.replay.engines, "
+            "suffixspec.cli, suffixspec.integrations.vllm, suffixspec.integrations.vllm.service; "
+            "from suffixspec import SuffixProposer; "
+            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

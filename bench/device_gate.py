@@ -1,0 +1,108 @@
+"""The replay gate of drafting on the device: what one-step-old windows cost.
+
+Usage (from the repository root):
+
+    python bench/device_gate.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen --out bench/results
+
+Per trace and requests in flight (1 and 32), k = 16, the same requests
+through:
+
+* ``host``: suffixspec drafting on the host at every step (``suffixspec``);
+* ``device``: ``suffixspec-device``: drafts from windows the host built one
+  step before, the own-history scan, the pool's device corpus and its
+  one-token paths (``suffixspec.device``), scored with the same calibration;
+* ``device, windows only``: the same without the corpus and the one-token
+  paths, so the table shows what those tiers add.
+
+Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
+>= 0.98), and the share of steps drafted from a window, the own-history
+scan, the corpus, the one-token paths, or not at all.  Slices:
+policy_bench's times ``--fraction``.  Writes ``device_gate.json`` and
+``device_gate.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from suffixspec.native import warmup
+from suffixspec.replay.engines import make_proposer
+from suffixspec.replay.harness import replay
+from suffixspec.replay.traces import hf_encoder, load_trace
+
+from bench_common import parser, save_results
+from policy_bench import SLICES
+
+K16 = dict(max_depth=64, max_spec_tokens=16)
+RUNS = {  # name -> (engine, settings)
+    "host": ("suffixspec", K16),
+    "device": ("suffixspec-device", K16),
+    "device, windows only": ("suffixspec-device", dict(K16, corpus_tokens=0, vocab_size=0)),
+}
+SOURCES = ("window", "scan", "corpus", "short", "none")
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    ap.add_argument("--runs", nargs="*", choices=list(RUNS), default=list(RUNS))
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="an earlier run's device_gate.json: its rows are kept, this run's "
+                         "added or replacing them")
+    args = ap.parse_args()
+    encode = hf_encoder(args.tokenizer)
+    warmup()
+    rows = []
+    for name in args.only or list(SLICES):
+        file, kw = SLICES[name]
+        kw = {k: max(1, int(v * args.fraction)) for k, v in kw.items()}
+        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        for b in (int(c) for c in args.concurrency.split(",")):
+            row = {"trace": name, "concurrency": b}
+            for run, (engine, settings) in RUNS.items():
+                if run not in args.runs:
+                    continue
+                t0 = time.perf_counter()
+                proposer = make_proposer(engine, requests, **settings)
+                m = replay(requests, proposer, concurrency=b).metrics()
+                row[run] = {k: m[k] for k in ("mean_tokens_per_step", "est", "drafted_per_step")}
+                counts = getattr(proposer, "counts", None)
+                if counts:
+                    steps = max(sum(counts.values()), 1)
+                    row[run]["sources"] = {s: counts.get(s, 0) / steps for s in SOURCES}
+                print(f"{name} @{b} {run}: est {m['est']:.4f}, MTS "
+                      f"{m['mean_tokens_per_step']:.4f} ({time.perf_counter() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
+            rows.append(row)
+    if args.merge is not None:
+        new = {(r["trace"], r["concurrency"]) for r in rows}
+        rows = [r for r in json.loads(args.merge.read_text())["rows"]
+                if (r["trace"], r["concurrency"]) not in new] + rows
+    save_results(args.out, "device_gate", {"fraction": args.fraction, "rows": rows},
+                 markdown(rows, args))
+
+
+def markdown(rows: list[dict], args) -> str:
+    out = ["| trace | in flight | host est | device est | device / host | windows only / host "
+           "| steps from window / scan / corpus / one-token / none |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        host, dev = r["host"]["est"], r["device"]["est"]
+        bare = r.get("device, windows only", {}).get("est", float("nan"))
+        shares = " / ".join(f"{100 * r['device']['sources'][s]:.0f}%" for s in SOURCES)
+        out.append(f"| {r['trace']} | {r['concurrency']} | {host:.3f} | {dev:.3f} | "
+                   f"**{dev / host:.3f}** | {bare / host:.3f} | {shares} |")
+    return "\n".join(out) + (
+        f"\n\nk = 16, depth 64, draft cost 0.03 for every run; windows one step old (8 per "
+        f"request, 64 tokens).  Slices: policy_bench's times {args.fraction}.  The gate: "
+        f"device / host >= 0.98.\n")
+
+
+if __name__ == "__main__":
+    main()
