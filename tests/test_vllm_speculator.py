@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
+from mrv2 import Engine  # noqa: E402
+
 K = 4
 PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
 
@@ -49,53 +51,17 @@ def mrv2(monkeypatch):
     return SuffixSpecSpeculator(config, torch.device("cpu"), states), states
 
 
-class Engine:
-    """MRV2's side of the step: requests in RequestState slots, tokens emitted."""
-
-    def __init__(self, speculator, states):
-        self.spec, self.states = speculator, states
-        self.reqs: list[str] = []
-        self.sampled: dict[str, int] = {}
-
-    def add(self, req: str, prompt: list[int]) -> None:
-        self.states.add_request(req, len(prompt), prompt, 0, 100)
-        slot = self.states.req_id_to_index[req]  # what the staged writes would do
-        self.states.all_token_ids.gpu[slot, :len(prompt)] = torch.tensor(prompt)
-        self.states.total_len.gpu[slot] = len(prompt)
-        self.reqs.append(req)
-        self.sampled[req] = 1
-
-    def emit(self, req: str, tokens: list[int], accepted: int) -> None:
-        slot = self.states.req_id_to_index[req]
-        n = int(self.states.total_len.gpu[slot])
-        self.states.all_token_ids.gpu[slot, n:n + len(tokens)] = torch.tensor(tokens)
-        self.states.total_len.gpu[slot] = n + len(tokens)
-        self.sampled[req] = accepted + 1
-
-    def step(self):
-        n = len(self.reqs)
-        slots = np.array([self.states.req_id_to_index[r] for r in self.reqs], np.intp)
-        batch = SimpleNamespace(req_ids=list(self.reqs), num_reqs=n,
-                                idx_mapping=torch.tensor(slots, dtype=torch.int64),
-                                idx_mapping_np=slots)
-        sampled = torch.tensor([self.sampled[r] for r in self.reqs], dtype=torch.int32)
-        rejected = torch.zeros(n, dtype=torch.int32)
-        drafts = self.spec.propose(batch, None, None, None, None, sampled, rejected, None, None,
-                                   None, None)
-        return (drafts.tolist(), self.spec.draft_token_confidence_probs[:n].tolist())
-
-    def finish(self, req: str) -> None:
-        self.spec.on_requests_finished([req])
-        self.states.remove_request(req)
-        self.reqs.remove(req)
+def _lists(step):
+    drafts, conf = step
+    return drafts.tolist(), conf.tolist()
 
 
 def test_drafts_and_confidences_are_the_proposers_and_outputs_join_the_pool(mrv2):
     spec, states = mrv2
-    engine = Engine(spec, states)
+    engine = Engine(spec)
     engine.add("a", [1, 2] + PATTERN + [3] + PATTERN[:2])
     engine.add("b", [7, 8, 9])
-    (a, b), (conf_a, conf_b) = engine.step()
+    (a, b), (conf_a, conf_b) = _lists(engine.step())
     assert a == PATTERN[2:2 + K]  # what followed "11 12" in its own prompt
     assert b == [9] * K  # nothing drafted: padding, the last token
     assert conf_b == [0.0] * K and all(0 < c <= 1 for c in conf_a)
@@ -109,13 +75,13 @@ def test_drafts_and_confidences_are_the_proposers_and_outputs_join_the_pool(mrv2
     # "b" finishes: its output is drafted for a new request that starts like it.
     engine.finish("b")
     engine.add("c", [6, 7, 8, 9])
-    (_, c), _ = engine.step()
+    (_, c), _ = _lists(engine.step())
     assert c[:2] == [50, 51]
 
 
 def test_a_request_resumed_after_preemption_goes_on_where_it_stopped(mrv2):
     spec, states = mrv2
-    engine = Engine(spec, states)
+    engine = Engine(spec)
     engine.add("a", [1, 2, 3, 1, 2])
     engine.step()
     engine.emit("a", [3, 5], accepted=1)
@@ -124,19 +90,19 @@ def test_a_request_resumed_after_preemption_goes_on_where_it_stopped(mrv2):
     states.remove_request("a")  # preempted: MRV2 frees the slot, the request is not finished
     engine.reqs.remove("a")
     engine.add("a", tokens)  # resumed with its output so far
-    (a,), _ = engine.step()
+    (a,), _ = _lists(engine.step())
     assert spec.service.requests["a"].indexed == 7 and len(a) == K
 
 
 def test_a_step_at_32_requests_drafts_for_every_one(mrv2):
     """(Its time per step is measured by bench/mrv2_bench.py.)"""
     spec, states = mrv2
-    engine = Engine(spec, states)
+    engine = Engine(spec)
     rng = np.random.default_rng(0)
     for i in range(32):
         engine.add(f"r{i}", rng.integers(0, 50, 100).tolist())
     for _ in range(5):
-        drafts, _ = engine.step()
+        drafts, _ = _lists(engine.step())
         assert len(drafts) == 32 and all(len(d) == K for d in drafts)
         for r in engine.reqs:
             engine.emit(r, rng.integers(0, 50, 2).tolist(), accepted=1)

@@ -23,7 +23,6 @@ Numba twin replay uses; the tests hold them equal).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from suffixspec.native.vllm_suffix import HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for

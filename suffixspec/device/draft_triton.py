@@ -86,6 +86,15 @@ def _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K: tl.constexpr,
 
 
 @triton.jit
+def _keep(take, new, old):
+    """``new`` where ``take``, else ``old`` (tuples of the same shapes)."""
+    return (tl.where(take, new[0], old[0]), tl.where(take, new[1], old[1]),
+            tl.where(take, new[2], old[2]), tl.where(take, new[3], old[3]),
+            tl.where(take, new[4], old[4]), tl.where(take, new[5], old[5]),
+            tl.where(take, new[6], old[6]), tl.where(take, new[7], old[7]))
+
+
+@triton.jit
 def _fused_kernel(
     tail_ptr,        # *int64  [B, D]  each context's last tokens, newest first (-2: none)
     total_ptr,       # *int64  [B]
@@ -171,15 +180,9 @@ def _fused_kernel(
         q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * recent, m, j, table_ptr,
                                         params_ptr, vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT,
                                         N_DEPTH, N_SHARED, N_COARSE, ROWS)
-        take = gain > best_gain
-        best_gain = tl.where(take, gain, best_gain)
-        best = tl.where(take, r, best)
-        best_m = tl.where(take, m, best_m)
-        best_tok = tl.where(take, tok, best_tok)
-        best_q = tl.where(take, q, best_q)
-        best_p = tl.where(take, p, best_p)
-        best_kept = tl.where(take, kept, best_kept)
-        best_fine = tl.where(take, fine, best_fine)
+        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
+            gain > best_gain, (gain, r, m, tok, q, p, kept, fine),
+            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
     for x in range(X):
         base = (b * X + x) * K
         tok = tl.load(d_tok_ptr + base + j, mask=j < K, other=-1)
@@ -190,15 +193,9 @@ def _fused_kernel(
         q, p, kept, gain, fine = _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K,
                                         N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH, N_SHARED,
                                         N_COARSE, ROWS)
-        take = gain > best_gain
-        best_gain = tl.where(take, gain, best_gain)
-        best = tl.where(take, R + x, best)
-        best_m = tl.where(take, m, best_m)
-        best_tok = tl.where(take, tok, best_tok)
-        best_q = tl.where(take, q, best_q)
-        best_p = tl.where(take, p, best_p)
-        best_kept = tl.where(take, kept, best_kept)
-        best_fine = tl.where(take, fine, best_fine)
+        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
+            gain > best_gain, (gain, R + x, m, tok, q, p, kept, fine),
+            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
 
     ok = (best >= 0) & (sampled > 0)
     kept = tl.where(ok, best_kept & (j < K), False)

@@ -29,7 +29,7 @@ from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_SCAN, FROM_SHORT, Ste
                                          draft_step)
 from suffixspec.device.corpus import OneTokenPaths
 from suffixspec.device.fit import fit_batch
-from suffixspec.device.layout import P_THR, Calibration, DeviceWindows, WindowSpec
+from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 
 
 class DeviceWindowsProposer:
@@ -92,7 +92,7 @@ class DeviceWindowsProposer:
             hist[:n, :m] = old
             total[:n] = self.total
             for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent"):
-                getattr(windows, name)[:n] = getattr(self.windows, name)
+                getattr(windows, name)[:n] = getattr(self.windows, name)[:n]
         self.hist, self.total, self.windows = hist, total, windows
         self.out = StepOutputs.empty(slots, self.spec.k)
 

@@ -288,6 +288,17 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
 
 
 @njit(cache=True, nogil=True)
+def own_output(delta, cs):
+    """``(end, anchors, output length)`` of a request's own open output sequence
+    ``cs`` in the delta index (``[anchors..., output so far]``; all 0 for -1)."""
+    if cs < 0:
+        return np.int64(0), np.int64(0), np.int64(0)
+    n_anchors = anchors(delta, cs)
+    return (delta.seqs[cs, SEQ_OFF] + delta.seqs[cs, SEQ_LEN], n_anchors,
+            delta.seqs[cs, SEQ_LEN] - n_anchors)
+
+
+@njit(cache=True, nogil=True)
 def _take(drafted, best, out, i):
     """Keep a candidate's result as request ``i``'s draft if it drafted; returns the best gain."""
     n, gain, m, source = drafted
@@ -321,15 +332,8 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     start, end = tail(local, s, knobs.depth)
     limit = batch.limits[i]
     row = Candidate(out.tokens[i], out.parents[i], out.probs[i], out.buckets[i])
-    # Own open output sequence in the delta index: [anchors..., output so far].
     cs = batch.cross_seqs[i]
-    c_end = 0
-    n_anchors = 0
-    out_len = 0
-    if cs >= 0:
-        c_end = delta.seqs[cs, SEQ_OFF] + delta.seqs[cs, SEQ_LEN]
-        n_anchors = anchors(delta, cs)
-        out_len = delta.seqs[cs, SEQ_LEN] - n_anchors
+    c_end, n_anchors, out_len = own_output(delta, cs)
     own_len = l_seqs[s, SEQ_LEN]
     ctx = local.arena
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)

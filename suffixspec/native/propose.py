@@ -33,6 +33,28 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
 
 
 @njit(cache=True, nogil=True)
+def side_tables(local, segs, delta):
+    """The side tables of a step (``union``): the requests' own trees (one side),
+    and the cross pool's in-memory part then its snapshot segments ``segs``."""
+    mine = np.empty((1, FIELDS, 3), np.int64)
+    put(mine, 0, local)
+    cross = np.empty((1 + segs.shape[0], FIELDS, 3), np.int64)
+    put(cross, 0, delta)
+    cross[1:] = segs
+    return mine, cross
+
+
+@njit(cache=True, nogil=True)
+def step_threshold(stats, knobs):
+    """The probability a drafted token must beat this step: the cost threshold,
+    at least the floor ``knobs.min_prob``."""
+    thr = cal.threshold(stats.state)
+    if knobs.min_prob > thr:
+        thr = knobs.min_prob
+    return thr
+
+
+@njit(cache=True, nogil=True)
 def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, work):
     """Draft for every request of a step, from its own tree and cross trees.
 
@@ -43,14 +65,8 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     ``batch.seqs[i]``), which ``calibration.learn`` scores against the
     emitted tokens.
     """
-    mine = np.empty((1, FIELDS, 3), np.int64)
-    put(mine, 0, local)
-    cross = np.empty((1 + segs.shape[0], FIELDS, 3), np.int64)
-    put(cross, 0, delta)
-    cross[1:] = segs
-    thr = cal.threshold(stats.state)
-    if knobs.min_prob > thr:
-        thr = knobs.min_prob
+    mine, cross = side_tables(local, segs, delta)
+    thr = step_threshold(stats, knobs)
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
         calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,

@@ -86,17 +86,22 @@ def _queries(ix, root):
             trie.continuations(index, x, off, np.empty(4, np.int32), np.empty(4, np.int64))
 
 
+def _batch(ix, root, b: int = 2):
+    """A read-only index and a step of ``b`` requests, as the proposer passes them."""
+    rows = np.zeros((3, b), np.int64)
+    rows[2] = -1
+    cross_roots = np.full((b, 1, 1 + lay.SEGMENTS), root, np.int64)
+    return (tuple(lay.read_only(ix)),
+            (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots))
+
+
 def _drafting(ix, root):
     # One batched step drafting paths and one drafting trees, for two
     # requests, with records as plain tuples and batch fields as contiguous
     # rows, exactly as the proposer passes them; snapshot segments pass as a
     # side table (``union``).
     b = 2
-    ro = tuple(lay.read_only(ix))
-    rows = np.zeros((3, b), np.int64)
-    rows[2] = -1
-    cross_roots = np.full((b, 1, 1 + lay.SEGMENTS), root, np.int64)
-    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots)
+    ro, batch = _batch(ix, root, b)
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
     for tree in (False, True):
@@ -110,11 +115,7 @@ def _windows(ix, root):
     # Candidate windows and one-token paths for the device (``suffixspec.device``),
     # with the records and side tables the proposer passes.
     b = 2
-    ro = tuple(lay.read_only(ix))
-    rows = np.zeros((3, b), np.int64)
-    rows[2] = -1
-    cross_roots = np.full((b, 1, 1 + lay.SEGMENTS), root, np.int64)
-    batch = (rows[1], rows[0], rows[2], np.full(b, K, np.int64), cross_roots)
+    ro, batch = _batch(ix, root, b)
     knobs = (DEPTH, 1.0, 0.0, 0.1, False, True)
     sides = union.table([ro] * lay.SEGMENTS)
     windows.build_batch(ro, np.array([root], np.int32), sides, ro, batch, knobs,
@@ -168,8 +169,11 @@ _STEPS = {"indexing": _indexing, "queries": _queries, "drafting": _drafting,
           "learning": _learning, "maintenance": _maintenance, "checks": _checks,
           "windows": _windows}
 
-#: What ``warmup`` compiles, in order (``progress`` is told each as it begins).
-STEPS = tuple(_STEPS)
+#: What ``warmup`` compiles by default, in order (``progress`` is told each as it
+#: begins): all the host needs.  ``DEVICE``: what drafting on the device adds
+#: (``suffixspec.device``; compiled when it starts, or by ``suffixspec warmup``).
+DEVICE = ("windows",)
+STEPS = tuple(name for name in _STEPS if name not in DEVICE)
 
 #: What serving (``SuffixProposer``, the CLI's replay) calls; the rest (the
 #: index's query API, integrity and input checks, the prompt-lookup baseline,
@@ -188,14 +192,14 @@ def warmup(progress=None, cached_only: bool = False, steps=STEPS) -> float:
     this package's cache: the step compiles afresh, or with ``cached_only``
     raises ``NotCached``.
     """
-    unknown = set(steps) - set(STEPS)
+    unknown = set(steps) - set(_STEPS)
     if unknown:
-        raise ValueError(f"unknown warmup steps {sorted(unknown)}; they are {', '.join(STEPS)}")
+        raise ValueError(f"unknown warmup steps {sorted(unknown)}; they are {', '.join(_STEPS)}")
     t0 = time.perf_counter()
     wrote = False
     with event.install_listener("numba:compile", _RefuseCompiles()) if cached_only \
             else nullcontext():
-        for name in STEPS:
+        for name in _STEPS:
             if name not in steps or name in _done:
                 continue
             if progress is not None:

@@ -32,12 +32,13 @@ import numpy as np
 from numba import njit
 
 from . import calibration as cal
-from .calibrated import _own_end, _lengths, longest
+from .calibrated import _own_end, _lengths, longest, own_output
 from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Pending, SEQ_LEN, SEQ_OFF,
                      SEQ_ROOT, SEQ_SLOT, Stats, Windows, Workspace)
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, suffix_position, tail
-from .union import FIELDS, NOWHERE, _count_all, advance, advance_all, best_next, position, put, side
+from .propose import side_tables, step_threshold
+from .union import NOWHERE, _count_all, advance, advance_all, best_next, position, side
 
 # ``Windows.meta`` fields.
 W_SOURCE = 0   # calibration source (``calibration.SRC_*``)
@@ -221,14 +222,7 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
             _found(found, count, _OWN, 0, length, m, cal.SRC_REQUEST)
             gains[count] = gain
             count += 1
-    cs = batch.cross_seqs[i]
-    c_end = 0
-    n_anchors = 0
-    out_len = 0
-    if cs >= 0:
-        c_end = delta.seqs[cs, SEQ_OFF] + delta.seqs[cs, SEQ_LEN]
-        n_anchors = anchors(delta, cs)
-        out_len = delta.seqs[cs, SEQ_LEN] - n_anchors
+    c_end, n_anchors, out_len = own_output(delta, batch.cross_seqs[i])
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     for j in range(batch.cross_roots.shape[1]):
         sides, roots, own, used = _group(i, _CROSS, j, pools, solo)
@@ -362,14 +356,8 @@ def build_batch(local, local_roots, segs, delta, batch, knobs, stats, pending, w
     pending = Pending(*pending)
     work = Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]))
     win = Windows(*win)
-    mine = np.empty((1, FIELDS, 3), np.int64)
-    put(mine, 0, local)
-    cross = np.empty((1 + segs.shape[0], FIELDS, 3), np.int64)
-    put(cross, 0, delta)
-    cross[1:] = segs
-    thr = cal.threshold(stats.state)
-    if knobs.min_prob > thr:
-        thr = knobs.min_prob
+    mine, cross = side_tables(local, segs, delta)
+    thr = step_threshold(stats, knobs)
     n_sides = cross.shape[0]
     points = np.zeros((branch_points, 4), np.int64)
     where = np.zeros((branch_points, n_sides, 3), np.int64)
@@ -434,8 +422,8 @@ def one_token_paths(sides, roots, depth, wanted, seen, keys, tokens, cs, ns):
         tokens[count, :] = -1
         cs[count, :] = 0
         ns[count, :] = 0
-        size = _walk(sides, roots, pos, np.int64(1), np.int64(0), depth,
-                     (tokens[count], cs[count], ns[count]), np.int64(0), (points, where, kept))
+        _walk(sides, roots, pos, np.int64(1), np.int64(0), depth,
+              (tokens[count], cs[count], ns[count]), np.int64(0), (points, where, kept))
         keys[count] = tok
         count += 1  # a token with nothing after it gets an empty row (its old one goes)
     return count
