@@ -102,9 +102,14 @@ class _TooLong:
 
 def _lines(f):
     """The lines of a binary file, each at most ``MAX_LINE_BYTES`` long; a longer
-    one comes as ``_TooLong`` once it was read past, a chunk at a time."""
+    one comes as ``_TooLong`` once it was read past, a chunk at a time.  A UTF-8
+    byte order mark before the first line is not part of it."""
+    first = True
     while True:
         raw = f.readline(MAX_LINE_BYTES + 1)
+        if first and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        first = False
         if not raw:
             return
         if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
@@ -146,7 +151,7 @@ def _message_text(message) -> str:
     if not isinstance(calls, list):
         raise BadRecord(f"tool_calls is {type(calls).__name__}, not a list")
     for call in calls:
-        fn = call.get("function", {}) if isinstance(call, dict) else None
+        fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict):
             raise BadRecord("a tool call has no 'function' object")
         parts.append(f"{_text(fn.get('name', ''), 'tool name')}"

@@ -339,3 +339,20 @@ def test_held_back_outputs_a_failed_calibration_left_are_committed_once(tmp_path
     with PoolStore(pool, readonly=True) as store:
         stored = sorted(s.output.tolist() for s in store.sequences())
     assert stored == sorted(h[1].tolist() for h in held)
+
+
+def test_a_byte_order_mark_and_a_call_without_its_function_are_clear(tmp_path, tokenizer_path):
+    """A log written with a UTF-8 byte order mark keeps its first record; a tool
+    call with no 'function' is a bad line, not the text '()'."""
+    log = tmp_path / "bom.jsonl"
+    log.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps({"output": f"SELECT {i}"})
+                                                for i in range(3)).encode() + b"\n")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "assistant",
+                                              "tool_calls": [{"id": "c1"}]}]}) + "\n")
+    pool = tmp_path / "pool.lmdb"
+    r = run("ingest", pool, log, chat, "--tokenizer", tokenizer_path, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["sequences"] == 3 and summary["skipped"] == 1
+    assert "chat.jsonl:1: a tool call has no 'function'" in r.stderr
