@@ -52,10 +52,17 @@ def main():
     ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--runs", nargs="*", choices=list(RUNS), default=list(RUNS))
+    ap.add_argument("--tables-from", type=Path, default=None,
+                    help="Write the table again from an earlier run's device_gate.json.")
     ap.add_argument("--merge", type=Path, default=None,
                     help="an earlier run's device_gate.json: its rows are kept, this run's "
                          "added or replacing them")
     args = ap.parse_args()
+    if args.tables_from is not None:
+        done = json.loads(args.tables_from.read_text())
+        args.fraction = done["fraction"]
+        save_results(args.out, "device_gate", done, markdown(done["rows"], args))
+        return
     encode = hf_encoder(args.tokenizer)
     warmup()
     rows = []
@@ -89,15 +96,18 @@ def main():
 
 
 def markdown(rows: list[dict], args) -> str:
-    out = ["| trace | in flight | host est | device est | device / host | windows only / host "
-           "| steps from window / scan / corpus / one-token / none |",
-           "|---|---|---|---|---|---|---|"]
+    bare = any("device, windows only" in r for r in rows)
+    out = ["| trace | in flight | host est | device est | device / host | "
+           + ("windows only / host | " if bare else "")
+           + "steps from window / scan / corpus / one-token / none |",
+           "|---|---|---|---|---|" + ("---|" if bare else "") + "---|"]
     for r in rows:
         host, dev = r["host"]["est"], r["device"]["est"]
-        bare = r.get("device, windows only", {}).get("est", float("nan"))
         shares = " / ".join(f"{100 * r['device']['sources'][s]:.0f}%" for s in SOURCES)
+        alone = (f" {r['device, windows only']['est'] / host:.3f} |"
+                 if "device, windows only" in r else " - |") if bare else ""
         out.append(f"| {r['trace']} | {r['concurrency']} | {host:.3f} | {dev:.3f} | "
-                   f"**{dev / host:.3f}** | {bare / host:.3f} | {shares} |")
+                   f"**{dev / host:.3f}** |{alone} {shares} |")
     return "\n".join(out) + (
         f"\n\nk = 16, depth 64, draft cost 0.03 for every run; windows one step old (8 per "
         f"request, 64 tokens).  Slices: policy_bench's times {args.fraction}.  The gate: "
