@@ -32,10 +32,10 @@ from pathlib import Path
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import hf_encoder
 
 from bench_common import parser, save_results
-from policy_bench import SLICES
+from policy_bench import SLICES, load_slice
 
 K16 = dict(max_depth=64, max_spec_tokens=16)
 RUNS = {  # name -> (engine, settings)
@@ -67,9 +67,7 @@ def main():
     warmup()
     rows = []
     for name in args.only or list(SLICES):
-        file, kw = SLICES[name]
-        kw = {k: max(1, int(v * args.fraction)) for k, v in kw.items()}
-        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        requests = load_slice(args.traces, name, encode, args.fraction)
         for b in (int(c) for c in args.concurrency.split(",")):
             row = {"trace": name, "concurrency": b}
             for run, (engine, settings) in RUNS.items():

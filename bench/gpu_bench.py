@@ -55,11 +55,11 @@ from pathlib import Path
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import hf_encoder
 from suffixspec.stepcost import H100_8B
 
 from bench_common import parser, save_results
-from policy_bench import SLICES
+from policy_bench import SLICES, load_slice
 
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
 SYNC_MS = 0.26
@@ -133,10 +133,7 @@ def main():
     measured = host_costs(args.mrv2, levels, args.device_check)
     rows = []
     for name in args.only or list(SLICES):
-        file, kw = SLICES[name]
-        kw = {k: max(1, int(v * args.fraction)) for k, v in kw.items()}
-        requests = load_trace(Path(args.traces) / file, encode, **kw)
-        tokens = sum(r.output.shape[0] for r in requests)
+        requests = load_slice(args.traces, name, encode, args.fraction)
         for b in levels:
             row = {"trace": name, "concurrency": b, "none": _plain(requests, b)}
             for config, (engine, settings, host, overhead) in CONFIGS.items():

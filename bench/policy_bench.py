@@ -27,6 +27,15 @@ SLICES = {"sql": ("sql_spider_bird.jsonl.gz", {"max_records": 5000}),
           "gorilla": ("tool_gorilla_apibench.jsonl.gz", {"max_records": 4000}),
           "bfcl": ("tool_bfcl.jsonl.gz", {"max_records": 3000}),
           "agent": ("agent_miniswe_swebench.jsonl.gz", {"max_sessions": 10})}
+
+
+def load_slice(traces, name: str, encode, fraction: float = 1.0):
+    """The requests of slice ``name`` (``SLICES``), its bounds times ``fraction``."""
+    file, kw = SLICES[name]
+    kw = {k: max(1, int(v * fraction)) for k, v in kw.items()}
+    return load_trace(Path(traces) / file, encode, **kw)
+
+
 VARIANTS = [
     ("paths (default)", "suffixspec", {}),
     ("paths, no anchors", "suffixspec", {"anchors": False}),

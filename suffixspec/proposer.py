@@ -463,12 +463,6 @@ class SuffixProposer:
             pend.buckets[seq, :m] = buckets[i, :m]
             pend.parents[seq, :m] = np.arange(-1, m - 1)
 
-    @locked
-    def recent(self, req_id: Hashable) -> int:
-        """How ``req_id``'s last draft fared (``calibration.RECENT_*``)."""
-        self._check_active(req_id)
-        return int(self._pending.recent[self.requests.requests[req_id][1]])
-
     # ------------------------------------------------------------ internals
     # Records the kernels take, with their plain tuples (see ``native.layout``)
     # kept beside them so a step builds none.

@@ -23,11 +23,13 @@ Numba twin replay uses; the tests hold them equal).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from suffixspec.native.vllm_suffix import HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for
+from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for,
+                                           corpus_draft, local_match)
 
-__all__ = ["DeviceCorpus", "OneTokenPaths", "PROMPT_CONTEXT"]
+__all__ = ["DeviceCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "corpus_on_host", "scan_on_host"]
 
 _KEYS = (4, 2)  # key lengths of table 0 and table 1
 
@@ -225,3 +227,28 @@ class OneTokenPaths:
         return (live, self.tokens[r].to(torch.int64) * live[:, None],
                 self.c[r].to(torch.int64) * live[:, None],
                 self.n[r].to(torch.int64) * live[:, None])
+
+
+def scan_on_host(rows: np.ndarray, totals: np.ndarray, slots: np.ndarray, depth: int):
+    """``draft_ref.own_history_scan`` of rows ``slots`` of host arrays, by its
+    Numba twin (replay, and the speculator on CPU tensors): ``(length, end)``."""
+    found = np.zeros((2, slots.shape[0]), np.int64)
+    for i, s in enumerate(slots):
+        found[:, i] = local_match(rows[s], int(totals[s]), depth)
+    return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+
+def corpus_on_host(rows: np.ndarray, totals: np.ndarray, slots: np.ndarray, ring: np.ndarray,
+                   table: np.ndarray, depth: int, k: int):
+    """``DeviceCorpus.draft`` of rows ``slots`` of host arrays over a host ring and
+    table, by its Numba twin: ``(match length, tokens, c, n)``."""
+    b = slots.shape[0]
+    length = np.zeros(b, np.int64)
+    tokens = np.zeros((b, k), np.int64)
+    votes = np.zeros((b, k, 2), np.int64)
+    if ring.shape[0] > 1:
+        for i, s in enumerate(slots):
+            length[i], _ = corpus_draft(rows[s], int(totals[s]), ring, table, depth, k,
+                                        tokens[i], votes[i])
+    return (torch.from_numpy(length), torch.from_numpy(tokens),
+            torch.from_numpy(votes[..., 0].copy()), torch.from_numpy(votes[..., 1].copy()))

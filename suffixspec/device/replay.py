@@ -22,12 +22,11 @@ from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import warmup
 from suffixspec.native import vllm_suffix as gpu
-from suffixspec.native.vllm_suffix import local_match
 from suffixspec.proposer import SuffixProposer
 from suffixspec.tokens import as_token_ids
 from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_SCAN, FROM_SHORT, StepOutputs,
                                          draft_step)
-from suffixspec.device.corpus import OneTokenPaths
+from suffixspec.device.corpus import OneTokenPaths, corpus_on_host, scan_on_host
 from suffixspec.device.fit import fit_batch
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 
@@ -186,11 +185,15 @@ class DeviceWindowsProposer:
             host.max_spec_offset, host.max_depth), dtype=torch.float64)
         slots = np.array([self._slot[r] for r in req_ids], np.int64)
         sampled = torch.as_tensor([self._emitted[r] for r in req_ids], dtype=torch.int64)
-        scan = self._scan(slots) if self.use_scan else (torch.zeros(b, dtype=torch.int64),) * 2
+        depth = self.spec.scan_depth
+        scan = (scan_on_host(self.hist, self.total, slots, depth) if self.use_scan
+                else (torch.zeros(b, dtype=torch.int64),) * 2)
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
-                         corpus=self._corpus(slots), short=self.short.draft)
+                         corpus=corpus_on_host(self.hist, self.total, slots, self.corpus,
+                                               self.table, depth, self.spec.k),
+                         short=self.short.draft)
         if fitted:
             fit_batch(out, host.step_cost)
             self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid
@@ -220,22 +223,6 @@ class DeviceWindowsProposer:
                                 float(p.sum()), int(match[i]), kind))
         return drafts
 
-    def _corpus(self, slots: np.ndarray):
-        """The device corpus's draft of each row (``vllm_suffix.corpus_draft``)."""
-        b, k = slots.shape[0], self.spec.k
-        length = np.zeros(b, np.int64)
-        tokens = np.zeros((b, k), np.int64)
-        votes = np.zeros((b, k, 2), np.int64)
-        if self.corpus.shape[0] == 0 or self.head[1] == 0:
-            return tuple(torch.from_numpy(x) for x in (length, tokens, votes[..., 0],
-                                                       votes[..., 1]))
-        for i, s in enumerate(slots):
-            length[i], _ = gpu.corpus_draft(self.hist[s], int(self.total[s]), self.corpus,
-                                            self.table, self.spec.scan_depth, k, tokens[i],
-                                            votes[i])
-        return (torch.from_numpy(length), torch.from_numpy(tokens),
-                torch.from_numpy(votes[..., 0].copy()), torch.from_numpy(votes[..., 1].copy()))
-
     def _update_short(self) -> None:
         """One-token paths of the tokens that the pool's open outputs gained."""
         if not self._changed or self.short.vocab == 0:
@@ -245,13 +232,3 @@ class DeviceWindowsProposer:
         self._changed.clear()
         self.short.update(*self.host.one_token_paths(self.spec.k, self.short.vocab,
                                                      tokens))
-
-    def _scan(self, slots: np.ndarray):
-        """The own-history match of each row (``vllm_suffix.local_match``, as the
-        device's scan kernel finds it)."""
-        length = np.zeros(slots.shape[0], np.int64)
-        end = np.zeros(slots.shape[0], np.int64)
-        for i, s in enumerate(slots):
-            length[i], end[i] = local_match(self.hist[s], int(self.total[s]),
-                                            self.spec.scan_depth)
-        return torch.from_numpy(length), torch.from_numpy(end)

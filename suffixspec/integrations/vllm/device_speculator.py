@@ -40,7 +40,8 @@ try:
 except ImportError:  # no vLLM (the device check on a bare GPU machine): the same methods
     BaseSpeculator = object
 
-from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_host,
+                                      scan_on_host)
 from suffixspec.device.draft_ref import StepOutputs, context_tail, draft_step, fused_ref
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
@@ -52,7 +53,6 @@ from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 from suffixspec.native import calibration as cal
-from suffixspec.native.vllm_suffix import corpus_draft, local_match
 
 logger = logging.getLogger("vllm.suffixspec")
 
@@ -203,13 +203,15 @@ class DeviceSuffixSpeculator(BaseSpeculator):
             scan = self._scan(hist, rs.total_len.gpu[idx.to(torch.int64)], idx.to(torch.int64),
                               spec.scan_depth)
         else:
-            scan = self._scan_cpu(input_batch.idx_mapping_np[:n], spec.scan_depth)
+            scan = scan_on_host(*self._host_views, input_batch.idx_mapping_np[:n],
+                                spec.scan_depth)
         corpus = None
         if self.corpus.capacity > 1 and self._cuda:
             def corpus(tail):
                 return self._corpus_kernel(self.corpus, tail, spec.scan_depth, self.k)
         elif self.corpus.capacity > 1:
-            corpus = self._corpus_cpu(input_batch.idx_mapping_np[:n])
+            corpus = corpus_on_host(*self._host_views, input_batch.idx_mapping_np[:n],
+                                    *self._corpus_views, spec.scan_depth, self.k)
         out = draft_step(hist, rs.total_len.gpu, idx, num_sampled[:n], self.windows,
                          self.calibration, self.k, self.vocab_size, self.out, scan=scan,
                          scan_depth=spec.scan_depth, corpus=corpus, short=self.paths.draft,
@@ -217,28 +219,6 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.leader:
             self._snapshot(input_batch, n, idx, num_sampled, out)
         return out.drafts[:n]
-
-    def _scan_cpu(self, slots: np.ndarray, depth: int):
-        """``own_history_scan`` by its Numba twin (CPU tensors only)."""
-        rows, totals = self._host_views
-        found = np.zeros((2, slots.shape[0]), np.int64)
-        for i, s in enumerate(slots):
-            found[:, i] = local_match(rows[s], int(totals[s]), depth)
-        return torch.from_numpy(found[0]), torch.from_numpy(found[1])
-
-    def _corpus_cpu(self, slots: np.ndarray):
-        """``DeviceCorpus.draft`` by its Numba twin (CPU tensors only)."""
-        rows, totals = self._host_views
-        k, b = self.k, slots.shape[0]
-        length = np.zeros(b, np.int64)
-        tokens = np.zeros((b, k), np.int64)
-        votes = np.zeros((b, k, 2), np.int64)
-        ring = self._corpus_views
-        for i, s in enumerate(slots):
-            length[i], _ = corpus_draft(rows[s], int(totals[s]), ring[0], ring[1],
-                                        self.window_spec.scan_depth, k, tokens[i], votes[i])
-        return (torch.from_numpy(length), torch.from_numpy(tokens),
-                torch.from_numpy(votes[..., 0].copy()), torch.from_numpy(votes[..., 1].copy()))
 
     # -------------------------------------------------------------- the step
     def _receive(self, step: int) -> None:

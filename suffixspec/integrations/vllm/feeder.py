@@ -270,7 +270,7 @@ class WindowFeeder:
         self.stats.snapshots += 1
         tail0 = S_FIELDS
         draft0 = tail0 + k + 1
-        live = []
+        live, rows_of = [], []
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
             row = rows[i]
@@ -280,11 +280,13 @@ class WindowFeeder:
                 self._lose(req_id)
                 continue
             if rec.started:
-                n = int(row[S_VALID])
-                self.proposer.adopt_drafts([req_id], row[None, draft0:draft0 + k],
-                                           row[None, draft0 + k:draft0 + 2 * k],
-                                           np.array([n], np.int64))
                 live.append(req_id)
+                rows_of.append(i)
+        if live:  # calibration scores these drafts at the next tokens
+            picked = rows[rows_of]
+            self.proposer.adopt_drafts(live, picked[:, draft0:draft0 + k],
+                                       picked[:, draft0 + k:draft0 + 2 * k],
+                                       picked[:, S_VALID].astype(np.int64))
         self.stats.rows += len(live)
         self._pending_windows = live
 

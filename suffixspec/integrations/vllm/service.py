@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
