@@ -25,6 +25,13 @@ Usage (from the repository root):
 * crafted segments: each of ``tests/crafted.py``'s broken segments (checksums
   made to match), in place and through ``add-segment``, each in a child
   process: signals, hangs, wrong drafts, what was refused;
+* stamped descriptions: a pool opened once (its files stamped checked), then
+  only its segment's description edited (CRC mended): each opened in a child
+  process: signals, hangs, wrong drafts, refused;
+* fuzz: ``tests/fuzz_segments.py``'s structural mutations (every array's
+  fields, freed rows, links, sizes, the description; re-signed), each case
+  in a child process under a timeout with bounds-checked kernels: refused,
+  drafted from, out-of-range reads, errors, signals, hangs;
 * serving beside maintenance: a serving process on a 4M-token pool, its
   ``propose`` and ``finish_request`` latencies while a ``forget`` lands during
   a merge, and with ``snapshot_every``.
@@ -60,7 +67,9 @@ from bench_common import save_results
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
-from crafted import DRAFT, MUTATIONS, craft, make_pool  # noqa: E402  what the tests craft
+import fuzz_segments  # noqa: E402
+from crafted import (DESCRIPTION_EDITS, DRAFT, MUTATIONS, craft,  # noqa: E402  what the tests craft
+                     edit_description, make_pool)
 from pool_children import PROBE, WRITER, damaged_pool_copies  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
@@ -499,6 +508,51 @@ def crafted(tmp: Path) -> dict:
     return out
 
 
+def stamped(tmp: Path) -> dict:
+    """Each description edit after the pool's files were stamped checked."""
+    from suffixspec.pools import view
+
+    intact = tmp / "stamped" / "pool.lmdb"
+    intact.parent.mkdir()
+    make_pool(intact)
+    _, reference = _child_draft(intact)
+    out = {"cases": len(DESCRIPTION_EDITS), "signals": 0, "hangs": 0, "errors": 0,
+           "wrong_drafts": 0, "refused": 0}
+    racy, files.RACY_S = files.RACY_S, -1.0  # stamp at once: no wait for file times
+    try:
+        for n, (name, edit) in enumerate(DESCRIPTION_EDITS.items()):
+            path = tmp / f"stamped{n}" / "pool.lmdb"
+            path.parent.mkdir()
+            _copy_pool(intact, path)
+            with PoolStore(path) as store:
+                seg = store.snapshot().segments[0]
+                _, stamps = view.open_segment(store.snapshot_folders / seg.folder, seg,
+                                              store.max_depth, None, None)
+                store.record_stamps(seg.folder, stamps)
+            edit_description(path, edit)
+            kind, got = _child_draft(path)
+            key = {"signal": "signals", "hang": "hangs", "error": "errors"}.get(kind)
+            if key is not None:
+                out[key] += 1
+                print(f"stamped, {name}: {kind}", file=sys.stderr)
+                continue
+            out["wrong_drafts"] += got["drafts"] != reference["drafts"]
+            out["refused"] += got["segments"] == 0
+    finally:
+        files.RACY_S = racy
+    return out
+
+
+def fuzz(tmp: Path, cases: int) -> dict:
+    """``fuzz_segments`` over a two-namespace pool with freed rows."""
+    pool = tmp / "fuzz" / "pool.lmdb"
+    pool.parent.mkdir()
+    fuzz_segments.make_pool(pool)
+    r = fuzz_segments.run(pool, cases, seed=0)
+    r["command"] = f"fuzz_segments.run(pool, {cases}, seed=0)"
+    return r
+
+
 SERVE = PEAK_RSS + r"""
 import json, sys, time
 import numpy as np
@@ -618,6 +672,20 @@ def markdown(r: dict) -> str:
                  f"| the same {c['cases']} as shards through `add-segment` | signals "
                  f"{a['signals']}, hangs {a['hangs']}, refused in one line "
                  f"{a['refused_in_one_line']}, accepted {a['accepted']} |"]
+    if (c := r.get("stamped")):
+        rows.append(f"| {c['cases']} description edits after the files were stamped checked, "
+                    f"each in a child process | signals {c['signals']}, hangs {c['hangs']}, "
+                    f"errors {c['errors']}, wrong drafts {c['wrong_drafts']}, refused (drafted "
+                    f"from the stored sequences) {c['refused']} |")
+    if (f := r.get("fuzz")):
+        c = f["counts"]
+        rows.append(f"| {f['cases']:,} fuzzed segments (seed {f['seed']}), cases in child "
+                    f"processes under a timeout, kernels bounds-checked ({f['seconds']} s) | "
+                    f"signals {c['signals']}, hangs {c['hangs']}, out-of-range reads "
+                    f"{c['out_of_range']}, drafting errors {c['draft_error']}, check errors "
+                    f"{c['check_error']}; refused {c['refused_description']} (description) + "
+                    f"{c['refused_size']} (sizes) + {c['refused_structure']} (structure), "
+                    f"drafted from {c['drafted']} |")
     rows += [f"| serving on a {s['pool_tokens']:,}-token pool, {s['scenario']} ({s['requests']} "
              f"requests) | propose p50 {s['propose']['p50_ms']:.2f} ms, p99 "
              f"{s['propose']['p99_ms']:.2f} ms, max {s['propose']['max_ms']:.1f} ms; "
@@ -633,7 +701,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter runs")
     ap.add_argument("--only", nargs="*", choices=("damage", "killed", "live_forget",
                                                    "other_tenant", "long_commit", "budget",
-                                                   "crafted", "serving"),
+                                                   "crafted", "stamped", "fuzz", "serving"),
                     help="run only these")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="suffixspec-faults-"))
@@ -647,6 +715,8 @@ def main():
                 "long_commit": lambda: long_commit(tmp, 2_000_000, 20.0 if q else 40.0),
                 "budget": lambda: budget(tmp, 4_000_000 if q else 20_000_000),
                 "crafted": lambda: crafted(tmp),
+                "stamped": lambda: stamped(tmp),
+                "fuzz": lambda: fuzz(tmp, 2_000 if q else 10_000),
                 "serving": lambda: serving_latency(tmp, 4_000_000, 40.0 if q else 60.0)}
         results = {name: run() for name, run in runs.items()
                    if not args.only or name in args.only}

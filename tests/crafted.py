@@ -115,6 +115,48 @@ def _wide_nodes(arrays, raw):
     return arrays, raw
 
 
+def _with_row(arrays, row) -> int:
+    """Append node ``row`` (the meta's node count follows); returns its id."""
+    arrays["nodes"] = np.vstack([arrays["nodes"], np.asarray(row, np.int32)[None, :]])
+    arrays["meta"][lay.META_TOP] = arrays["nodes"].shape[0]
+    return arrays["nodes"].shape[0] - 1
+
+
+def _freed_after_last(wild_next):
+    """A freed row that mirrors a list's last sibling, hung after it; its own
+    next sibling wild (``wild_next(nodes, first)``)."""
+    def mutate(arrays, raw):
+        nodes = arrays["nodes"]
+        x = _inner(nodes, lay.NEXT, min_children=1)
+        while nodes[x, lay.NEXT] >= 0:
+            x = nodes[x, lay.NEXT]
+        parent = nodes[x, lay.PARENT]
+        row = nodes[x].copy()
+        row[lay.COUNT], row[lay.PREV] = lay.FREED, x
+        row[lay.NEXT] = wild_next(nodes, nodes[parent, lay.FIRST])
+        f = _with_row(arrays, row)
+        arrays["nodes"][x, lay.NEXT] = f
+        return arrays, raw
+    return mutate
+
+
+def _table_to_freed_copy(arrays, raw):
+    """A child table entry names a freed copy of its child, whose links run wild."""
+    slot = _used_slot(arrays)
+    child = arrays["hvals"][slot]
+    row = arrays["nodes"][child].copy()
+    row[lay.COUNT] = lay.FREED
+    row[lay.FIRST] = row[lay.BEST] = arrays["nodes"].shape[0] + 1000
+    arrays["hvals"][slot] = _with_row(arrays, row)
+    return arrays, raw
+
+
+def _wild_freed_row(arrays, raw):
+    """A freed row, linked from nowhere, whose fields are out of range."""
+    _with_row(arrays, [1 << 30, 5, lay.FREED, 3, 1 << 30, 1 << 30, 1 << 30, 1 << 30, -1, 7])
+    return arrays, raw
+
+
 def _describe(key, value):
     def mutate(arrays, raw):
         if value is None:
@@ -154,6 +196,21 @@ MUTATIONS = {
     "another layout version": _describe("layout", 99),
     "description without its namespaces": _describe("namespaces", None),
     "namespace naming no tree": _describe("namespaces", {"a": 99}),
+    "freed row after a last sibling, next wild": _freed_after_last(lambda nodes, first: 1 << 29),
+    "freed row after a last sibling, next looping": _freed_after_last(lambda nodes, first: first),
+    "child table entry naming a freed copy": _table_to_freed_copy,
+    "freed row with wild fields": _wild_freed_row,
+    "two namespaces sharing a tree": _describe("namespaces", {"a": 0, "b": 0}),
+}
+
+#: Edits of a segment's description alone, its files untouched (``edit_description``).
+DESCRIPTION_EDITS = {
+    "nodes read with another row width": lambda raw: raw["arrays"]["nodes"][1].__setitem__(
+        slice(None), [raw["arrays"]["nodes"][1][0] * 2, lay.NODE_FIELDS // 2]),
+    "namespace naming a tree past the roots": lambda raw: raw["namespaces"].__setitem__("a", 7),
+    "namespace aliased to another's tree": lambda raw: raw["namespaces"].__setitem__(
+        "b", raw["namespaces"]["a"]),
+    "namespaces dropped": lambda raw: raw["namespaces"].clear(),
 }
 
 
@@ -181,6 +238,23 @@ def craft(path: Path, mutation) -> None:
             for key in [bytes(k) for k in cur.iternext(values=False)]:
                 if key.startswith(b"verified:"):
                     txn.delete(key, db=snap)
+
+    store.write(put)
+    store.close()
+
+
+def edit_description(path: Path, edit) -> None:
+    """Edit the first segment's description in place (``edit(raw)``), CRC
+    mended, its files and their recorded stamps left as they are."""
+    store = PoolStore(path)
+
+    def put(txn):
+        snap = store.db("snap")
+        meta = msgpack.unpackb(bytes(txn.get(b"meta", db=snap)))
+        edit(meta["segments"][0])
+        packed = msgpack.packb(meta)
+        txn.put(b"meta", packed, db=snap)
+        txn.put(b"meta_crc", zlib.crc32(packed).to_bytes(4, "big"), db=snap)
 
     store.write(put)
     store.close()

@@ -10,8 +10,13 @@ can be freed while the view is referenced.
 A segment is mapped by ``open_segment``: its files' checksums, then the
 structure of its arrays (``validate``), both skipped for files that a
 process able to write the pool checked before and that were not written
-since (the record of which lives in the pool file, so copying files into a
-snapshot folder cannot forge it).
+since, under the same description (the record of which lives in the pool
+file, so copying files into a snapshot folder cannot forge it).  The stamp
+holds a digest of the segment's whole description (array shapes and types,
+namespaces, checksums): a description edited after the check, however its
+CRC was mended, is checked again in full.  Every open, stamped or not, also
+checks what costs no pass over the nodes: the arrays' types and shapes and
+each namespace's tree (``validate.check_entry_points``).
 """
 
 from __future__ import annotations
@@ -19,17 +24,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgpack
 import numpy as np
+import xxhash
 
 from suffixspec.index import SuffixIndex
 from suffixspec.native import layout as lay
 from suffixspec.native import union
 from suffixspec.pools import files
 from suffixspec.pools.records import Segment
-from suffixspec.pools.validate import SegmentError, check_segment
+from suffixspec.pools.validate import SegmentError, check_entry_points, check_segment
 
 #: Version of what ``validate`` checks: a stamp of another version is checked again.
-CHECKS = 1
+CHECKS = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,15 +117,27 @@ def open_segment(folder: Path, seg: Segment, max_depth: int, vocab_size: int | N
     ``SegmentError`` (structure), ``ValueError`` (size, checksum) or
     ``FileNotFoundError``.
     """
-    known = stamps.get("files", {}) if stamps and stamps.get("checks") == CHECKS else {}
+    described = description_digest(seg)
+    same = stamps and stamps.get("checks") == CHECKS and stamps.get("described") == described
+    known = stamps.get("files", {}) if same else {}
     arrays, checked, fresh = files.open_arrays(folder, seg.arrays, known)
     if checked:  # some file is not as a check left it: the whole structure again
         check_segment(arrays, max_depth, seg.namespaces, vocab_size)
+    else:
+        check_entry_points(arrays, seg.namespaces)
     index = SuffixIndex.from_arrays(arrays, max_depth)
     keep = {name: stamp for name, stamp in known.items() if name not in checked} | fresh
-    if keep == known:
+    if same and keep == known:
         return MappedSegment(seg, index), None
-    return MappedSegment(seg, index), {"checks": CHECKS, "files": keep}
+    return MappedSegment(seg, index), {"checks": CHECKS, "described": described, "files": keep}
 
 
-__all__ = ["CHECKS", "EMPTY_VIEW", "MappedSegment", "PoolView", "SegmentError", "open_segment"]
+def description_digest(seg: Segment) -> int:
+    """XXH3-64 of the segment's description (msgpack of ``to_dict``), less the
+    stale mark, which a delete sets and no kernel reads."""
+    raw = seg.to_dict()
+    raw.pop("stale")
+    return xxhash.xxh3_64_intdigest(msgpack.packb(raw))
+
+
+__all__ = ["CHECKS", "EMPTY_VIEW", "description_digest", "MappedSegment", "PoolView", "SegmentError", "open_segment"]
