@@ -29,9 +29,24 @@ def start_anchors(prompt: np.ndarray | None) -> np.ndarray:
     """The anchors of an output of ``prompt`` (int32 tokens), or just BOS without one."""
     if prompt is None:
         return np.array([BOS], np.int32)
-    whole = zlib.crc32(prompt.tobytes()) % _HALF
-    start = zlib.crc32(prompt[:PROMPT_START_TOKENS].tobytes()) % (_HALF - 1)
-    return np.array([SYNTHETIC_BASE + _HALF + whole, SYNTHETIC_BASE + 1 + start, BOS], np.int32)
+    return start_anchors_of([prompt])
+
+
+def start_anchors_of(pieces: list[np.ndarray]) -> np.ndarray:
+    """``start_anchors`` of the prompt ``pieces`` make end to end (int32 arrays),
+    without laying them together: a long conversation's prompt costs no copy."""
+    whole = 0
+    head = []
+    need = PROMPT_START_TOKENS
+    for piece in pieces:
+        whole = zlib.crc32(np.ascontiguousarray(piece, np.int32).tobytes(), whole)
+        if need > 0:
+            head.append(piece[:need])
+            need -= min(need, piece.shape[0])
+    start = zlib.crc32(np.concatenate(head or [np.empty(0, np.int32)]).astype(np.int32)
+                       .tobytes()) % (_HALF - 1)
+    return np.array([SYNTHETIC_BASE + _HALF + whole % _HALF, SYNTHETIC_BASE + 1 + start, BOS],
+                    np.int32)
 
 
 def anchor_count(tokens: np.ndarray) -> int:

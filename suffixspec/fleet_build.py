@@ -5,8 +5,14 @@ folder) by a Ray task, all at once across the cluster; the driver then adds
 the shard pools to the target pool with ``segments.add_pool`` (what
 ``suffixspec add-segment`` does: segment files checked and copied, nothing
 indexed again).  The newest logged requests (``learn``) are held back by the
-last shard's task and served against the merged pool, as ``suffixspec
-ingest`` does, so the pool keeps a calibration table too.
+last shard's task and served against the merged pool by ``learn.learn``, as
+``suffixspec ingest`` does, so the pool keeps a calibration table too.
+
+Running it again (over the same ``work_dir``, or a task Ray retried) adds
+nothing twice: a shard's ingest skips the records its pool holds already
+(``pools.identity``), an unchanged shard is not added again
+(``AlreadyAdded``), and held-back requests the pool holds are not served
+again.
 
 Shard pools are written under ``work_dir``, which every node and the driver
 must reach (one machine, or a shared file system); the driver reads them from
@@ -48,6 +54,7 @@ def fleet_build(pool: str | Path, logs: list[str | Path], tokenizer: str | Path,
         import ray
     except ImportError:
         raise RuntimeError('fleet-build needs Ray: pip install "suffixspec[ray]"') from None
+    from suffixspec import learn as learning
     from suffixspec.fingerprint import tokenizer_id
     from suffixspec.pools.segments import AlreadyAdded, add_pool, write_snapshot
     from suffixspec.pools.store import PoolStore
@@ -56,6 +63,7 @@ def fleet_build(pool: str | Path, logs: list[str | Path], tokenizer: str | Path,
         raise ValueError("fleet-build needs at least one log shard")
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    recovered = learning.recover(pool)  # what a killed run held back
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     task = ray.remote(num_cpus=jobs)(build_shard)
@@ -72,14 +80,13 @@ def fleet_build(pool: str | Path, logs: list[str | Path], tokenizer: str | Path,
                 added += add_pool(store, shard)
             except AlreadyAdded:  # a rerun over shards added before
                 skipped.append(shard)
-    learned = {}
+    learned, problem = learning.learn(pool, tokenizer_id(tokenizer), max_depth, held)
     if held:
-        from suffixspec.learn import calibrate
-
-        learned = calibrate(pool, tokenizer_id(tokenizer), max_depth, held)
         with PoolStore(pool) as store:
             write_snapshot(store, jobs=jobs)
     return {"shards": len(built), "sequences": added + len(held), "skipped": skipped,
+            **({"recovered": recovered} if recovered else {}),
+            **({"learn_problem": problem} if problem else {}),
             "shard_tokens": sum(s["tokens"] for _, s, _ in built),
             "problems": [p for _, s, _ in built for p in s.get("problems", [])][:100],
             **({"learned_from": learned} if learned else {})}

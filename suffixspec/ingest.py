@@ -24,7 +24,6 @@ committed: sequences are committed in batches, each one transaction.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import time
 import zlib
@@ -35,11 +34,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors
+from suffixspec.anchors import MAX_ANCHORS, anchor_count, start_anchors, start_anchors_of
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
 from suffixspec.replay.traces import ASSISTANT
+from suffixspec.pools.identity import record_key, stored_records
 from suffixspec.pools.store import DiskFullError, PoolStore, TokenizerMismatchError
 from suffixspec.tokens import as_token_ids
 
@@ -55,6 +55,12 @@ MAX_LINE_BYTES = 8 << 20
 CONVERSATIONS = 4096
 #: Tokenized prompt pieces kept (a conversation's turns share them).
 PIECES = 1 << 15
+#: Text tokenized in one call at most (characters): the tokenizer's working
+#: memory grows with its batch.
+TOKENIZE_BYTES = 1 << 20
+#: Prompt tokens a held-back request keeps (its newest), so memory and the
+#: time to serve it stay bounded however long a conversation grows.
+HELD_PROMPT_TOKENS = 1 << 14
 
 
 class BadRecord(ValueError):
@@ -65,6 +71,35 @@ class StopIngest(Exception):  # noqa: N818 - control flow, not an error
     """``strict`` ingestion met a bad record."""
 
 
+@dataclass(frozen=True)
+class Held:
+    """A held-back logged request, for ``learn`` to serve: the newest
+    ``HELD_PROMPT_TOKENS`` of its prompt, the anchors of the whole prompt, its
+    output (int32 arrays), its namespace and its record's id."""
+
+    prompt: np.ndarray
+    anchors: np.ndarray
+    output: np.ndarray
+    namespace: str
+    request_id: str
+
+    @property
+    def stored(self) -> np.ndarray:
+        """The tokens a commit of it stores."""
+        return np.concatenate([self.anchors, self.output])
+
+
+def _tail(parts: list[np.ndarray], n: int) -> np.ndarray:
+    """The last ``n`` tokens of ``parts`` laid end to end."""
+    out, need = [], n
+    for part in reversed(parts):
+        if need <= 0:
+            break
+        out.append(part[-need:])
+        need -= min(need, part.shape[0])
+    return np.concatenate(out[::-1]) if out else np.empty(0, np.int32)
+
+
 @dataclass
 class IngestReport:
     files: int = 0
@@ -72,14 +107,13 @@ class IngestReport:
     sequences: int = 0
     tokens: int = 0
     skipped: int = 0
-    duplicates: int = 0  # exported sequences the pool held already
+    duplicates: int = 0  # records the pool held already (a re-run, a copy)
     problems: list[str] = field(default_factory=list)
     tokenize_s: float = 0.0
     store_s: float = 0.0
     stopped: str | None = None
-    # The last ``hold_back`` outputs with a prompt, not committed: ``(prompt,
-    # output, namespace)`` token arrays, for ``learn.calibrate`` to serve.
-    held: list[tuple[np.ndarray, np.ndarray, str]] = field(default_factory=list)
+    # The last ``hold_back`` outputs with a prompt, not committed, for ``learn`` to serve.
+    held: list[Held] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"files": self.files, "lines": self.lines, "sequences": self.sequences,
@@ -309,6 +343,8 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                 fields = {}
                 if fmt == "trace":
                     fields["prompt"] = conversations.prompt(rec)
+                if isinstance(rec.get("id"), str) and rec["id"]:
+                    fields["id"] = _text(rec["id"], "'id'")
                 yield n, [(t, out) for t, out in texts if t], fields
             except UnicodeDecodeError as e:
                 yield n, BadRecord(f"not UTF-8 ({e.reason} at byte {e.start})"), {}
@@ -358,7 +394,8 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
            namespace: str | None = None, fmt: str = "auto", roles: tuple[str, ...] = ("assistant",),
            include_prompts: bool = False, strict: bool = False, progress: Callable | None = None,
            batch_tokens: int = 1 << 20, warn: Callable[[str], None] | None = None,
-           hold_back: int = 0) -> IngestReport:
+           hold_back: int = 0, keep_held: Callable[[list[Held]], None] | None = None
+           ) -> IngestReport:
     """Ingest ``files`` into ``store``; returns the counts.
 
     ``encode_batch`` turns a list of texts into token id lists (None only for
@@ -367,20 +404,41 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     ``progress(tokens)`` is called after each commit,
     ``warn(message)`` for each bad record.  The last ``hold_back`` outputs
     whose record names a prompt are not committed but returned in
-    ``report.held`` (``learn.calibrate`` serves them, which commits them).
+    ``report.held`` (``learn`` serves them, which commits them);
+    ``keep_held(held)`` is called with them before the last batch is
+    committed, so they are kept somewhere durable before ingestion ends.
+
+    A record the pool holds already (same namespace, record id and tokens:
+    ``pools.identity``) is not added again, so ingesting a log again, after a
+    run was killed or to the end, adds only what is missing.  A record's id
+    is its ``id`` (trace), its exported request id or source, else
+    ``file:line``; a record's second output onwards adds ``#k``.
     """
     if namespace is not None:
         check_namespace(namespace)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     report = IngestReport()
-    present: Counter | None = None  # (namespace, tokens digest) of stored sequences
+    present: Counter | None = None  # record_key of stored sequences
     pending: list[tuple] = []  # (tokens, namespace, source, request_id)
-    # (text, source, is_output, prompt pieces or None) to tokenize
-    texts: list[tuple[str, str, bool, list[str] | None]] = []
+    # (text, source, record id, is_output, prompt pieces or None) to tokenize
+    texts: list[tuple[str, str, str, bool, list[str] | None]] = []
     pieces: dict[str, np.ndarray] = {}  # tokenized prompt pieces, oldest first
-    held: deque = deque()  # (prompt, anchored output, namespace), newest last
+    held: deque = deque()  # Held, newest last
     pending_tokens = 0
+    text_bytes = 0  # of the texts and new prompt pieces waiting to be tokenized
+
+    def stored(ns: str, record_id: str, tokens: np.ndarray) -> bool:
+        """Whether the pool holds this record already (then it counts once less)."""
+        nonlocal present
+        if present is None:
+            present = stored_records(store)
+        key = record_key(ns, record_id, tokens)
+        if present[key] > 0:
+            present[key] -= 1
+            report.duplicates += 1
+            return True
+        return False
 
     def problem(message: str):
         report.skipped += 1
@@ -392,7 +450,8 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
             raise StopIngest(message)
 
     def tokenize():
-        nonlocal pending_tokens
+        nonlocal pending_tokens, text_bytes
+        text_bytes = 0
         if not texts:
             return
         t0 = time.perf_counter()
@@ -402,21 +461,28 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         for p, tok in zip(new, ids[len(texts):]):
             pieces[p] = np.asarray(tok, np.int32)
         report.tokenize_s += time.perf_counter() - t0
-        for (_, source, is_output, prompt), tok in zip(texts, ids):
+        ns = namespace or DEFAULT_NAMESPACE
+        for (_, source, record_id, is_output, prompt), tok in zip(texts, ids):
             arr = np.asarray(tok, np.int32)
             if is_output:
                 # The anchors of the prompt the log names (the engine's own
                 # prompt when the log holds what the engine saw); without
                 # one, the global output-start anchor.
-                whole = None if prompt is None else np.concatenate(
-                    [pieces[p] for p in prompt] or [np.empty(0, np.int32)])
-                arr = np.concatenate([start_anchors(whole), arr])
-                if whole is not None and hold_back > 0:
-                    held.append((whole, arr, source))
+                parts = None if prompt is None else [pieces[p] for p in prompt]
+                anchors = start_anchors(None) if parts is None else start_anchors_of(parts)
+                arr = np.concatenate([anchors, arr])
+                if stored(ns, record_id, arr):
+                    continue
+                if parts is not None and hold_back > 0:
+                    held.append(Held(_tail(parts, HELD_PROMPT_TOKENS), anchors,
+                                     arr[anchors.shape[0]:], ns, record_id))
                     if len(held) <= hold_back:
                         continue
-                    _, arr, source = held.popleft()
-            pending.append((arr, namespace or DEFAULT_NAMESPACE, source, ""))
+                    h = held.popleft()
+                    arr, record_id = h.stored, h.request_id
+            elif stored(ns, record_id, arr):
+                continue
+            pending.append((arr, ns, source, record_id))
             pending_tokens += arr.shape[0] - anchor_count(arr)
         texts.clear()
         while len(pieces) > PIECES:
@@ -465,36 +531,31 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
                                 f"pool's vocabulary of {vocab}")
                         continue
                     ns = namespace or fields.get("namespace", DEFAULT_NAMESPACE)
-                    if present is None:
-                        present = Counter((q.namespace, _digest(q.tokens))
-                                          for q in store.sequences())
-                    key = (ns, _digest(item))
-                    if present[key] > 0:
-                        present[key] -= 1  # ingesting an export again adds nothing
-                        report.duplicates += 1
-                        continue
-                    pending.append((item, ns, fields.get("source", source),
-                                    fields.get("request_id", "")))
+                    rid = fields.get("request_id", "")
+                    if stored(ns, rid or fields.get("source", source), item):
+                        continue  # ingesting an export again adds nothing
+                    pending.append((item, ns, fields.get("source", source), rid))
                     pending_tokens += item.shape[0] - anchor_count(item)
                 else:
                     prompt = fields.get("prompt")
-                    texts.extend((t, source, is_output, prompt if is_output else None)
-                                 for t, is_output in item)
-                    if len(texts) >= 512:
+                    base = fields.get("id", source)
+                    texts.extend((t, source, base if k == 0 else f"{base}#{k}", is_output,
+                                  prompt if is_output else None)
+                                 for k, (t, is_output) in enumerate(item))
+                    text_bytes += sum(len(t) for t, _ in item) + sum(
+                        len(p) for p in prompt or () if p not in pieces)
+                    if len(texts) >= 512 or text_bytes >= TOKENIZE_BYTES:
                         tokenize()
                 if pending_tokens >= batch_tokens:
                     commit()
+        tokenize()
+        if held and keep_held is not None:
+            keep_held(list(held))  # durable before the last batch lands
         commit()
     except StopIngest as e:
         report.stopped = str(e)
-    report.held = [(prompt, arr[anchor_count(arr):], namespace or DEFAULT_NAMESPACE)
-                   for prompt, arr, _ in held]
+    report.held = list(held)
     return report
-
-
-def _digest(tokens: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(tokens, np.int32).tobytes(),
-                           digest_size=16).digest()
 
 
 def export_tokenizer(files) -> tuple[TokenizerId, int] | None:

@@ -10,7 +10,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from suffixspec.anchors import start_anchors
+from suffixspec.anchors import MAX_ANCHORS, start_anchors
 from suffixspec.config import ProposerConfig, check_namespace
 from suffixspec.draft import Draft
 from suffixspec.locking import locked
@@ -19,6 +19,7 @@ from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
 from suffixspec.native import union
+from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.native.windows import build_batch as build_windows, one_token_paths
 from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.pools.store import FileBusy, PoolError
@@ -132,12 +133,15 @@ class SuffixProposer:
     # ----------------------------------------------------------- lifecycle
     @locked
     def start_request(self, req_id: Hashable, prompt_token_ids, namespace: str | None = None,
-                      draw_from: Sequence[str] | None = None) -> None:
+                      draw_from: Sequence[str] | None = None,
+                      anchors: np.ndarray | None = None) -> None:
         """Index the prompt of a new request.
 
         Its output will join ``namespace`` (default: the proposer's); it
         drafts from the namespaces in ``draw_from`` (default: its own plus the
-        shared one).
+        shared one).  ``anchors``: the output's start anchors when
+        ``prompt_token_ids`` is only the end of the prompt (``anchors.start_anchors``
+        of the whole; ``learn`` serves long prompts so).
         """
         if req_id in self.requests.requests:
             raise ValueError(f"request {req_id!r} is already active")
@@ -161,7 +165,8 @@ class SuffixProposer:
         self._pending.recent[seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
         if self.cross is not None:
-            self._cross_seq[req_id] = self.cross.begin(own, start_anchors(prompt))
+            self._cross_seq[req_id] = self.cross.begin(
+                own, start_anchors(prompt) if anchors is None else _anchors(anchors))
 
     @locked
     def extend(self, req_id: Hashable, token_ids) -> None:
@@ -615,3 +620,12 @@ def _subtree(d: Draft, keep: np.ndarray) -> Draft:
     parents = np.where(parents >= 0, index[np.maximum(parents, 0)], -1).astype(np.int32)
     probs = d.probs[keep]
     return Draft(d.token_ids[keep], parents, probs, float(probs.sum()), d.match_len, d.source)
+
+
+def _anchors(anchors) -> np.ndarray:
+    """Anchors a caller passes: start anchors as ``start_anchors`` makes them."""
+    a = np.asarray(anchors)
+    if (a.ndim != 1 or not 1 <= a.shape[0] <= MAX_ANCHORS or a.dtype.kind not in "iu"
+            or np.any(a < SYNTHETIC_BASE) or np.any(a >= 1 << 31)):
+        raise ValueError("anchors must be start anchors (anchors.start_anchors)")
+    return a.astype(np.int32)

@@ -99,6 +99,38 @@ def test_a_ray_build_learns_the_calibration_one_ingest_learns(tmp_path, traces_d
     assert table_f is not None and np.array_equal(table_f, table_s)
 
 
+def test_a_rerun_a_retried_task_or_a_copy_adds_nothing_twice(tmp_path, traces_dir,
+                                                           tokenizer_path, local_ray):
+    from suffixspec.fleet_build import build_shard
+
+    logs, _, _ = _logs(tmp_path, traces_dir)
+    fleet = tmp_path / "fleet.lmdb"
+    args = ("fleet-build", fleet, *logs, "--tokenizer", tokenizer_path, "--work-dir",
+            tmp_path / "shards", "--learn", LEARN, "--json")
+    assert run(*args).exit_code == 0
+    before = _stored(fleet)[0]
+    assert len(before) == SHARDS * PER_SHARD
+    again = run(*args)  # the same command over the same work dir
+    assert again.exit_code == 0, again.output
+    assert _stored(fleet)[0] == before
+    # A shard's task run twice, as Ray retries a killed worker: its pool holds each record once.
+    shard = tmp_path / "retried.lmdb"
+    for _ in range(2):
+        build_shard(str(logs[0]), str(shard), str(tokenizer_path), None, 64, 1, 0)
+    with PoolStore(shard, readonly=True) as store:
+        assert store.stats()["sequences"] == PER_SHARD
+    # A copy of the fleet's pool added to it: skipped as added already, nothing added.
+    copy = tmp_path / "copy.lmdb"
+    import shutil
+
+    shutil.copy(fleet, copy)
+    shutil.copytree(fleet.with_name(fleet.name + ".snapshots"),
+                    copy.with_name(copy.name + ".snapshots"))
+    r = run("add-segment", fleet, copy)
+    assert r.exit_code == 0 and "holds every record" in r.output, r.output
+    assert _stored(fleet)[0] == before
+
+
 def test_fleet_build_without_ray_says_how_to_get_it(tmp_path, tokenizer_path, monkeypatch):
     import builtins
 

@@ -324,21 +324,63 @@ def test_ingest_learns_the_calibration_from_the_newest_logged_requests(tmp_path,
         assert store.load_table("calibration") is None
 
 
+def _held(i: int) -> "Held":
+    from suffixspec.anchors import start_anchors
+    from suffixspec.ingest import Held
+
+    prompt = np.arange(5, dtype=np.int32) + i
+    return Held(prompt, start_anchors(prompt), np.arange(10, 20, dtype=np.int32) + i, "default",
+                f"rec-{i}")
+
+
 def test_held_back_outputs_a_failed_calibration_left_are_committed_once(tmp_path,
                                                                          tokenizer_path):
-    from suffixspec.learn import commit_rest, request_id
+    from suffixspec.learn import commit_rest
 
     pool = tmp_path / "pool.lmdb"
-    held = [(np.arange(5, dtype=np.int32) + i, np.arange(10, 20, dtype=np.int32) + i, "default")
-            for i in range(4)]
+    held = [_held(i) for i in range(4)]
     with PoolStore(pool, tokenizer=tokenizer_id(tokenizer_path), max_depth=64) as store:
-        store.add(np.concatenate([[BOS], held[0][1]]).astype(np.int32), "default", "x",
-                  request_id(0))
+        store.add(held[0].stored, "default", "engine", held[0].request_id)
+        # Another record with the same output is another record.
+        store.add(held[1].stored, "default", "engine", "another-id")
     assert commit_rest(pool, held) == 3
     assert commit_rest(pool, held) == 0
     with PoolStore(pool, readonly=True) as store:
         stored = sorted(s.output.tolist() for s in store.sequences())
-    assert stored == sorted(h[1].tolist() for h in held)
+    assert stored == sorted([h.output.tolist() for h in held] + [held[1].output.tolist()])
+
+
+def test_what_a_killed_learn_held_back_is_stored_once_by_the_next_offline_command(
+        tmp_path, tokenizer_path):
+    from suffixspec import learn
+
+    pool = tmp_path / "pool.lmdb"
+    held = [_held(i) for i in range(5)]
+    with PoolStore(pool, tokenizer=tokenizer_id(tokenizer_path), max_depth=64) as store:
+        store.add(held[0].stored, "default", "engine", held[0].request_id)  # served, then killed
+    learn.keep(pool, held)
+    assert learn.learning_file(pool).exists()
+    assert learn.recover(pool) == 4 and not learn.learning_file(pool).exists()
+    assert learn.recover(pool) == 0
+    with PoolStore(pool, readonly=True) as store:
+        assert sorted(s.request_id for s in store.sequences()) == [f"rec-{i}" for i in range(5)]
+
+
+def test_ingesting_a_log_again_adds_nothing_and_learns_from_nothing_twice(tmp_path, trace_slice,
+                                                                          tokenizer_path):
+    pool = tmp_path / "pool.lmdb"
+    first = run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--learn", "20",
+                "--json")
+    assert first.exit_code == 0, first.output
+    again = run("ingest", pool, trace_slice, "--tokenizer", tokenizer_path, "--learn", "20",
+                "--json")
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["sequences"] == 0 and summary["duplicates"] == 60
+    assert "learned_from" not in summary
+    with PoolStore(pool, readonly=True) as store:
+        ids = [s.request_id for s in store.sequences()]
+    assert len(ids) == 60 and len(set(ids)) == 60 and all(ids)
 
 
 def test_a_byte_order_mark_and_a_call_without_its_function_are_clear(tmp_path, tokenizer_path):

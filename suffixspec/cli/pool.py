@@ -93,7 +93,10 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
             raise click.UsageError(f"no pool at {pool}; creating one from logs needs "
                                    f"--tokenizer (export files name their own)")
         tok, depth = named
+    from suffixspec import learn as learning
+
     t0 = time.perf_counter()
+    recovered = learning.recover(pool)  # what a killed run held back
     with _store(pool, tokenizer=tok, max_depth=depth) as store:
         try:
             with tqdm(desc="ingest", unit="tok", unit_scale=True, file=sys.stderr,
@@ -102,7 +105,8 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
                                 roles=tuple(roles), include_prompts=include_prompts,
                                 strict=strict, progress=bar.update,
                                 warn=lambda m: tqdm.write(m, file=sys.stderr),
-                                hold_back=learn)
+                                hold_back=learn if tok is not None else 0,
+                                keep_held=lambda held: learning.keep(pool, held))
             depth = store.max_depth
             snapshot_s = 0.0
             if not no_snapshot and report.sequences:
@@ -114,25 +118,22 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
         except (PoolError, ValueError) as e:
             raise click.ClickException(str(e)) from e
     learned = {}
-    if report.held and tok is not None:
-        from suffixspec.learn import calibrate, commit_rest
-
+    if report.held:
         t1 = time.perf_counter()
-        try:
-            learned = calibrate(pool, tok, depth, report.held)
+        learned, problem = learning.learn(pool, tok, depth, report.held)
+        if problem is not None:
+            click.echo(f"ingest: {problem}", err=True)
+        elif learned:
             learned["learn_s"] = round(time.perf_counter() - t1, 3)
-        except Exception as e:  # the outputs are committed whatever happens
-            click.echo(f"ingest: calibration not learned ({type(e).__name__}: {e}); "
-                       f"{commit_rest(pool, report.held)} held-back outputs committed "
-                       f"as they are", err=True)
         report.sequences += len(report.held)
-        report.tokens += sum(output.shape[0] for _, output, _ in report.held)
+        report.tokens += sum(h.output.shape[0] for h in report.held)
         if not no_snapshot:
             with _store(pool) as store:
                 t1 = time.perf_counter()
                 _snapshot_with_progress(store, jobs)
                 snapshot_s += time.perf_counter() - t1
     summary = {**report.summary(), **({"learned_from": learned} if learned else {}),
+               **({"recovered": recovered} if recovered else {}),
                "snapshot_s": round(snapshot_s, 3), "wall_s": round(time.perf_counter() - t0, 3)}
     _emit(summary, as_json)
     if report.stopped:

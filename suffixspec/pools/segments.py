@@ -41,6 +41,7 @@ import numpy as np
 
 from suffixspec.native import layout as lay
 from suffixspec.pools import build, files
+from suffixspec.pools.identity import record_key, stored_records
 from suffixspec.pools.records import LAYOUT, Segment
 from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
                                     TokenizerMismatchError)
@@ -121,7 +122,9 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
     indexed again here.  Then ``write_snapshot`` indexes what else is new and
     merges as usual.  A shard added before (``AlreadyAdded``), even if its
     segments were merged away since, is refused, and so is one added by
-    another process at the same time.
+    another process at the same time, or one whose records the pool holds
+    already (``pools.identity``: a copy of a pool, a shard built twice); one
+    holding some of them is refused too, naming how to add the rest.
     """
     if Path(source).resolve() == store.path.resolve():
         raise PoolError(f"{source} is the pool it would be added to")
@@ -149,7 +152,13 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
             raise AlreadyAdded(f"{store.path} holds the sequences of {source} already (added "
                                f"before); adding them again would count them twice")
         items, ranks = [], []
+        present = stored_records(store)
+        held_already = 0
         for seq in shard.sequences():
+            key = record_key(seq.namespace, seq.request_id or seq.source, seq.tokens)
+            if present[key] > 0:
+                present[key] -= 1
+                held_already += 1
             at = next((k for k, seg in enumerate(segments)
                        if seg.first < seq.seq_id <= seg.last), None)
             if at is None:
@@ -157,6 +166,14 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
                                 f"run `suffixspec snapshot {source}` first")
             items.append((seq.tokens, seq.namespace, seq.source, seq.request_id, seq.added))
             ranks.append(at)
+        if items and held_already == len(items):
+            raise AlreadyAdded(f"{store.path} holds every record of {source} already; adding "
+                               f"them again would count them twice")
+        if held_already:
+            raise PoolError(f"{store.path} holds {held_already} of the {len(items)} records of "
+                            f"{source} already; adding its segments would count them twice "
+                            f"(`suffixspec export` it and `ingest` the export: that adds only "
+                            f"the records missing)")
         with files.folder_lock(store.snapshot_folders):
             try:
                 names = [_copy_segment(shard, seg, store) for seg in segments]

@@ -135,7 +135,10 @@ def replay(requests: list[Request], proposer: Proposer, concurrency: int = 1,
             if req is None:
                 return
             t0 = clock()
-            proposer.start_request(req.req_id, req.prompt)
+            if req.anchors is None:
+                proposer.start_request(req.req_id, req.prompt)
+            else:
+                proposer.start_request(req.req_id, req.prompt, anchors=req.anchors)
             res.start_us.append((clock() - t0) / 1e3)
             res.requests += 1
             res.output_tokens += req.output.shape[0]

@@ -30,6 +30,8 @@ class Request:
     prompt: np.ndarray
     output: np.ndarray
     session: str | None = None
+    #: The anchors of the whole prompt when ``prompt`` is only its end (``learn``).
+    anchors: np.ndarray | None = None
 
 
 def open_text(path: str | Path):
