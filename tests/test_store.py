@@ -236,3 +236,24 @@ def test_the_fingerprint_covers_added_tokens_special_or_not_and_the_size(tmp_pat
     special = [(t.content, i) for i, t in tok.get_added_tokens_decoder().items() if t.special]
     assert qwen.legacy == fingerprint_vocab(tok.get_vocab(with_added_tokens=False), special)
     assert qwen.matches(qwen.legacy) and not ids["sql_block"].matches(qwen.legacy)
+
+
+def test_records_tell_their_size_before_they_are_read_and_decode_as_sequences(tmp_path):
+    store = new_store(tmp_path)
+    lengths = [3, 5000, 7]
+    for n in lengths:
+        store.add(np.arange(n, dtype=np.int32) % 200, "a", "src", f"r{n}")
+    records = [r.kept() for r in store.records()]
+    assert [r.seq_id for r in records] == [s.seq_id for s in store.sequences()]
+    assert all(4 * n <= r.nbytes <= 4 * n + 200 for n, r in zip(lengths, records))
+    decoded = [store.decode(r) for r in records]
+    for got, want in zip(decoded, store.sequences()):
+        assert got.request_id == want.request_id and np.array_equal(got.tokens, want.tokens)
+    assert [r.seq_id for r in store.records(after=records[0].seq_id)] == [
+        r.seq_id for r in records[1:]]
+    raw = bytearray(records[0].raw)
+    raw[-4] ^= 0x01  # a token's low byte
+    damaged = type(records[0])(records[0].seq_id, records[0].nbytes, bytes(raw))
+    with pytest.raises(CorruptPoolError):
+        store.decode(damaged)
+    store.close()

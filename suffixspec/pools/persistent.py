@@ -55,8 +55,11 @@ CATCH_UP_TOKENS = 1 << 11
 #: Another process's commit longer than this is indexed by the loader thread, not a
 #: serving call (see ``PersistentPool._catch_up``).
 LONG = 1 << 14
-#: Stored sequences read at once by the loader (it takes the store between reads).
+#: Stored sequences read at once by the loader, and their bytes at most (one
+#: record at least): it holds the pool's lock while it copies them, then
+#: decodes and indexes them without it.
 READ_BATCH = 128
+READ_BYTES = 1 << 22
 #: Commits stored in one transaction at most.
 WRITE_BATCH = 1024
 #: Times the loader reads the snapshot again when a newer one replaced it while it mapped.
@@ -326,13 +329,15 @@ class PersistentPool:
         if self._long_pending and budget is not None:
             return
         spent = 0
-        for seq in self.store.sequences(after=self._seen):
+        for record in self.store.records(after=self._seen):
+            if budget is not None and record.nbytes > 4 * LONG:
+                # Told by its size, before reading it (whatever its namespace).
+                self._long_pending = True
+                self._start_loader()
+                break
+            seq = self.store.decode(record)
             if seq.seq_id not in self._own and (self.wanted is None
                                                 or seq.namespace in self.wanted):
-                if budget is not None and seq.length > LONG:
-                    self._long_pending = True
-                    self._start_loader()
-                    break
                 self._ids[self.delta.add(seq.tokens, seq.namespace)] = seq.seq_id
             self._seen = max(self._seen, seq.seq_id)
             spent += seq.length + 64  # reading a record costs too, indexed or not
@@ -666,21 +671,24 @@ class PersistentPool:
         while after < upto and not self._closed:
             self._wait_for_file()
             with self._lock:  # a batch at a time: serving calls run between batches
-                batch = []
+                batch, size = [], 0
                 try:
                     with self.store.no_wait():
-                        for seq in self.store.sequences(after=after):
-                            if seq.seq_id > upto or len(batch) >= READ_BATCH:
+                        for record in self.store.records(after=after):
+                            if (record.seq_id > upto or len(batch) >= READ_BATCH
+                                    or (batch and size + record.nbytes > READ_BYTES)):
                                 break
-                            batch.append(seq)
+                            batch.append(record.kept())  # copied here, read after
+                            size += record.nbytes
                 except FileBusy:
                     continue
             if not batch:
                 return
-            for seq in batch:
+            for record in batch:  # decoded and indexed without the lock
+                seq = self.store.decode(record)
                 if wanted is None or seq.namespace in wanted:
                     ids[delta.add(seq.tokens, seq.namespace)] = seq.seq_id
-            after = batch[-1].seq_id if len(batch) >= READ_BATCH else upto
+            after = batch[-1].seq_id if batch[-1].seq_id < upto else upto
 
     def _swap(self, new: _Prepared) -> None:
         """Put a prepared delta and view in place (hold the lock).

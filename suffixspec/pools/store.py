@@ -82,6 +82,19 @@ class FileBusy(PoolError):
     """A compaction holds the file and the caller asked not to wait (``no_wait``)."""
 
 
+@dataclass(frozen=True)
+class StoredRecord:
+    """A stored sequence as the pool file holds it (``PoolStore.records``)."""
+
+    seq_id: int
+    nbytes: int  # of the stored record: four per token, and a small header
+    raw: bytes | memoryview
+
+    def kept(self) -> StoredRecord:
+        """The record with its bytes copied (valid after the iteration moved on)."""
+        return StoredRecord(self.seq_id, self.nbytes, bytes(self.raw))
+
+
 @dataclass
 class StoredSequence:
     seq_id: int
@@ -405,6 +418,25 @@ class PoolStore:
         """Whether every one of ``seq_ids`` is still stored."""
         seqs = self.db("seqs")
         return all(txn.get(_key(int(i)), db=seqs) is not None for i in seq_ids)
+
+    def records(self, after: int = 0) -> Iterator[StoredRecord]:
+        """Stored sequences with id > ``after``, in id order, not yet decoded.
+
+        Each record's id and stored size cost nothing; its ``raw`` bytes are
+        valid until the iteration moves on (``kept()`` copies them) and
+        ``decode`` reads it.  So a caller can leave a long record to another
+        thread, or copy records under a lock and decode them after.
+        """
+        with self.read(buffers=True) as txn, self._damage_is_corruption():
+            cur = txn.cursor(db=self.db("seqs"))
+            if not cur.set_range(_key(after + 1)):
+                return
+            for key, value in cur:
+                yield StoredRecord(int.from_bytes(bytes(key), "big"), len(value), value)
+
+    def decode(self, record: StoredRecord, with_tokens: bool = True) -> StoredSequence:
+        """The sequence a record stores (``CorruptPoolError`` when it is damaged)."""
+        return _decode(_key(record.seq_id), record.raw, self.path, with_tokens)
 
     def sequences(self, after: int = 0, namespace: str | None = None,
                   with_tokens: bool = True) -> Iterator[StoredSequence]:
