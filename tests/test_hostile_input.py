@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import fuzz_segments
-from crafted import DESCRIPTION_EDITS, DRAFT, MUTATIONS, PROMPTS, craft, edit_description, make_pool
+from crafted import DESCRIPTION_EDITS, DRAFT, MUTATIONS, craft, edit_description, make_pool
 from suffixspec.cli import main
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.store import PoolStore

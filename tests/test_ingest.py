@@ -324,7 +324,7 @@ def test_ingest_learns_the_calibration_from_the_newest_logged_requests(tmp_path,
         assert store.load_table("calibration") is None
 
 
-def _held(i: int) -> "Held":
+def _held(i: int):
     from suffixspec.anchors import start_anchors
     from suffixspec.ingest import Held
 

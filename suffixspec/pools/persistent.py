@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +42,12 @@ import numpy as np
 from suffixspec.anchors import anchor_count
 from suffixspec.config import DEFAULT_NAMESPACE, REFRESH_INTERVAL, check_namespace, check_range
 from suffixspec.fingerprint import TokenizerId
-from suffixspec.native import layout as lay
 from suffixspec.pools import files, segments
 from suffixspec.pools.memory import Delta
 from suffixspec.pools.store import FileBusy, PoolError, PoolStore
-from suffixspec.pools.view import MappedSegment, PoolView, open_segment
+from suffixspec.pools.background import in_background
+from suffixspec.pools.loader import FULL, Loader, Prepared
+from suffixspec.pools.view import PoolView
 
 logger = logging.getLogger(__name__)
 
@@ -55,26 +56,8 @@ CATCH_UP_TOKENS = 1 << 11
 #: Another process's commit longer than this is indexed by the loader thread, not a
 #: serving call (see ``PersistentPool._catch_up``).
 LONG = 1 << 14
-#: Stored sequences read at once by the loader, and their bytes at most (one
-#: record at least): it holds the pool's lock while it copies them, then
-#: decodes and indexes them without it.
-READ_BATCH = 128
-READ_BYTES = 1 << 22
 #: Commits stored in one transaction at most.
 WRITE_BATCH = 1024
-#: Times the loader reads the snapshot again when a newer one replaced it while it mapped.
-MAP_ATTEMPTS = 5
-#: A delta the loader makes has room for this share of its tokens more (at least
-#: ``ROOM_TOKENS``), so serving calls seldom grow it (growing costs a time
-#: proportional to its size); once fuller than ``FULL``, the loader makes another.
-ROOM = 1.0
-ROOM_TOKENS = 1 << 20
-FULL = 0.5
-#: Rounds of indexing what was committed while the loader worked.
-CATCH_UP_ROUNDS = 4
-#: CPU priority (nice) of the pool's own threads and snapshot child, so that
-#: on a busy machine the serving threads run first.
-BACKGROUND_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -83,25 +66,6 @@ class _Table:
 
     name: str
     table: np.ndarray
-
-
-class _Replaced(Exception):
-    """A segment's folder is gone: a newer snapshot replaced it."""
-
-
-@dataclass
-class _Prepared:
-    """A delta and view the loader made, to swap in at the next ``refresh``."""
-
-    view: PoolView
-    delta: Delta
-    ids: dict[int, int]            # committed delta sequence -> store id
-    upto: int                      # stored ids up to this are in it, or in the view
-    copied: dict[int, tuple]       # open output's handle -> (its sequence here, tokens copied)
-    wanted: frozenset | None
-    deletes: int
-    inode: int | None = None
-    problems: list[str] = field(default_factory=list)
 
 
 class PersistentPool:
@@ -152,9 +116,8 @@ class PersistentPool:
         self._inode = None
         self._last_refresh = 0.0
         self._since_snapshot = 0
-        self._loader: threading.Thread | None = None
-        self._prepared: _Prepared | None = None
-        self._reload = False  # a reload is due once the current one ends
+        self._loader = Loader(self)
+        self._prepared: Prepared | None = None  # what the loader made, to swap in
         self._warned: set[str] = set()
         self._snapshotter: subprocess.Popen | None = None
         self._writes: queue.Queue = queue.Queue()
@@ -162,7 +125,7 @@ class PersistentPool:
         self._write_error: Exception | None = None
         self._closed = False
         with self._lock:
-            self._swap(self._prepare())
+            self._swap(self._loader.prepare())
             if not self.store.readonly:
                 self.store.remove_leftovers()
                 self._remove_stale_snapshots()
@@ -195,7 +158,7 @@ class PersistentPool:
                 first = self.wanted is None  # everything is indexed until then
                 self.wanted = new | (self.wanted or set())
                 if not first:
-                    self._start_loader()
+                    self._loader.start()
 
     def begin(self, namespace: str = DEFAULT_NAMESPACE, anchors: np.ndarray | None = None) -> int:
         """Open a sequence for an output, after its ``anchors``; returns its handle.
@@ -301,7 +264,7 @@ class PersistentPool:
     def _refresh_from_file(self) -> None:
         if self._file_replaced():
             self.store._let_go()  # a compaction or a copy replaced it: open the new one
-            self._start_loader()
+            self._loader.start()
             return
         with self.store.read() as txn:
             snap = self.store.snapshot(txn)
@@ -310,11 +273,11 @@ class PersistentPool:
             self._drop_deleted(deletes)
             self._keep_listed(snap)
         if (snap.generation if snap else 0) != self.view.generation:
-            self._start_loader()  # until it ends, merged segments are drafted as they were
+            self._loader.start()  # until it ends, merged segments are drafted as they were
         if not self._writing:  # while our commits are being stored, their ids are unknown
             self._catch_up(self.catch_up_tokens)
         if self.delta.index.room() > FULL:
-            self._start_loader()  # a roomier delta, made in the background
+            self._loader.start()  # a roomier delta, made in the background
 
     def _catch_up(self, budget: int | None) -> None:
         """Index what others committed in the namespaces wanted, about ``budget``
@@ -333,7 +296,7 @@ class PersistentPool:
             if budget is not None and record.nbytes > 4 * LONG:
                 # Told by its size, before reading it (whatever its namespace).
                 self._long_pending = True
-                self._start_loader()
+                self._loader.start()
                 break
             seq = self.store.decode(record)
             if seq.seq_id not in self._own and (self.wanted is None
@@ -392,7 +355,7 @@ class PersistentPool:
     def reload(self) -> None:
         """Map the current snapshot and index what it leaves uncovered, now."""
         with self._lock:
-            self._swap(self._prepare())
+            self._swap(self._loader.prepare())
 
     def snapshotting(self) -> bool:
         """Whether a snapshot child (``snapshot_every``) is still at work."""
@@ -483,8 +446,7 @@ class PersistentPool:
             self._closed = True
             self._writes.put(None)
             self._writer.join(timeout=5.0)
-            if self._loader is not None:
-                self._loader.join(timeout=30.0)
+            self._loader.join(timeout=30.0)
             with self._lock:
                 self.view = PoolView()
             if self._shared:
@@ -552,145 +514,8 @@ class PersistentPool:
                         self._ids[seq] = sid
                 return
 
-    # --------------------------------------------------------------- loader
-    def _start_loader(self) -> None:
-        """Prepare a new delta and view in the loader thread (again, if one runs)."""
-        if self._loader is not None and self._loader.is_alive():
-            self._reload = True
-            return
-        self._reload = False
-        self._loader = threading.Thread(target=self._load_loop, name="suffixspec-pool-loader",
-                                        daemon=True)
-        self._loader.start()
-
-    def _load_loop(self) -> None:
-        in_background()
-        while not self._closed:
-            try:
-                prepared = self._prepare()
-            except Exception as e:  # the old delta and view stay in use
-                self._warn("load", f"suffixspec: {self.store.path} could not be reloaded "
-                                   f"({e}); drafting goes on from what was loaded")
-                return
-            with self._lock:
-                self._prepared = prepared
-                if not self._reload:
-                    return
-                self._reload = False
-
-    def _prepare(self) -> _Prepared:
-        """Map the current snapshot's segments (checking new ones) and index
-        what they leave uncovered, with this process's open sequences, into
-        a new delta.  Takes the store's lock only for short reads."""
-        for attempt in range(MAP_ATTEMPTS):
-            self._wait_for_file()
-            with self._lock:
-                wanted = None if self.wanted is None else frozenset(self.wanted)
-                mapped = self.view.by_folder()
-                copied = {h: (self.delta.index.sequence(seq), ns)
-                          for h, (seq, ns) in self._open.items()}
-                try:
-                    with self.store.no_wait(), self.store.read() as txn:
-                        snap = self.store.snapshot(txn)
-                        deletes = self.store.deletes(txn)
-                        upto = self.store.last_id()
-                except FileBusy:
-                    continue
-                inode = os.stat(self.store.path).st_ino
-            problems = list(snap.refused) if snap else []
-            try:
-                view = self._map(snap, mapped, problems, last=attempt == MAP_ATTEMPTS - 1)
-                break
-            except _Replaced:  # a newer snapshot replaced a segment just now: read it
-                continue
-        delta = Delta(self.max_depth)
-        for h, (tokens, ns) in copied.items():  # outputs in flight, as they were
-            seq = delta.begin(ns, capacity=max(tokens.shape[0], 1))
-            delta.extend(seq, tokens)
-            copied[h] = (seq, tokens)
-        ids: dict[int, int] = {}
-        after = 0
-        for seg in view.segments:
-            self._index_range(delta, ids, after, min(seg.segment.first, upto), wanted)
-            after = max(after, seg.segment.last)
-        self._index_range(delta, ids, after, upto, wanted)
-        upto = max(upto, after)
-        # What was committed meanwhile (by this process too) is indexed here, not
-        # by the serving calls after the swap: until little is left.
-        for _ in range(CATCH_UP_ROUNDS):
-            last = self._read_quietly(self.store.last_id)
-            if last <= upto:
-                break
-            self._index_range(delta, ids, upto, last, wanted)
-            upto = last
-        delta.index.reserve(max(int(ROOM * delta.tokens), ROOM_TOKENS))
-        return _Prepared(view, delta, ids, upto, copied, wanted, deletes, inode, problems)
-
-    def _map(self, snap, mapped: dict[str, MappedSegment], problems: list[str],
-             last: bool) -> PoolView:
-        """The view of ``snap``: segments mapped already are kept, new ones
-        mapped and checked.  A segment that fails is left out (its range is
-        indexed from the stored sequences), and so are the smallest beyond
-        ``layout.SEGMENTS``.  A segment whose folder is gone was replaced by a
-        newer snapshot: ``_Replaced``, unless this is the ``last`` try."""
-        found = []
-        for seg in snap.segments if snap else ():
-            have = mapped.get(seg.folder)
-            if have is not None and have.segment == seg:
-                found.append(have)
-                continue
-            folder = self.store.snapshot_folders / seg.folder
-            if not folder.is_dir() and not last:
-                raise _Replaced
-            try:
-                stamps = self._read_quietly(lambda: self.store.stamps(seg.folder))
-                m, fresh = open_segment(folder, seg, self.max_depth, None, stamps)
-            except FileNotFoundError as e:  # removed mid-way: a newer snapshot replaced it
-                if not last:
-                    raise _Replaced from e
-                problems.append(f"segment {seg.folder}: {e}")
-                continue
-            except (OSError, ValueError) as e:
-                problems.append(f"segment {seg.folder}: {e}")
-                continue
-            if fresh is not None and not self.store.readonly:
-                self._read_quietly(lambda: self.store.record_stamps(seg.folder, fresh))
-            found.append(m)
-        if len(found) > lay.SEGMENTS:
-            largest = sorted(found, key=lambda m: -m.segment.tokens)[:lay.SEGMENTS]
-            found = [m for m in found if any(m is g for g in largest)]
-        if problems:
-            self._warn(f"segments {snap.generation if snap else 0}",
-                       f"suffixspec: {len(problems)} snapshot segment(s) of {self.store.path} are "
-                       f"not used ({'; '.join(problems)}); drafting from their stored sequences "
-                       f"until `suffixspec snapshot` writes them anew")
-        return PoolView(snap.generation if snap else 0, tuple(found))
-
-    def _index_range(self, delta: Delta, ids: dict, after: int, upto: int, wanted) -> None:
-        """Index the stored sequences with ids in ``(after, upto]`` in the namespaces wanted."""
-        while after < upto and not self._closed:
-            self._wait_for_file()
-            with self._lock:  # a batch at a time: serving calls run between batches
-                batch, size = [], 0
-                try:
-                    with self.store.no_wait():
-                        for record in self.store.records(after=after):
-                            if (record.seq_id > upto or len(batch) >= READ_BATCH
-                                    or (batch and size + record.nbytes > READ_BYTES)):
-                                break
-                            batch.append(record.kept())  # copied here, read after
-                            size += record.nbytes
-                except FileBusy:
-                    continue
-            if not batch:
-                return
-            for record in batch:  # decoded and indexed without the lock
-                seq = self.store.decode(record)
-                if wanted is None or seq.namespace in wanted:
-                    ids[delta.add(seq.tokens, seq.namespace)] = seq.seq_id
-            after = batch[-1].seq_id if batch[-1].seq_id < upto else upto
-
-    def _swap(self, new: _Prepared) -> None:
+    # ------------------------------------------------- the loader's result
+    def _swap(self, new: Prepared) -> None:
         """Put a prepared delta and view in place (hold the lock).
 
         Outputs in flight take the tokens they gained since they were copied;
@@ -720,7 +545,7 @@ class PersistentPool:
         self._inode = new.inode
         self.behind = True  # catch up on what came after ``upto`` at the next refresh
         if new.wanted != (None if self.wanted is None else frozenset(self.wanted)):
-            self._start_loader()  # a namespace was asked for meanwhile
+            self._loader.start()  # a namespace was asked for meanwhile
 
     def _read_quietly(self, call):
         """``call()`` under the lock, retried (lock let go) while a compaction holds the file."""
@@ -769,15 +594,6 @@ def prune(store: PoolStore, max_tokens: int | None = None, older_than: float | N
                 doomed.add(m.seq_id)
                 total -= m.length
     return store.delete(doomed)
-
-
-def in_background() -> None:
-    """Let the serving threads go first: this thread (or process) at a lower
-    CPU priority, where the platform allows it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-    except (AttributeError, OSError):
-        pass
 
 
 def snapshot_child() -> None:

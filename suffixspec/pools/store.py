@@ -49,7 +49,7 @@ import numpy as np
 from suffixspec.anchors import anchor_count
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.config import check_namespace
-from suffixspec.native.tokens import MAX_TOKEN_ID, SYNTHETIC_BASE
+from suffixspec.native.tokens import MAX_TOKEN_ID
 from suffixspec.pools import files
 from suffixspec.pools.gate import Gate
 from suffixspec.pools.records import Snapshot
