@@ -9,12 +9,12 @@ picked up by ``refresh``, and ranges whose segment is being rebuilt.
 Serving calls (``refresh``, ``begin``, ``extend``, ``commit``, ``discard``)
 return in bounded time whatever maintenance runs beside them:
 
-* commits go to the pool file from a writer thread, so a commit never waits
-  for the file (a compaction holds it while it rewrites it);
+* commits go to the pool file from a writer thread (``writer``), so a commit
+  never waits for the file (a compaction holds it while it rewrites it);
 * ``refresh`` picks up others' commits ``catch_up_tokens`` at a time, and
   only when it can read the file without waiting;
 * when the snapshot changes (a merge, a ``forget``, an ``add-segment``), or
-  a namespace is asked for, a loader thread maps and checks the new segments
+  a namespace is asked for, a loader thread (``loader``) maps and checks the new segments
   and indexes what they leave uncovered into a new delta, which the next
   ``refresh`` swaps in; segments a ``forget`` dropped, and sequences it
   deleted, stop being drafted at once;
@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +44,7 @@ from suffixspec.pools.memory import Delta
 from suffixspec.pools.store import FileBusy, PoolError, PoolStore
 from suffixspec.pools.background import in_background
 from suffixspec.pools.loader import FULL, Loader, Prepared
+from suffixspec.pools.writer import Writer
 from suffixspec.pools.view import PoolView
 
 logger = logging.getLogger(__name__)
@@ -56,16 +54,7 @@ CATCH_UP_TOKENS = 1 << 11
 #: Another process's commit longer than this is indexed by the loader thread, not a
 #: serving call (see ``PersistentPool._catch_up``).
 LONG = 1 << 14
-#: Commits stored in one transaction at most.
-WRITE_BATCH = 1024
 
-
-@dataclass(frozen=True)
-class _Table:
-    """A table for the writer thread to keep in the pool file."""
-
-    name: str
-    table: np.ndarray
 
 
 class PersistentPool:
@@ -120,9 +109,7 @@ class PersistentPool:
         self._prepared: Prepared | None = None  # what the loader made, to swap in
         self._warned: set[str] = set()
         self._snapshotter: subprocess.Popen | None = None
-        self._writes: queue.Queue = queue.Queue()
-        self._writing = 0  # commits taken by the writer and not yet stored
-        self._write_error: Exception | None = None
+        self._writer = Writer(self)
         self._closed = False
         with self._lock:
             self._swap(self._loader.prepare())
@@ -137,8 +124,6 @@ class PersistentPool:
                                              f"not finished ({e}); the next open or `suffixspec "
                                              f"snapshot` that can, finishes it")
         self.store.watch()
-        self._writer = threading.Thread(target=self._write_loop, name="suffixspec-pool-writer",
-                                        daemon=True)
         self._writer.start()
 
     # ----------------------------------------------------------- cross pool
@@ -189,8 +174,7 @@ class PersistentPool:
             if tokens.shape[0] == anchor_count(tokens):
                 self.delta.remove(seq)
                 return  # no output
-            self._writing += 1
-            self._writes.put((tokens, namespace, str(request_id), self.delta, seq))
+            self._writer.put_commit(tokens, namespace, str(request_id), self.delta, seq)
             self._evict()
             self._since_snapshot += tokens.shape[0]
             if self.snapshot_every is not None and self._since_snapshot >= self.snapshot_every:
@@ -215,9 +199,9 @@ class PersistentPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
-                if self._write_error is not None:
-                    raise self._write_error
-                if not self._writing:
+                if self._writer.error is not None:
+                    raise self._writer.error
+                if not self._writer.pending:
                     return True
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -274,7 +258,7 @@ class PersistentPool:
             self._keep_listed(snap)
         if (snap.generation if snap else 0) != self.view.generation:
             self._loader.start()  # until it ends, merged segments are drafted as they were
-        if not self._writing:  # while our commits are being stored, their ids are unknown
+        if not self._writer.pending:  # while our commits are being stored, their ids are unknown
             self._catch_up(self.catch_up_tokens)
         if self.delta.index.room() > FULL:
             self._loader.start()  # a roomier delta, made in the background
@@ -428,8 +412,7 @@ class PersistentPool:
         """Keep a copy of the proposer's calibration table, for the next process to
         open the pool: written by the writer thread after the commits before it."""
         with self._lock:
-            self._writing += 1
-            self._writes.put(_Table("calibration", table.copy()))
+            self._writer.put_table("calibration", table.copy())
 
     def load_calibration(self) -> np.ndarray | None:
         """The calibration table last kept here, as it was kept (None: none)."""
@@ -444,8 +427,7 @@ class PersistentPool:
             self.flush(timeout=60.0)
         finally:
             self._closed = True
-            self._writes.put(None)
-            self._writer.join(timeout=5.0)
+            self._writer.stop(timeout=5.0)
             self._loader.join(timeout=30.0)
             with self._lock:
                 self.view = PoolView()
@@ -458,61 +440,13 @@ class PersistentPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # --------------------------------------------------------------- writer
-    def _write_loop(self) -> None:
-        """Store commits in order, what has queued up in one transaction; never
-        raises into serving."""
-        in_background()
-        while True:
-            items = [self._writes.get()]
-            while len(items) < WRITE_BATCH:
-                try:
-                    items.append(self._writes.get_nowait())
-                except queue.Empty:
-                    break
-            stop = items[-1] is None
-            tables = [item for item in items if isinstance(item, _Table)]
-            items = [item for item in items if isinstance(item, tuple)]
-            if items:
-                self._store_commits(items)
-            if tables:  # the last one kept is the newest
-                self._store_table(tables[-1].name, tables[-1].table)
-                with self._lock:
-                    self._writing -= len(tables)
-            if stop:
-                return
-
-    def _store_table(self, name: str, table: np.ndarray) -> None:
-        try:
-            self._read_quietly(lambda: self.store.save_table(name, table))
-        except PoolError as e:  # drafting goes on; the next save may take
-            self._warn("table", f"suffixspec: the {name} table was not kept in "
-                                f"{self.store.path}: {e}")
-
-    def _store_commits(self, items: list) -> None:
-        records = [(tokens, namespace, "engine", request_id)
-                   for tokens, namespace, request_id, _, _ in items]
-        while True:
-            self._wait_for_file()
-            with self._lock:
-                try:
-                    with self.store.no_wait():  # never holds the lock through a compaction
-                        ids = self.store.add_many(records)
-                except FileBusy:
-                    continue
-                except Exception as e:  # the file cannot take them: logged, drafting goes on
-                    self._writing -= len(items)
-                    self._write_error = e if isinstance(e, PoolError) else PoolError(str(e))
-                    self._warn("write", f"suffixspec: {len(items)} output(s) were not stored "
-                                        f"in {self.store.path}: {e}")
-                    return
-                self._writing -= len(items)
-                self._write_error = None
-                for sid, (_, _, _, delta, seq) in zip(ids, items):
-                    if delta is self.delta and seq in delta.committed:
-                        self._own.add(sid)  # indexed already: catching up skips it
-                        self._ids[seq] = sid
-                return
+    def _indexed_already(self, ids: list[int], items: list) -> None:
+        """The writer stored ``items`` as ``ids`` (hold the lock): those still in
+        the delta are indexed already, so catching up skips them."""
+        for sid, (_, _, _, delta, seq) in zip(ids, items):
+            if delta is self.delta and seq in delta.committed:
+                self._own.add(sid)
+                self._ids[seq] = sid
 
     # ------------------------------------------------- the loader's result
     def _swap(self, new: Prepared) -> None:
