@@ -163,16 +163,22 @@ def test_a_killed_forget_never_leaves_forgotten_data_draftable(tmp_path, trial):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    # A fresh process sees the forget either not begun or whole, never half done.
+    # A fresh process sees the forget either not begun or whole, never half done:
+    # serving (an open that does no maintenance) and after `recover` alike.
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
     prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=4, pool=pool, namespace="doomed")
     prop.start_request("r", DOOMED[:2])
+    serving = prop.propose(["r"])[0].token_ids.tolist()
+    prop.abort_request("r")
+    assert pool.recover()  # what `suffixspec snapshot` does
+    prop.start_request("r", DOOMED[:2])
     drafted = prop.propose(["r"])[0].token_ids.tolist()
+    assert drafted == serving
     stats = pool.store.stats()
     assert stats["namespaces"]["keep"]["sequences"] == 300
     assert not pool.store.compaction_pending() and pool.compacted
     pool.close()
     if "doomed" in stats["namespaces"]:  # killed before its delete committed
         assert stats["namespaces"]["doomed"]["sequences"] == 50 and drafted[:2] == DOOMED[2:]
-    else:  # deleted: never drafted, and opening finished the erasure
+    else:  # deleted: never drafted, and recovering finished the erasure
         assert drafted == [] and not _doomed_bytes_in(path)

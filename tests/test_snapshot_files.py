@@ -83,7 +83,8 @@ def test_a_killed_segment_build_or_merge_loses_nothing_and_leaves_no_folder(tmp_
     # The build's workers hold the folders' lock until they end.
     with files.folder_lock(path.with_name(path.name + ".snapshots")):
         pass
-    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)  # removes stray folders
+    pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
+    pool.recover()  # removes stray folders, as the maintenance commands do
     pool.store.check()
     assert [s.seq_id for s in pool.store.sequences(with_tokens=False)] == ids
     info = pool.store.snapshot()

@@ -34,8 +34,10 @@ def load_tokenizer(path: str):
 
 
 def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | None = None,
-              **options):
-    """A ``PersistentPool``, with pool errors turned into clean CLI errors."""
+              recover: bool = False, **options):
+    """A ``PersistentPool``, with pool errors turned into clean CLI errors.
+    ``recover``: a maintenance command's open, which finishes what an
+    interrupted command left (``PersistentPool.recover``)."""
     from pathlib import Path
 
     from suffixspec.pools.persistent import PersistentPool
@@ -43,7 +45,10 @@ def open_pool(path: str, tokenizer: TokenizerId | None = None, max_depth: int | 
     if tokenizer is None and not Path(path).exists():
         raise click.ClickException(f"no pool at {path}")
     try:
-        return PersistentPool(path, tokenizer=tokenizer, max_depth=max_depth, **options)
+        pool = PersistentPool(path, tokenizer=tokenizer, max_depth=max_depth, **options)
+        if recover:
+            pool.recover()
+        return pool
     except PoolError as e:
         raise click.ClickException(str(e)) from e
 

@@ -171,7 +171,7 @@ def prune_cmd(pool, max_tokens, older_than, namespace, as_json):
     if max_tokens is None and older_than is None:
         raise click.UsageError("give --max-tokens and/or --older-than")
     age = parse_duration(older_than) if older_than else None
-    with open_pool(pool) as p:
+    with open_pool(pool, recover=True) as p:
         deleted = p.prune(max_tokens=max_tokens, older_than=age, namespace=namespace)
         _emit({"deleted": deleted, "tokens": p.tokens}, as_json)
 
@@ -191,7 +191,7 @@ def forget_cmd(pool, request_id, namespace, as_json):
     """
     if (request_id is None) == (namespace is None):
         raise click.UsageError("give exactly one of --request-id and --namespace")
-    with open_pool(pool) as p:
+    with open_pool(pool, recover=True) as p:
         deleted = p.forget(request_id=request_id, namespace=namespace)
         _emit({"deleted": deleted, "tokens": p.tokens, "compacted": p.compacted}, as_json)
         if not p.compacted:
@@ -242,8 +242,8 @@ def snapshot_cmd(pool, jobs, as_json):
             except PoolError as e:
                 raise click.ClickException(str(e)) from e
             tokens, compacted = store.snapshot().tokens, True
-    if pending:  # a cut-short forget: opening the pool finishes it (snapshot, compaction)
-        with open_pool(pool, snapshot_jobs=jobs) as p:
+    if pending:  # a cut-short forget: recovering the pool finishes it (snapshot, compaction)
+        with open_pool(pool, recover=True, snapshot_jobs=jobs) as p:
             generation = p.store.snapshot().generation
             tokens, compacted = p.tokens, p.compacted
     _emit({"generation": generation, "tokens": tokens, "compacted": compacted,

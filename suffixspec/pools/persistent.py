@@ -113,18 +113,30 @@ class PersistentPool:
         self._closed = False
         with self._lock:
             self._swap(self._loader.prepare())
-            if not self.store.readonly:
-                self.store.remove_leftovers()
-                self._remove_stale_snapshots()
-                if self.store.compaction_pending():
-                    try:  # a forget was cut short: finish it
-                        self._finish_forget(timeout=0.0)
-                    except PoolError as e:  # what it deleted is not drafted: serve on
-                        self._warn("forget", f"suffixspec: a forget on {self.store.path} is "
-                                             f"not finished ({e}); the next open or `suffixspec "
-                                             f"snapshot` that can, finishes it")
         self.store.watch()
         self._writer.start()
+
+    def recover(self) -> bool:
+        """Finish what an interrupted command left: leftover files, snapshot
+        folders no longer named, a forget's compaction.  The offline commands
+        call it (``suffixspec snapshot``, ``prune``, ``forget``); a server
+        never does, so opening a pool to serve does no maintenance (what a
+        cut-short forget deleted is never drafted either way).  Returns
+        whether everything was finished."""
+        if self.store.readonly:
+            return True
+        with self._lock:
+            self.store.remove_leftovers()
+            self._remove_stale_snapshots()
+        if not self.store.compaction_pending():
+            return True
+        try:  # a forget was cut short: finish it
+            self._finish_forget(timeout=0.0)
+        except PoolError as e:  # what it deleted is not drafted: serve on
+            self._warn("forget", f"suffixspec: a forget on {self.store.path} is not finished "
+                                 f"({e}); the next `suffixspec snapshot` that can, finishes it")
+            return False
+        return self.compacted
 
     # ----------------------------------------------------------- cross pool
     @property
@@ -388,7 +400,7 @@ class PersistentPool:
         compacted, so their tokens are gone from disk; other processes let go
         of the file at their next pool operation.  If one holds on past
         ``timeout`` seconds, ``compacted`` is False and the compaction stays
-        pending: the next forget, ``snapshot`` or open that can, finishes it.
+        pending: the next forget or ``recover`` (``suffixspec snapshot``) that can, finishes it.
         Returns how many sequences were deleted.
         """
         if (request_id is None) == (namespace is None):
