@@ -99,8 +99,9 @@ def best_window(windows, count: int, ctx_len: int, truth: np.ndarray) -> int:
     return best
 
 
-def analyse(requests) -> dict:
-    s = make_proposer("suffixspec", cross_pool_tokens=None)
+def analyse(requests, draft_cost: float | None = None) -> dict:
+    options = {} if draft_cost is None else {"draft_cost": draft_cost}
+    s = make_proposer("suffixspec", cross_pool_tokens=None, **options)
     a = make_proposer("arctic", **ARCTIC)
     v = make_proposer("vllm-gpu", max_spec_tokens=K)
     windows = lay.windows(1, 8, 64)
@@ -206,15 +207,20 @@ def main():
     ap = parser(__doc__)
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    ap.add_argument("--draft-cost", type=float, default=None,
+                    help="suffixspec's draft cost (default: its own); 0: drafts free, as at "
+                         "one request in flight on a GPU")
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)
     results = {}
     for name in args.only or SLICES:
         requests = load_slice(args.traces, name, encode, args.fraction)
-        results[name] = analyse(requests)
+        results[name] = analyse(requests, args.draft_cost)
         print(f"{name}: {results[name]['steps']} steps", file=sys.stderr)
-    suffix = "" if not args.only else "_" + "_".join(args.only)
-    save_results(args.out, f"loss{suffix}", {"fraction": args.fraction, "traces": results},
+    suffix = ("" if not args.only else "_" + "_".join(args.only)) + (
+        "" if args.draft_cost is None else f"_cost{args.draft_cost:g}")
+    save_results(args.out, f"loss{suffix}", {"fraction": args.fraction,
+                                             "draft_cost": args.draft_cost, "traces": results},
                  markdown(results, args.fraction))
 
 
