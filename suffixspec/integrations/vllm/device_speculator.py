@@ -45,7 +45,7 @@ from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_hos
 from suffixspec.device.draft_ref import StepOutputs, context_tail, draft_step, fused_ref
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
-from suffixspec.integrations.vllm import hooks, runner
+from suffixspec.integrations.vllm import hooks
 from suffixspec.integrations.vllm.feeder import S_FIELDS, WindowFeeder, snapshot_width
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer,
@@ -152,9 +152,6 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                                    [b.numpy() for b in host], packer, params)
         self.publisher = Publisher(self.stats)
         self._tokenizer = pool_tokenizer(model, settings, self.config)
-        runner.announce("suffixspec", "mrv2",
-                        bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
-                        "mrv2")
         if start:
             self.start()
 

@@ -153,8 +153,11 @@ def watch_speculators(want: str) -> None:
             if not refuse_tensor_parallel(vllm_config, DeviceSuffixSpeculator):
                 from suffixspec.integrations.vllm.service import tensor_parallel_group
 
-                return DeviceSuffixSpeculator(vllm_config, device, req_states,
-                                              tp_group=tensor_parallel_group())
+                speculator = DeviceSuffixSpeculator(vllm_config, device, req_states,
+                                                    tp_group=tensor_parallel_group())
+                announce("suffixspec", "mrv2", bool(getattr(
+                    vllm_config.scheduler_config, "async_scheduling", False)), "mrv2")
+                return speculator
         built = original(vllm_config, device, req_states)
         announce(*drafter(vllm_config, want, False), want)
         return built
