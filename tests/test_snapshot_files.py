@@ -218,6 +218,11 @@ def test_files_checked_once_are_not_read_again_until_written(tmp_path, monkeypat
         if stamps is not None:
             store.record_stamps(seg.folder, stamps)
 
+    # The snapshot that built the segment stamped it: the first open reads nothing.
+    assert store.stamps(seg.folder) == view.built_stamps(folder, seg)
+    open_it()
+    assert read == [] and checked == []
+    store.record_stamps(seg.folder, {})  # as if it had not: a segment never checked
     open_it()
     assert len(read) == len(seg.arrays) and checked == [1]  # the first open checks everything
     open_it()

@@ -108,7 +108,20 @@ def _write_snapshot(store, root, jobs, progress, upto, merge) -> int:
             builder.discard()
             raise _clear_error(store, e) from e
         remove_unnamed(store)
+        _stamp_built(store, root, [seg for seg, _ in made if seg.folder in builder.ids])
     return generation
+
+
+def _stamp_built(store: PoolStore, root: Path, built: list[Segment]) -> None:
+    """Record the segments just built as checked (``view.built_stamps``), those
+    the snapshot names, so the next open maps them without reading them."""
+    from suffixspec.pools.view import built_stamps
+
+    for seg in built:
+        try:
+            store.record_stamps(seg.folder, built_stamps(root / seg.folder, seg))
+        except FileNotFoundError:  # replaced meanwhile: nothing to stamp
+            continue
 
 
 def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:

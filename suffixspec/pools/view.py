@@ -11,7 +11,8 @@ A segment is mapped by ``open_segment``: its files' checksums, then the
 structure of its arrays (``validate``), both skipped for files that a
 process able to write the pool checked before and that were not written
 since, under the same description (the record of which lives in the pool
-file, so copying files into a snapshot folder cannot forge it).  The stamp
+file, so copying files into a snapshot folder cannot forge it; a snapshot
+stamps the segments it builds, ``built_stamps``).  The stamp
 holds a digest of the segment's whole description (array shapes and types,
 namespaces, checksums): a description edited after the check, however its
 CRC was mended, is checked again in full.  Every open, stamped or not, also
@@ -21,6 +22,7 @@ each namespace's tree (``validate.check_entry_points``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,6 +134,19 @@ def open_segment(folder: Path, seg: Segment, max_depth: int, vocab_size: int | N
     return MappedSegment(seg, index), {"checks": CHECKS, "described": described, "files": keep}
 
 
+def built_stamps(folder: Path, seg: Segment) -> dict:
+    """The stamps of a segment this process has just built into ``folder``: its
+    files as written (their checksums computed while writing, their structure
+    made by the builder from checked sequences), so the first open after a
+    snapshot reads none of them.  Files are never written again in place: one
+    changed since has another size, inode or file times."""
+    stamped = {}
+    for name, (_, _, checksum) in seg.arrays.items():
+        st = os.stat(folder / f"{name}.bin")
+        stamped[name] = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, checksum]
+    return {"checks": CHECKS, "described": description_digest(seg), "files": stamped}
+
+
 def description_digest(seg: Segment) -> int:
     """XXH3-64 of the segment's description (msgpack of ``to_dict``), less the
     stale mark, which a delete sets and no kernel reads."""
@@ -140,4 +155,4 @@ def description_digest(seg: Segment) -> int:
     return xxhash.xxh3_64_intdigest(msgpack.packb(raw))
 
 
-__all__ = ["CHECKS", "EMPTY_VIEW", "description_digest", "MappedSegment", "PoolView", "SegmentError", "open_segment"]
+__all__ = ["CHECKS", "EMPTY_VIEW", "built_stamps", "description_digest", "MappedSegment", "PoolView", "SegmentError", "open_segment"]
