@@ -27,7 +27,7 @@ import gzip
 import json
 import time
 import zlib
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -39,7 +39,7 @@ from suffixspec.fingerprint import TokenizerId
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.config import DEFAULT_NAMESPACE, check_namespace
 from suffixspec.replay.traces import ASSISTANT
-from suffixspec.pools.identity import record_key, stored_records
+from suffixspec.pools.identity import StoredRecords
 from suffixspec.pools.store import DiskFullError, PoolStore, TokenizerMismatchError
 from suffixspec.tokens import as_token_ids
 
@@ -419,7 +419,7 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     report = IngestReport()
-    present: Counter | None = None  # record_key of stored sequences
+    present: StoredRecords | None = None  # the records the pool held when ingestion began
     pending: list[tuple] = []  # (tokens, namespace, source, request_id)
     # (text, source, record id, is_output, prompt pieces or None) to tokenize
     texts: list[tuple[str, str, str, bool, list[str] | None]] = []
@@ -432,10 +432,8 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         """Whether the pool holds this record already (then it counts once less)."""
         nonlocal present
         if present is None:
-            present = stored_records(store)
-        key = record_key(ns, record_id, tokens)
-        if present[key] > 0:
-            present[key] -= 1
+            present = StoredRecords(store)
+        if present.take(ns, record_id, tokens):
             report.duplicates += 1
             return True
         return False

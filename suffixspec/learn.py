@@ -36,7 +36,7 @@ import numpy as np
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.ingest import Held
 from suffixspec.pools import files
-from suffixspec.pools.identity import record_key, stored_records
+from suffixspec.pools.identity import StoredRecords
 from suffixspec.pools.store import PoolStore
 from suffixspec.proposer import SuffixProposer
 from suffixspec.replay.harness import replay
@@ -87,14 +87,7 @@ def learn(pool: str | Path, tokenizer: TokenizerId, max_depth: int,
         return {}, None
     keep(pool, held)
     with PoolStore(pool, readonly=True) as store:
-        present = stored_records(store)
-    fresh = []
-    for h in held:  # stored by an earlier run: not served, not stored, again
-        key = record_key(h.namespace, h.request_id, h.stored)
-        if present[key] > 0:
-            present[key] -= 1
-        else:
-            fresh.append(h)
+        fresh = _not_stored(store, held)  # stored by an earlier run: not served again
     problem = None
     figures = {}
     try:
@@ -127,14 +120,14 @@ def commit_rest(pool: str | Path, held: list[Held]) -> int:
     """Store those of ``held`` the pool does not hold yet, as a live commit
     would; returns how many."""
     with PoolStore(pool) as store:
-        present = stored_records(store)
-        rest = []
-        for h in held:
-            key = record_key(h.namespace, h.request_id, h.stored)
-            if present[key] > 0:
-                present[key] -= 1
-            else:
-                rest.append((h.stored, h.namespace, "ingest", h.request_id))
+        rest = [(h.stored, h.namespace, "ingest", h.request_id)
+                for h in _not_stored(store, held)]
         if rest:
             store.add_many(rest)
     return len(rest)
+
+
+def _not_stored(store: PoolStore, held: list[Held]) -> list[Held]:
+    """Those of ``held`` that ``store`` does not hold (each stored record counts once)."""
+    stored = StoredRecords(store)
+    return [h for h in held if not stored.take(h.namespace, h.request_id, h.stored)]

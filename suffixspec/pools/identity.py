@@ -26,8 +26,18 @@ def record_key(namespace: str, record_id: str, tokens: np.ndarray) -> tuple:
     return namespace, record_id, tokens_digest(tokens)
 
 
-def stored_records(store) -> Counter:
-    """``record_key`` of every sequence ``store`` holds (its request id, else its
-    source), counted.  Reads every sequence: an offline command's cost."""
-    return Counter(record_key(q.namespace, q.request_id or q.source, q.tokens)
-                   for q in store.sequences())
+class StoredRecords:
+    """The records a store holds, each to be matched once (``take``).  Reads
+    every sequence when made: an offline command's cost."""
+
+    def __init__(self, store):
+        self._counts = Counter(record_key(q.namespace, q.request_id or q.source, q.tokens)
+                               for q in store.sequences())
+
+    def take(self, namespace: str, record_id: str, tokens: np.ndarray) -> bool:
+        """Whether the store holds this record (not matched yet); it is matched now."""
+        key = record_key(namespace, record_id, tokens)
+        if self._counts[key] > 0:
+            self._counts[key] -= 1
+            return True
+        return False

@@ -41,7 +41,7 @@ import numpy as np
 
 from suffixspec.native import layout as lay
 from suffixspec.pools import build, files
-from suffixspec.pools.identity import record_key, stored_records
+from suffixspec.pools.identity import StoredRecords
 from suffixspec.pools.records import LAYOUT, Segment
 from suffixspec.pools.store import (CorruptPoolError, DiskFullError, PoolError, PoolStore,
                                     TokenizerMismatchError)
@@ -165,13 +165,11 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
             raise AlreadyAdded(f"{store.path} holds the sequences of {source} already (added "
                                f"before); adding them again would count them twice")
         items, ranks = [], []
-        present = stored_records(store)
+        present = StoredRecords(store)
         held_already = 0
         for seq in shard.sequences():
-            key = record_key(seq.namespace, seq.request_id or seq.source, seq.tokens)
-            if present[key] > 0:
-                present[key] -= 1
-                held_already += 1
+            held_already += present.take(seq.namespace, seq.request_id or seq.source,
+                                         seq.tokens)
             at = next((k for k, seg in enumerate(segments)
                        if seg.first < seq.seq_id <= seg.last), None)
             if at is None:
