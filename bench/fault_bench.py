@@ -8,7 +8,8 @@ Usage (from the repository root):
   process: crashes (a child killed by a signal), clear errors, drafts equal to
   the undamaged pool's, other drafts;
 * killed commands: ``ingest``, ``snapshot``, ``prune`` and ``forget`` (the CLI)
-  killed with SIGKILL at a random moment, then a fresh open: pools that open
+  killed with SIGKILL at a random moment, then a fresh open and ``recover``
+  (what the next maintenance command does): pools that open
   and pass ``check()``, untargeted sequences lost, partially stored
   sequences, half-done deletes, forgotten bytes left, drafts changed,
   leftover files;
@@ -263,7 +264,9 @@ def _stray_folders(path: Path) -> int:
 
 
 def killed(tmp: Path, op: str, runs: int) -> dict:
-    """``op`` killed (SIGKILL) at a random moment, then checked from a fresh open."""
+    """``op`` killed (SIGKILL) at a random moment, then checked from a fresh open
+    that recovers what it left (``PersistentPool.recover``, as the maintenance
+    commands do; a server's open does not)."""
     tmp = tmp / op
     tmp.mkdir()
     base, export_file, reference = _killed_base(tmp)
@@ -294,8 +297,9 @@ def killed(tmp: Path, op: str, runs: int) -> dict:
         # folders' lock until they end, and only then is a build's folder stray.
         with files.folder_lock(path.with_name(path.name + ".snapshots")):
             pass
-        try:
+        try:  # as the next maintenance command would: open, recover, check
             pool = PersistentPool(path, tokenizer=BYTES, max_depth=16)
+            pool.recover()
             pool.store.check()
             stored = list(pool.store.sequences())
             pool.close()
