@@ -441,14 +441,10 @@ class PoolStore:
     def sequences(self, after: int = 0, namespace: str | None = None,
                   with_tokens: bool = True) -> Iterator[StoredSequence]:
         """Stored sequences with id > ``after``, in id order."""
-        with self.read() as txn, self._damage_is_corruption():
-            cur = txn.cursor(db=self.db("seqs"))
-            if not cur.set_range(_key(after + 1)):
-                return
-            for key, value in cur:
-                seq = _decode(key, value, self.path, with_tokens)
-                if namespace is None or seq.namespace == namespace:
-                    yield seq
+        for record in self.records(after):
+            seq = self.decode(record, with_tokens)
+            if namespace is None or seq.namespace == namespace:
+                yield seq
 
     def delete(self, seq_ids: Iterable[int], forget: bool = False) -> int:
         """Delete sequences by id; returns how many existed.
