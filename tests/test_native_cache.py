@@ -70,3 +70,21 @@ def test_a_process_that_adds_a_variant_leaves_the_cache_whole_for_the_others(tmp
     out = subprocess.run([sys.executable, "-c", NEW_VARIANT_THEN_PROBE, PROBE], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == {"hits": 1, "misses": 0}
+
+
+
+SAVE_BEFORE_LISTING = """
+import numpy as np
+from suffixspec.native import cache, tokens
+cache.record_cache_files = lambda: None  # stopped between Numba's save and the listing
+tokens.first_bad_token(np.zeros(3, np.int64))  # a new variant: the index is saved anew
+"""
+
+
+def test_a_process_starting_while_another_saves_a_kernel_does_not_drop_the_cache(tmp_path):
+    # Numba saves a kernel's index by rename; until the saving process lists
+    # the files again, the listing is behind.  That is no damage.
+    assert _probe(tmp_path) == {"hits": 0, "misses": 1}
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", SAVE_BEFORE_LISTING], env=env, check=True)
+    assert _probe(tmp_path) == {"hits": 1, "misses": 0}

@@ -52,6 +52,15 @@ def run(args: list[str], enable: bool | None = True, timeout: int = 600,
     return json.loads(results[-1]), log
 
 
+@pytest.fixture(scope="module", autouse=True)
+def kernels_in_cache() -> None:
+    """``suffixspec warmup`` first, as before serving (docs/cold-start.md):
+    these engines draft from their first step, whatever ran before them.
+    Serving with an empty cache is its own test, with its own cache."""
+    subprocess.run([str(Path(sys.executable).with_name("suffixspec")), "warmup"],
+                   env={**os.environ, **ENV}, check=True, capture_output=True, timeout=900)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     from tiny_llama import build

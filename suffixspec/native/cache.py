@@ -10,8 +10,11 @@ dropped and compiled afresh on first use.
 Numba does not check its cache files either: a damaged one fails to load
 (``warmup`` then drops the cache) or, worse, loads damaged machine code.  So
 each time a process saves one of these kernels to the cache, the cache folder
-lists each of its files with its size and XXH3-64 (``MANIFEST``); a listed
-file that differs drops the cache at import, before anything loads from it.
+lists each of its files with its size, XXH3-64 and inode (``MANIFEST``); a
+listed file that differs in place drops the cache at import, before anything
+loads from it.  Numba saves a file whole, by rename, so a file with another
+inode is a save by another process since the listing, not damage: it is left
+alone, and a process starting while another saves does not drop everything.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import numba
 import xxhash
+
+logger = logging.getLogger("suffixspec")
 
 HERE = Path(__file__).resolve().parent
 STAMP = "suffixspec-native.digest"
@@ -69,6 +75,10 @@ def drop_stale_cache() -> bool:
     stale = [f for f in folders if _read(f / STAMP) != digest or not _whole(f)]
     if not stale:
         return False
+    known = sorted(str(f) for f in stale if _read(f / STAMP) is not None)
+    if known:  # not a first use
+        logger.warning("suffixspec: the kernel cache in %s is stale or damaged; its kernels "
+                       "compile afresh", ", ".join(known))
     for k in kernels:
         if Path(k._cache._cache_path) in stale:
             k._cache.flush()
@@ -131,8 +141,22 @@ def _cache_files(folder: Path):
 
 
 def _file_stamp(path: Path) -> list:
-    data = path.read_bytes()
-    return [len(data), xxhash.xxh3_64_intdigest(data)]
+    """Size, XXH3-64 and inode of a cache file."""
+    with open(path, "rb") as f:
+        inode = os.fstat(f.fileno()).st_ino
+        data = f.read()
+    return [len(data), xxhash.xxh3_64_intdigest(data), inode]
+
+
+def _damaged(path: Path, listed: list) -> bool:
+    """Whether a listed cache file changed in place since it was listed.
+
+    A file replaced since (another inode) was saved whole by Numba, by rename.
+    """
+    stamp = _file_stamp(path)
+    if len(listed) > 2 and stamp[2] != listed[2]:
+        return False
+    return stamp[:2] != listed[:2]
 
 
 def _whole(folder: Path) -> bool:
@@ -141,9 +165,11 @@ def _whole(folder: Path) -> bool:
         listed = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return True  # no list yet: nothing to check against
+    if not isinstance(listed, dict):
+        return False
     for name, stamp in listed.items():
         try:
-            if _file_stamp(folder / name) != stamp:
+            if not isinstance(stamp, list) or _damaged(folder / name, stamp):
                 return False
         except FileNotFoundError:
             continue  # replaced since (a recompile): nothing of it is loaded
