@@ -5,34 +5,42 @@
 It needs torch, Triton and Numba, and suffixspec's own dependencies (carry
 their wheels: ``bench/device_wheels.sh``); no vLLM (a request state of MRV2's
 shape stands in).  ``--device cpu`` runs every part small, as a smoke test
-(the test suite does); on a GPU it takes a few minutes.  Writes
-``device_check.json``:
+(the test suite does); on an H100 it took 106 s, plus about a minute to
+compile the Numba kernels on a cold cache.  Writes ``device_check.json``
+after each part (a run stopped at its limit keeps what it did):
 
 1. ``correctness``: the fused Triton kernel against the torch reference on
    random cases at 1, 8, 32 and 64 rows, and the Triton scan against the
    torch scan (on the device);
-2. ``device_time``: one drafting step (payload apply, scan, corpus, one-token
-   paths, the fused kernel) at 1 / 8 / 32 / 64 in flight with histories of
-   2K and 16K tokens, median of CUDA-event timings, with the scan alone, and
-   the torch operations (kernel launches) a step issues;
-3. ``no_sync``: 300 steps of ``DeviceSuffixSpeculator.propose`` under
-   ``torch.cuda.set_sync_debug_mode("error")`` (GPU only);
+2. ``device_time``: one drafting step (scan, corpus, one-token paths, the
+   fused kernel) at 1 / 8 / 32 / 64 in flight with histories of 2K and 16K
+   tokens: median of CUDA-event timings as launched, the scan alone, the
+   torch operations a step issues; on a GPU also the GPU's time with the
+   host ahead (a busy kernel first) and the host's time, kernel by kernel
+   and replayed as a CUDA graph (``device.graphs``), and whether the replay
+   equals the step run kernel by kernel;
+3. ``no_sync``: 300 steps of ``DeviceSuffixSpeculator.propose`` (and its
+   ``on_requests_finished``) under ``torch.cuda.set_sync_debug_mode("error")``
+   (GPU only), with its graphs recorded;
 4. ``loop``: a synthetic MRV2 step loop (a busy kernel stands in for a
    6.5 ms forward, the host one step ahead with 0.3 ms of emulated host work,
    a real proposer over the sql trace when ``--traces`` names it) with no
-   drafter, today's synchronous speculator and the device speculator: step
-   period p50 / p99 and tokens per step;
-5. ``feeder``: how old the windows were when used (steps), and how often the
-   one bounded wait ran out, at 64 in flight.
+   drafter, the synchronous speculator and the device speculator kernel by
+   kernel and as graphs: step period p50 / p99, tokens per step, and for the
+   device the feeder's CPU per step, how old the windows were when used
+   (steps) and how often the one bounded wait ran out.  All speculators draft
+   from the first step (the kernels are compiled first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -171,6 +179,29 @@ def _time(fn, device, reps: int) -> float:
     return float(np.median(times))
 
 
+def _time_queued(fn, device, reps: int) -> tuple[float, float]:
+    """Median seconds of ``fn`` on the GPU with the host ahead, and on the host.
+
+    A busy kernel runs first, so every launch of ``fn`` is queued before the
+    GPU reaches it: the events time the GPU's work alone, as when the step
+    queues behind a forward; the host's seconds are the Python and launches.
+    """
+    gpu, host = [], []
+    for i in range(reps + min(20, reps)):
+        _sleep(device, 0.01)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        b.record()
+        b.synchronize()
+        if i >= min(20, reps):
+            gpu.append(a.elapsed_time(b) / 1e3)
+            host.append(t1 - t0)
+    return float(np.median(gpu)), float(np.median(host))
+
+
 def _launches(fn) -> int:
     """Torch operations a call issues (each at most a kernel launch on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
@@ -185,6 +216,40 @@ def _launches(fn) -> int:
                and e.name not in views)
 
 
+def _graph_equal(step, state) -> bool:
+    """One step run kernel by kernel and the same step replayed from its CUDA
+    graph (``device.graphs.Replay``), from the same state: equal outputs and
+    equal slot state."""
+    from suffixspec.device.graphs import Replay
+
+    windows, out, b = state[3], state[7], state[8].shape[0]
+    kept = [t.clone() for t in (windows.recent, windows.last_valid)]
+
+    def result():
+        rows = out.rows(b)
+        return [getattr(rows, f).clone() for f in rows.__dataclass_fields__] + [
+            windows.recent.clone(), windows.last_valid.clone()]
+
+    def restore():
+        windows.recent.copy_(kept[0])
+        windows.last_valid.copy_(kept[1])
+
+    replay = Replay(lambda _: step(), state[3].tokens.device)
+    for _ in range(replay.warm):  # eager runs, then the recording
+        restore()
+        replay(0)
+    if replay.recorded != 1:
+        return False
+    restore()
+    step()
+    want = result()
+    restore()
+    replay(0)
+    got = result()
+    restore()
+    return all(torch.equal(a, c) for a, c in zip(want, got))
+
+
 def device_time(device, histories, batches, reps: int, max_len: int) -> dict:
     rng = np.random.default_rng(5)
     out = {}
@@ -192,10 +257,20 @@ def device_time(device, histories, batches, reps: int, max_len: int) -> dict:
         for b in batches:
             state = _state(device, b, history, max_len, rng)
             step, scan = _step_fn(device, state)
-            out[f"b{b}_h{history}"] = {
+            got = out[f"b{b}_h{history}"] = {
                 "step_us": round(1e6 * _time(step, device, reps), 1),
                 "scan_us": round(1e6 * _time(scan, device, reps), 1),
                 "torch_ops": _launches(step)}
+            if device.type == "cuda":
+                from suffixspec.device.graphs import Replay
+
+                queued, host = _time_queued(step, device, reps)
+                got.update(step_gpu_us=round(1e6 * queued, 1), step_host_us=round(1e6 * host, 1))
+                got["graph_equal"] = _graph_equal(step, state)
+                replay = Replay(lambda _: step(), device)
+                queued, host = _time_queued(lambda: replay(0), device, reps)
+                got.update(graph_gpu_us=round(1e6 * queued, 1),
+                           graph_host_us=round(1e6 * host, 1), graphs=replay.recorded)
             print(f"device time b={b} history={history}: {out[f'b{b}_h{history}']}",
                   file=sys.stderr, flush=True)
     return out
@@ -278,8 +353,26 @@ def _calibrate_sleep(device) -> None:
     _sleep.cycles_per_s = 10_000_000 / (a.elapsed_time(b) / 1e3)
 
 
-def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> dict:
-    """The synthetic MRV2 loop (see the module docstring) with ``b`` in flight."""
+@contextlib.contextmanager
+def _sync_errors(on: bool):
+    """CUDA's synchronizing calls raise inside (``torch.cuda.set_sync_debug_mode``)."""
+    if not on:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
+         check_sync: bool = False) -> dict:
+    """The synthetic MRV2 loop (see the module docstring) with ``b`` in flight.
+
+    ``check_sync``: the speculator's calls (not the loop's stand-in for vLLM,
+    which copies as it likes) run with synchronizing CUDA calls raising.
+    """
     from suffixspec.integrations.vllm import device_speculator as ds
     from suffixspec.integrations.vllm.speculator import SuffixSpecSpeculator
 
@@ -287,8 +380,16 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
     states = States(max_reqs, max_len, device)
     config = _config(max_reqs, max_len)
     spec = None
-    if variant == "device":
-        spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
+    if variant in ("device", "device_eager"):  # device_eager: no CUDA graphs
+        graphs = os.environ.get("SUFFIXSPEC_CUDA_GRAPHS")
+        os.environ["SUFFIXSPEC_CUDA_GRAPHS"] = "0" if variant == "device_eager" else "1"
+        try:
+            spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
+        finally:
+            if graphs is None:
+                os.environ.pop("SUFFIXSPEC_CUDA_GRAPHS")
+            else:
+                os.environ["SUFFIXSPEC_CUDA_GRAPHS"] = graphs
         spec.start(wait=True)
     elif variant == "sync":
         spec = SuffixSpecSpeculator(config, device, states)
@@ -340,7 +441,8 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
         done = [r for r, s in active.items() if int(seen[s]) < 0]
         if done:
             if spec is not None:
-                spec.on_requests_finished(done)
+                with _sync_errors(check_sync):
+                    spec.on_requests_finished(done)
             for r in done:
                 states.remove_request(r)
                 del active[r]
@@ -348,7 +450,8 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
             if not active:
                 break
         ids = list(active)
-        slots = torch.tensor([active[r] for r in ids], dtype=torch.int64).to(device)
+        slots = torch.tensor([active[r] for r in ids], dtype=torch.int64)
+        slots = slots.pin_memory().to(device, non_blocking=True) if pin else slots
         _sleep(device, FORWARD_S)
         # Sampling: the longest draft prefix equal to the recorded output, and one more.
         at = pos[slots][:, None] + k_range
@@ -371,9 +474,11 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
         batch = SimpleNamespace(req_ids=ids, num_reqs=len(ids), idx_mapping=slots,
                                 idx_mapping_np=np.array([active[r] for r in ids]))
         if spec is not None:
-            d = spec.propose(batch, None, None, None, None, sampled[slots],
-                             torch.zeros(len(ids), dtype=torch.int32, device=device), None,
-                             None, None, None)
+            num_sampled = sampled[slots]
+            num_rejected = torch.zeros(len(ids), dtype=torch.int32, device=device)
+            with _sync_errors(check_sync):
+                d = spec.propose(batch, None, None, None, None, num_sampled, num_rejected,
+                                 None, None, None, None)
             drafts[slots] = d.to(torch.int64)
         # The step's output to the host, behind an event: -1 where a request finished.
         flag = torch.where(left - emit <= 0, -1, emit)
@@ -388,13 +493,17 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
               "period_p50_ms": round(1e3 * float(np.percentile(periods, 50)), 3),
               "period_p99_ms": round(1e3 * float(np.percentile(periods, 99)), 3)}
     result["tokens_per_request_step"] = round(int(made) / max(len(periods) + 1, 1) / b, 3)
-    if variant == "device" and spec is not None:
+    if variant in ("device", "device_eager") and spec is not None:
         result["feeder"] = spec.feeder.lag()
+        result["graphs"] = spec._draft_graphs.recorded + spec._apply_graph.recorded
+        failed = spec._draft_graphs.failed or spec._apply_graph.failed
+        result["graph_failed"] = None if failed is None else repr(failed)[:300]
         stats = spec.feeder.stats
         result["feeder_ms_per_step"] = round(1e3 * stats.seconds / max(step, 1), 3)
         result["feeder_cpu_ms_per_step"] = round(1e3 * stats.cpu_seconds / max(step, 1), 3)
         spec.close()
     elif spec is not None:
+        result["service"] = spec.service.metrics.as_dict()
         spec.close()
     return result
 
@@ -402,14 +511,15 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int) -> di
 def no_sync(device, requests, steps: int = 300) -> dict:
     if device.type != "cuda":
         return {"skipped": "CUDA only"}
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        got = loop(device, "device", 8, steps, requests, 4096)
+        got = loop(device, "device", 8, steps, requests, 4096, check_sync=True)
     except RuntimeError as exc:
-        return {"raised": repr(exc)[:500]}
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return {"steps": got["steps"], "raised": None}
+        frames = traceback.extract_tb(exc.__traceback__)
+        ours = [f"{Path(f.filename).name}:{f.lineno} {f.line}" for f in frames
+                if str(ROOT) in f.filename]
+        return {"raised": repr(exc)[:300], "where": ours[-6:]}
+    return {"steps": got["steps"], "raised": None, "graphs": got["graphs"],
+            "graph_failed": got["graph_failed"]}
 
 
 def main():
@@ -434,26 +544,38 @@ def main():
                                               if device.type == "cuda" else "cpu"),
               "torch": torch.__version__}
     parts = args.only or ["correctness", "device_time", "no_sync", "loop"]
+    if {"no_sync", "loop"} & set(parts):  # steady state: every speculator drafts at once
+        from suffixspec.kernels import compile_on_two_cores
+        from suffixspec.native.warmup import DEVICE, STEPS
+
+        report["kernels_ready_s"] = round(compile_on_two_cores(STEPS + DEVICE), 1)
     t0 = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each part: a run stopped at its limit keeps what it did
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        (out / "device_check.json").write_text(json.dumps(report, indent=1))
     if "correctness" in parts:
         report["correctness"] = correctness(device, 3 if small else 50)
+        save()
     if "device_time" in parts:
         report["device_time"] = device_time(
             device, (2048,) if small else (2048, 16384), (1, 8) if small else (1, 8, 32, 64),
             5 if small else 500, 4096 if small else 32768)
+        save()
     if "no_sync" in parts:
         report["no_sync"] = no_sync(device, requests)
+        save()
     if "loop" in parts:
         report["loop"] = {}
         for b in ((8, 64) if small else (1, 8, 32, 64)):
-            for variant in ("none", "sync", "device"):
+            for variant in ("none", "sync", "device_eager", "device"):
                 got = loop(device, variant, b, 40 if small else 400, requests, 4096)
                 report["loop"][f"{variant}_b{b}"] = got
+                save()
                 print(f"loop {variant} b={b}: {got}", file=sys.stderr, flush=True)
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "device_check.json").write_text(json.dumps(report, indent=1))
+    save()
     print(json.dumps(report, indent=1))
 
 

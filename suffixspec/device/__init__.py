@@ -22,7 +22,9 @@ branch the drafts are the host policy's own; after a divergence no window
 covers, the own-history scan drafts until the next windows land.
 
 torch (and Triton) are needed only here: ``import suffixspec`` and the V1
-runner's path import neither.  The GPU paths have not run on a GPU yet
-(``bench/device_check.py`` is ready for one); on CPU tensors the same code runs
-in the tests and in replay (``suffixspec replay --engine suffixspec-device``).
+runner's path import neither.  The GPU paths have run on an H100 in
+``bench/device_check.py`` (kernels against their reference, the no-sync audit,
+a synthetic MRV2 loop; ``docs/device.md``), not under vLLM; on CPU tensors the
+same code runs in the tests and in replay (``suffixspec replay --engine
+suffixspec-device``).  ``graphs`` replays the step as CUDA graphs.
 """

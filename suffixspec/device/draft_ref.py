@@ -36,6 +36,7 @@ Token ids at or past ``vocab_size`` and the -1 padding never reach a draft.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -154,6 +155,13 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
 DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS)
 
 
+@functools.cache
+def direct_sources(device: torch.device) -> torch.Tensor:
+    """``DIRECT_SOURCES`` on ``device`` (int64), made once: a tensor made from host
+    values each step would be a blocking copy, a wait for the GPU's queue."""
+    return torch.tensor(DIRECT_SOURCES, dtype=torch.int64, device=device)
+
+
 def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None):
     """The candidates found apart from the windows, ``(tokens, c, n, match)``
     (``[B, X, k]`` x3, ``[B, X]``; int64), in the order of ``DIRECT_SOURCES``:
@@ -265,7 +273,7 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     counts = torch.cat([windows.c[slots].to(torch.int64).gather(2, at) * inside, d_c], dim=1)
     totals = torch.cat([windows.n[slots].to(torch.int64).gather(2, at) * inside, d_n], dim=1)
     match = torch.cat([match, d_match], dim=1)                           # [B, C]
-    sources = torch.tensor(DIRECT_SOURCES, device=dev).expand(b, -1)
+    sources = direct_sources(dev).expand(b, -1)
     src = torch.cat([meta[..., W_SOURCE], sources], dim=1) + cal.N_SRC * recent[:, None]
     q, p, kept, gain, fine = _score(tokens, counts, totals,
                                     torch.ones_like(tokens, dtype=torch.bool), src, match,

@@ -24,6 +24,8 @@ over the file.
 ``SUFFIXSPEC_DRAFT_COST``       verification cost of one drafted token, as a
                                 share of a step; unset: measured from the
                                 engine's step times
+``SUFFIXSPEC_CUDA_GRAPHS``      0: the device's drafting step (``mrv2``) runs
+                                kernel by kernel instead of as CUDA graphs
 ==============================  ==============================================
 """
 
@@ -90,6 +92,7 @@ class Settings:
     refresh_interval: float = REFRESH_INTERVAL
     log_interval: float = 10.0
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
+    cuda_graphs: bool = True  # the device's drafting step replayed as graphs (``device.graphs``)
 
     def __post_init__(self):
         for name in ("cross_tokens", "snapshot_every"):

