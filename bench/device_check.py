@@ -341,16 +341,34 @@ def _sleep(device, seconds: float) -> None:
         time.sleep(seconds)
 
 
+def _sleep_ms(device, cycles: int) -> float:
+    """GPU milliseconds of ``torch.cuda._sleep(cycles)``, by CUDA events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def _calibrate_sleep(device) -> None:
+    """Cycles per second of the busy kernel, on a GPU already busy (its clocks
+    up): the median of five.  Each loop also reports the forward it got."""
     if device.type != "cuda":
         return
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(10_000_000)
-    b.record()
-    b.synchronize()
-    _sleep.cycles_per_s = 10_000_000 / (a.elapsed_time(b) / 1e3)
+    for _ in range(20):  # some 0.2 s busy first
+        _sleep_ms(device, 10_000_000)
+    ms = sorted(_sleep_ms(device, 10_000_000) for _ in range(5))[2]
+    _sleep.cycles_per_s = 10_000_000 / (ms / 1e3)
+
+
+def _forward_ms(device) -> float | None:
+    """The busy kernel's length as the loop gets it (median of five), ms."""
+    if device.type != "cuda":
+        return None
+    cycles = int(FORWARD_S * _sleep.cycles_per_s)
+    return round(sorted(_sleep_ms(device, cycles) for _ in range(5))[2], 3)
 
 
 @contextlib.contextmanager
@@ -489,7 +507,7 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
             last_event = torch.cuda.Event()
             last_event.record()
     now(device)
-    result = {"steps": len(periods) + 1,
+    result = {"steps": len(periods) + 1, "forward_ms": _forward_ms(device),
               "period_p50_ms": round(1e3 * float(np.percentile(periods, 50)), 3),
               "period_p99_ms": round(1e3 * float(np.percentile(periods, 99)), 3)}
     result["tokens_per_request_step"] = round(int(made) / max(len(periods) + 1, 1) / b, 3)
@@ -530,7 +548,17 @@ def main():
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["correctness", "device_time", "no_sync", "loop"])
+    ap.add_argument("--levels", nargs="*", type=int, default=None,
+                    help="requests in flight in the loop (default 1 8 32 64; 8 64 on the CPU)")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    choices=["none", "sync", "device_eager", "device"])
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval for the loop (seconds; Python's default 0.005): "
+                         "how long a thread holding the interpreter lock keeps it from one "
+                         "waiting for it")
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     device = torch.device(args.device)
     small = device.type == "cpu"
     os.environ.setdefault("SUFFIXSPEC_LOG_INTERVAL", "0")
@@ -569,8 +597,10 @@ def main():
         save()
     if "loop" in parts:
         report["loop"] = {}
-        for b in ((8, 64) if small else (1, 8, 32, 64)):
-            for variant in ("none", "sync", "device_eager", "device"):
+        levels = args.levels or ((8, 64) if small else (1, 8, 32, 64))
+        report["switch_interval"] = sys.getswitchinterval()
+        for b in levels:
+            for variant in args.variants or ("none", "sync", "device_eager", "device"):
                 got = loop(device, variant, b, 40 if small else 400, requests, 4096)
                 report["loop"][f"{variant}_b{b}"] = got
                 save()

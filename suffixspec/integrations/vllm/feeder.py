@@ -239,9 +239,12 @@ class WindowFeeder:
         self.requests[req_id] = rec
         self._start(req_id, rec)
 
-    def _catch_up(self, req_id: str, rec: Followed, total: int, tail: np.ndarray) -> bool:
+    def _catch_up(self, req_id: str, rec: Followed, total: int, tail: np.ndarray,
+                  gains: list | None = None) -> bool:
         """Append what the request gained (the end of ``tail``); False when the
-        tail does not reach back to what the feeder holds."""
+        tail does not reach back to what the feeder holds.  ``gains``: where
+        the proposer's part goes, ``(req_id, tokens)``, for one batched call
+        (else it is extended at once)."""
         gained = total - rec.length
         if gained <= 0:
             return gained == 0
@@ -249,7 +252,10 @@ class WindowFeeder:
             return False
         new = tail[tail.shape[0] - gained:]
         if rec.started:
-            self.proposer.extend(req_id, new)
+            if gains is None:
+                self.proposer.extend(req_id, new)
+            else:
+                gains.append((req_id, new))
         # The output grows in the pool: the one-token paths of its last tokens change.
         have = rec.all()
         self._changed.append(have[max(have.shape[0] - self.k, 0):])
@@ -270,18 +276,20 @@ class WindowFeeder:
         self.stats.snapshots += 1
         tail0 = S_FIELDS
         draft0 = tail0 + k + 1
-        live, rows_of = [], []
+        live, rows_of, gains = [], [], []
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
             row = rows[i]
             if rec is None or int(row[S_SAMPLED]) == 0:
                 continue  # unknown, or still in prefill
-            if not self._catch_up(req_id, rec, int(row[S_TOTAL]), row[tail0:draft0]):
+            if not self._catch_up(req_id, rec, int(row[S_TOTAL]), row[tail0:draft0], gains):
                 self._lose(req_id)
                 continue
             if rec.started:
                 live.append(req_id)
                 rows_of.append(i)
+        if gains:  # one native call per pool for the whole step
+            self.proposer.extend_batch([r for r, _ in gains], [t for _, t in gains])
         if live:  # calibration scores these drafts at the next tokens
             picked = rows[rows_of]
             self.proposer.adopt_drafts(live, picked[:, draft0:draft0 + k],
