@@ -30,6 +30,14 @@ best candidate of each place it draws from, continued past the cost cut,
 and branch windows), chosen with hindsight; and the better of suffixspec's
 and vLLM's drafts at each step.
 
+Rules a policy could follow, decided at the step from what both drafts say
+(no hindsight), in accepted tokens per step: take vLLM's draft (the
+continuation of the newest occurrence of the longest match in the request's
+own history) where its match is longer than suffixspec's; where it is at
+least as long; and only where both match just the last token.  They size
+what the newest-longest own-history match would add as a candidate of the
+policy, and at which match lengths.
+
 Writes ``loss.json`` and ``loss.md`` into ``--out`` and prints the Markdown.
 """
 
@@ -50,6 +58,8 @@ from policy_bench import SLICES, load_slice
 
 K = 16
 ARCTIC = dict(max_depth=64, max_spec_tokens=K, max_spec_factor=2.0, min_token_prob=0.2)
+RULES = ("vLLM's where its match is longer", "vLLM's where its match is at least as long",
+         "vLLM's where both match only the last token")
 MATCH_BUCKETS = ((0, 0, "0"), (1, 3, "1-3"), (4, 7, "4-7"), (8, 15, "8-15"), (16, 1 << 30, "16+"))
 
 
@@ -110,6 +120,7 @@ def analyse(requests, draft_cost: float | None = None) -> dict:
     ub_windows = ub_pair = 0
     lost = {"vllm": Counter(), "arctic": Counter()}
     lost_steps = Counter()
+    rules = Counter()
     by = {f"{other} {what}": Counter() for other in ("vllm", "arctic")
           for what in ("source", "match", "first miss", "occurrence")}
     for req in requests:
@@ -130,6 +141,11 @@ def analyse(requests, draft_cost: float | None = None) -> dict:
             acc.update(got)
             ub_windows += max(win, got["suffixspec"]) + 1
             ub_pair += max(got["vllm"], got["suffixspec"]) + 1
+            mine_len = int(ds.match_len) if len(ds.token_ids) else 0
+            theirs = int(dv.match_len) if len(dv.token_ids) else -1
+            for rule, take in ((RULES[0], theirs > mine_len), (RULES[1], theirs >= mine_len),
+                               (RULES[2], theirs == mine_len == 1)):
+                rules[rule] += got["vllm" if take else "suffixspec"]
             mine = got["suffixspec"]
             for other in ("vllm", "arctic"):
                 if got[other] <= mine:
@@ -163,6 +179,7 @@ def analyse(requests, draft_cost: float | None = None) -> dict:
             "accepted_per_step": {k: acc[k] / steps for k in ("suffixspec", "arctic", "vllm")},
             "tokens_per_step": (tokens / steps),
             "upper_bound_windows": ub_windows / steps, "upper_bound_with_vllm": ub_pair / steps,
+            "rules_accepted_per_step": {k: v / steps for k, v in rules.items()},
             "lost": {k: {"steps": lost_steps[k], "tokens": lost[k]["tokens"],
                          "share_of_output": lost[k]["tokens"] / tokens} for k in lost},
             "by": {k: dict(c.most_common()) for k, c in by.items()}}
@@ -184,6 +201,9 @@ def markdown(results: dict, fraction: float) -> str:
         f"{r['accepted_per_step'][k]:.3f}" for k in ("suffixspec", "vllm", "arctic")))
     row("upper bound: best window with hindsight", lambda r: f"{r['upper_bound_windows']:.3f}")
     row("upper bound: better of suffixspec and vLLM", lambda r: f"{r['upper_bound_with_vllm']:.3f}")
+    for rule in RULES:
+        row(f"accepted per step, rule: {rule}",
+            lambda r, k=rule: f"{r.get('rules_accepted_per_step', {}).get(k, float('nan')):.3f}")
     for other, label in (("vllm", "vLLM"), ("arctic", "arctic f2")):
         row(f"steps where {label} accepted more", lambda r, o=other: f"{r['lost'][o]['steps']:,}")
         row(f"tokens lost to {label} (share of output)",
