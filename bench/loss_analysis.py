@@ -36,7 +36,10 @@ continuation of the newest occurrence of the longest match in the request's
 own history) where its match is longer than suffixspec's; where it is at
 least as long; and only where both match just the last token.  They size
 what the newest-longest own-history match would add as a candidate of the
-policy, and at which match lengths.
+policy, and at which match lengths.  A fourth rule learns as the trace goes:
+at each pair of match lengths (suffixspec's, vLLM's; each clipped to 5) it
+takes the drafter that accepted more over the steps before, as a calibrated
+candidate would.
 
 Writes ``loss.json`` and ``loss.md`` into ``--out`` and prints the Markdown.
 """
@@ -44,7 +47,7 @@ Writes ``loss.json`` and ``loss.md`` into ``--out`` and prints the Markdown.
 from __future__ import annotations
 
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -59,7 +62,8 @@ from policy_bench import SLICES, load_slice
 K = 16
 ARCTIC = dict(max_depth=64, max_spec_tokens=K, max_spec_factor=2.0, min_token_prob=0.2)
 RULES = ("vLLM's where its match is longer", "vLLM's where its match is at least as long",
-         "vLLM's where both match only the last token")
+         "vLLM's where both match only the last token",
+         "vLLM's where it accepted more so far at these match lengths (learned, no hindsight)")
 MATCH_BUCKETS = ((0, 0, "0"), (1, 3, "1-3"), (4, 7, "4-7"), (8, 15, "8-15"), (16, 1 << 30, "16+"))
 
 
@@ -121,6 +125,7 @@ def analyse(requests, draft_cost: float | None = None) -> dict:
     lost = {"vllm": Counter(), "arctic": Counter()}
     lost_steps = Counter()
     rules = Counter()
+    past = defaultdict(Counter)  # (match lengths) -> accepted so far, per drafter
     by = {f"{other} {what}": Counter() for other in ("vllm", "arctic")
           for what in ("source", "match", "first miss", "occurrence")}
     for req in requests:
@@ -143,9 +148,15 @@ def analyse(requests, draft_cost: float | None = None) -> dict:
             ub_pair += max(got["vllm"], got["suffixspec"]) + 1
             mine_len = int(ds.match_len) if len(ds.token_ids) else 0
             theirs = int(dv.match_len) if len(dv.token_ids) else -1
+            # Learned as the trace goes, from past steps only: per pair of match
+            # lengths (each clipped to 5), the drafter that accepted more so far.
+            cell = (min(mine_len, 5), min(theirs, 5))
+            learned = past[cell]["vllm"] > past[cell]["suffixspec"]
             for rule, take in ((RULES[0], theirs > mine_len), (RULES[1], theirs >= mine_len),
-                               (RULES[2], theirs == mine_len == 1)):
+                               (RULES[2], theirs == mine_len == 1), (RULES[3], learned)):
                 rules[rule] += got["vllm" if take else "suffixspec"]
+            past[cell]["vllm"] += got["vllm"]
+            past[cell]["suffixspec"] += got["suffixspec"]
             mine = got["suffixspec"]
             for other in ("vllm", "arctic"):
                 if got[other] <= mine:
