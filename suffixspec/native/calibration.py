@@ -4,7 +4,8 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
-whole-prompt key), how the request's previous draft fared, the match
+whole-prompt key, the newest occurrence of the request's own match), how the
+request's previous draft fared, the match
 length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
@@ -45,7 +46,8 @@ from .layout import Stats
 SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
-N_SRC = 5
+SRC_NEWEST = 5  # what followed the newest earlier occurrence of the request's own match
+N_SRC = 6
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0
@@ -84,24 +86,27 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: Sources of the tables suffixspec 0.1 kept (a sixth, the recency candidate, came last).
-N_SRC_0_1 = 6
+#: Sources of the tables suffixspec 0.2 kept (no newest-occurrence source).
+N_SRC_0_2 = 5
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version, or None when
-    ``table`` is of no known layout.  suffixspec 0.1's had a sixth source,
-    dropped here with its rows; every other row keeps its counts."""
+    ``table`` is of no known layout.  suffixspec 0.2's had five sources: the
+    sixth's rows start empty, every other row keeps its counts.  (0.1's had
+    six, its sixth a recency candidate's: kept as they are.)"""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2:
         return None
-    old_coarse = N_SRC_0_1 * N_SHARED
+    old_coarse = N_SRC_0_2 * N_SHARED
     if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
         return None
     shared = table[:N_SHARED]
-    coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
-    fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
+    coarse = np.zeros((N_SRC, N_SHARED, 2))
+    coarse[:N_SRC_0_2] = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_2, N_SHARED, 2)
+    fine = np.zeros((N_SRC, N_SHARED * N_RECENT * N_DEPTH, 2))
+    fine[:N_SRC_0_2] = table[N_SHARED + old_coarse:].reshape(N_SRC_0_2, -1, 2)
     return np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)])
 
 

@@ -104,7 +104,7 @@ SEGMENTS = 8
 
 #: Drafting settings of a proposer (scalars): the trie depth, the length cap
 #: (``factor`` -1: none), the probability floor, tree drafts, start anchors.
-Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors")
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest")
 
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
