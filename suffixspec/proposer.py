@@ -163,6 +163,7 @@ class SuffixProposer:
         if seq >= self._pending.n.shape[0]:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
+        self._pending.shadow_n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
         if self.cross is not None:
@@ -304,7 +305,9 @@ class SuffixProposer:
         """Retire or drop the request's own tree; returns its open cross-pool
         sequence, if any."""
         self._check_active(req_id)
-        self._pending.n[self.requests.requests[req_id][1]] = 0
+        seq = self.requests.requests[req_id][1]
+        self._pending.n[seq] = 0
+        self._pending.shadow_n[seq] = 0
         if keep:
             self.requests.retire(req_id)
         else:

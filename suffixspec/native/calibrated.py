@@ -313,20 +313,22 @@ def _newest(trees, ctx, seq_start, start, end, how, knobs, stats, best, out, wor
     newest earlier occurrence of the request's longest own match, each token
     scored as a continuation seen once, in its own calibration source (so the
     table learns, per match length, how far recency is to be trusted where
-    the counts say otherwise).  Returns ``(n, gain, match_len, source)``."""
+    the counts say otherwise).  Returns ``(n, gain, match_len, source,
+    shadow)``: ``shadow`` the tokens of its path in ``work.cand`` when it was
+    not taken (calibration learns them apart), else 0."""
     src, recent, limit, thr = how
     m = longest(trees, ctx, start, end, knobs.depth, 1)
     if m <= 0:
-        return 0, best, 0, FROM_NONE
+        return 0, best, 0, FROM_NONE, 0
     e = newest_occurrence(ctx, seq_start, end, m, knobs.newest)
     if e < 0:
-        return 0, best, 0, FROM_NONE
+        return 0, best, 0, FROM_NONE, 0
     cap = limit
     if knobs.factor >= 0.0:
         c2 = int(m * knobs.factor + knobs.offset + 1e-6)
         if c2 < cap:
             cap = c2
-    s = cal.SRC_NEWEST + cal.N_SRC * recent
+    s = src + cal.N_SRC * recent
     cand = work.cand
     n = 0
     prob = 1.0
@@ -348,14 +350,20 @@ def _newest(trees, ctx, seq_start, start, end, how, knobs, stats, best, out, wor
         n += 1
     if knobs.tree:
         merge_in(work.merged, cand, n)
-    if n == 0 or gain <= best:
-        return 0, best, 0, FROM_NONE
+        if n == 0 or gain <= best:
+            return 0, best, 0, FROM_NONE, 0
+    elif n == 0 or gain <= best:  # a path to learn apart: to the end it would have drafted
+        while n < cap and e + n < end and ctx[e + n] < SYNTHETIC_BASE:
+            cand.tokens[n] = ctx[e + n]
+            cand.buckets[n] = cal.bucket(s, m, n, 1, 1)
+            n += 1
+        return 0, best, 0, FROM_NONE, n
     for j in range(n):
         out.tokens[j] = cand.tokens[j]
         out.parents[j] = cand.parents[j]
         out.probs[j] = cand.probs[j]
         out.buckets[j] = cand.buckets[j]
-    return n, gain, m, FROM_REQUEST
+    return n, gain, m, FROM_REQUEST, 0
 
 
 @njit(cache=True, nogil=True)
@@ -416,10 +424,7 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
-    if knobs.newest > 0:
-        best = _take(_newest((mine, solo, own_local), ctx, l_seqs[s, SEQ_OFF], start, end,
-                             (np.int64(cal.SRC_NEWEST), recent, limit, thr), knobs, stats,
-                             best, row, work), best, out, i)
+    own_root = solo[0]
     solo[0] = -1
     anchored = (delta.arena, c_end, n_anchors, out_len)
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
@@ -447,9 +452,18 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
                                      end, anchored, how, knobs, stats, best, row, work,
                                      pos[:k + 1]), best, out, i)
             solo[k] = -1
+    shadow = 0
+    if knobs.newest > 0:  # after every other candidate: it competes with the best of them
+        solo[0] = own_root
+        n, gain, m, source, shadow = _newest(
+            (mine, solo, own_local), ctx, l_seqs[s, SEQ_OFF], start, end,
+            (np.int64(cal.SRC_NEWEST), recent, limit, thr), knobs, stats, best, row, work)
+        solo[0] = -1
+        best = _take((n, gain, m, source), best, out, i)
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0
     for t in range(out.n[i]):
         score += out.probs[i, t]
     out.score[i] = score
+    return shadow

@@ -271,7 +271,8 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     the pending draft is then cleared.
     """
     table, state = stats
-    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending
+    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending[:5]
+    shadow_tokens, shadow_buckets, shadow_n = pending[5:]
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
         if s < 0:
@@ -280,6 +281,20 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
         m = offsets[i + 1] - lo
         if m == 0:
             continue
+        # A candidate that was not drafted (a path): its rows learn what it
+        # would have had accepted, so a candidate that seldom wins is not left
+        # at its prior.  It moves no running mean and no ``recent``.
+        for t in range(shadow_n[s]):
+            if t >= m:
+                break
+            hit = shadow_tokens[s, t] == tokens[lo + t]
+            fine = shadow_buckets[s, t]
+            _count(table, fine, hit, state[ST_HALF_LIFE])
+            _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
+            _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
+            if not hit:
+                break
+        shadow_n[s] = 0
         n = pend_n[s]
         accepted = 0
         longest = 0
