@@ -11,7 +11,7 @@ drafting paths and merged trees, and prints per slice MTS / est / drafted
 per step and an XXH3-64 digest over every draft's tokens, parents and
 probabilities.  Two commits whose lines are equal draft identically on
 every step: run it before and after a change that must not move drafts.
-``--newest-window`` and ``--draft-cost`` replay with those settings instead.
+``--draft-cost`` replays with that draft cost instead (0: drafts free).
 """
 
 from __future__ import annotations
@@ -55,13 +55,10 @@ class Recording:
 def main():
     ap = parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=list(SLICES), help="these slices only")
-    ap.add_argument("--newest-window", type=int, default=None,
-                    help="ProposerConfig.newest_window (default: the default)")
     ap.add_argument("--draft-cost", type=float, default=None,
                     help="ProposerConfig.draft_cost (default: the default; 0: drafts free)")
     args = ap.parse_args()
-    settings = {k: v for k, v in (("newest_window", args.newest_window),
-                                  ("draft_cost", args.draft_cost)) if v is not None}
+    settings = {} if args.draft_cost is None else {"draft_cost": args.draft_cost}
     encode = hf_encoder(args.tokenizer)
     warmup()
     for name in args.only or list(SLICES):

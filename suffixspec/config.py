@@ -95,10 +95,6 @@ class ProposerConfig:
     anchors:
         Also match the start of the output against the starts of past
         outputs (see ``suffixspec.anchors``).
-    newest_window:
-        Also draft what followed the newest earlier occurrence of the
-        request's longest own match, found at most this many tokens back,
-        scored in its own calibration source (0: not).
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
@@ -128,7 +124,6 @@ class ProposerConfig:
     tree: bool = False
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True
-    newest_window: int = 0
     cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
     cross_pool_requests: int | None = None
     namespace: str = DEFAULT_NAMESPACE
@@ -138,8 +133,6 @@ class ProposerConfig:
     def __post_init__(self):
         if not 2 <= self.max_depth <= 1024:
             raise ValueError(f"max_depth must be in [2, 1024], got {self.max_depth}")
-        if not 0 <= self.newest_window <= 1 << 24:
-            raise ValueError(f"newest_window must be in [0, 2**24], got {self.newest_window}")
         if self.max_spec_tokens < 0:
             raise ValueError(f"max_spec_tokens must be >= 0, got {self.max_spec_tokens}")
         if self.max_spec_factor is not None and not 0 <= self.max_spec_factor < float("inf"):

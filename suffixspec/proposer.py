@@ -76,8 +76,7 @@ class SuffixProposer:
         self.namespace = config.namespace
         self.shared_namespace = config.shared_namespace
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
-                               self.min_token_prob, self.tree, bool(config.anchors),
-                               int(config.newest_window))
+                               self.min_token_prob, self.tree, bool(config.anchors))
         self.stats = cal.new_stats(float(config.draft_cost))
         self._stats_flat = tuple(self.stats)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
@@ -163,7 +162,6 @@ class SuffixProposer:
         if seq >= self._pending.n.shape[0]:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
-        self._pending.shadow_n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
         self._draw_from[req_id] = draw
         if self.cross is not None:
@@ -305,9 +303,7 @@ class SuffixProposer:
         """Retire or drop the request's own tree; returns its open cross-pool
         sequence, if any."""
         self._check_active(req_id)
-        seq = self.requests.requests[req_id][1]
-        self._pending.n[seq] = 0
-        self._pending.shadow_n[seq] = 0
+        self._pending.n[self.requests.requests[req_id][1]] = 0
         if keep:
             self.requests.retire(req_id)
         else:

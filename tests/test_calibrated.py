@@ -229,45 +229,24 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     assert after < 0.5 * before
 
 
-def test_a_table_kept_by_suffixspec_0_2_keeps_every_row_and_the_new_source_starts_empty():
-    old_src = cal.N_SRC_0_2
+def test_a_table_kept_by_suffixspec_0_1_keeps_every_row_but_the_dropped_source():
+    old_src = cal.N_SRC_0_1
     old_coarse = old_src * cal.N_SHARED
     rows = cal.N_SHARED + old_coarse + old_coarse * cal.N_RECENT * cal.N_DEPTH
     old = np.random.default_rng(0).random((rows, 2))
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
     rng = np.random.default_rng(1)
-    for _ in range(500):  # a bucket's rows hold what 0.2 kept for it, at 0.2's row numbers
+    for _ in range(500):  # a bucket's rows hold what 0.1 kept for it, at 0.1's row numbers
         src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
         n = rng.integers(1, 40)
         fine = cal.bucket(src + cal.N_SRC * recent, rng.integers(0, 40), rng.integers(0, 12),
                           rng.integers(1, n + 1), n)
         shared, depth = cal.shared_of(fine), (fine - cal.N_SHARED - cal.N_COARSE) % cal.N_DEPTH
-        assert np.array_equal(new[shared], old[shared])
-        if src == cal.SRC_NEWEST:  # 0.2 had no such source
-            assert not new[fine].any() and not new[cal.coarse_of(fine)].any()
-            continue
         old_fine = (cal.N_SHARED + old_coarse
                     + ((src * cal.N_SHARED + shared) * cal.N_RECENT + recent) * cal.N_DEPTH + depth)
         assert np.array_equal(new[fine], old[old_fine])
         assert np.array_equal(new[cal.coarse_of(fine)], old[cal.N_SHARED + src * cal.N_SHARED
                                                            + shared])
+        assert np.array_equal(new[shared], old[shared])
     assert cal.upgrade_table(np.zeros((3, 2))) is None
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 3), min_size=2, max_size=60), st.integers(1, 6),
-       st.integers(1, 80), st.integers(0, 5))
-def test_newest_occurrence_is_the_newest_earlier_one_in_the_window(tokens, length, window,
-                                                                     pad):
-    from suffixspec.native.calibrated import newest_occurrence
-
-    arena = np.array([9] * pad + tokens, np.int32)  # the sequence starts at ``pad``
-    end = arena.shape[0]
-    length = min(length, len(tokens) - 1)
-    want = -1
-    for e in range(end - 1, pad + length - 1, -1):  # newest first
-        if end - e <= window and np.array_equal(arena[e - length:e], arena[end - length:end]):
-            want = e
-            break
-    assert newest_occurrence(arena, pad, end, length, window) == want

@@ -288,85 +288,6 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
 
 
 @njit(cache=True, nogil=True)
-def newest_occurrence(arena, start, end, length, window):
-    """Where the newest earlier occurrence of ``arena[end - length:end]`` ends
-    (exclusive: what followed it starts there), or -1.  Occurrences inside
-    ``arena[start:end - 1]`` that end at most ``window`` tokens back count."""
-    lo = end - window
-    if lo < start + length:
-        lo = start + length
-    last = arena[end - 1]
-    for e in range(end - 1, lo - 1, -1):
-        if arena[e - 1] != last:
-            continue
-        t = 1
-        while t < length and arena[e - 1 - t] == arena[end - 1 - t]:
-            t += 1
-        if t == length:
-            return e
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def _newest(trees, ctx, seq_start, start, end, how, knobs, stats, best, out, work):
-    """The newest-occurrence candidate, if it beats ``best``: what followed the
-    newest earlier occurrence of the request's longest own match, each token
-    scored as a continuation seen once, in its own calibration source (so the
-    table learns, per match length, how far recency is to be trusted where
-    the counts say otherwise).  Returns ``(n, gain, match_len, source,
-    shadow)``: ``shadow`` the tokens of its path in ``work.cand`` when it was
-    not taken (calibration learns them apart), else 0."""
-    src, recent, limit, thr = how
-    m = longest(trees, ctx, start, end, knobs.depth, 1)
-    if m <= 0:
-        return 0, best, 0, FROM_NONE, 0
-    e = newest_occurrence(ctx, seq_start, end, m, knobs.newest)
-    if e < 0:
-        return 0, best, 0, FROM_NONE, 0
-    cap = limit
-    if knobs.factor >= 0.0:
-        c2 = int(m * knobs.factor + knobs.offset + 1e-6)
-        if c2 < cap:
-            cap = c2
-    s = src + cal.N_SRC * recent
-    cand = work.cand
-    n = 0
-    prob = 1.0
-    gain = 0.0
-    while n < cap and e + n < end:
-        tok = ctx[e + n]
-        if tok >= SYNTHETIC_BASE:
-            break
-        fine, q = cal.token_probability(stats, s, m, n, 1, 1)
-        p = prob * q
-        if p <= thr:
-            break
-        prob = p
-        cand.tokens[n] = tok
-        cand.parents[n] = n - 1
-        cand.probs[n] = p
-        cand.buckets[n] = fine
-        gain += p - thr
-        n += 1
-    if knobs.tree:
-        merge_in(work.merged, cand, n)
-        if n == 0 or gain <= best:
-            return 0, best, 0, FROM_NONE, 0
-    elif n == 0 or gain <= best:  # a path to learn apart: to the end it would have drafted
-        while n < cap and e + n < end and ctx[e + n] < SYNTHETIC_BASE:
-            cand.tokens[n] = ctx[e + n]
-            cand.buckets[n] = cal.bucket(s, m, n, 1, 1)
-            n += 1
-        return 0, best, 0, FROM_NONE, n
-    for j in range(n):
-        out.tokens[j] = cand.tokens[j]
-        out.parents[j] = cand.parents[j]
-        out.probs[j] = cand.probs[j]
-        out.buckets[j] = cand.buckets[j]
-    return n, gain, m, FROM_REQUEST, 0
-
-
-@njit(cache=True, nogil=True)
 def own_output(delta, cs):
     """``(end, anchors, output length)`` of a request's own open output sequence
     ``cs`` in the delta index (``[anchors..., output so far]``; all 0 for -1)."""
@@ -421,11 +342,10 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
         (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1])
+    solo[0] = -1
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
-    own_root = solo[0]
-    solo[0] = -1
     anchored = (delta.arena, c_end, n_anchors, out_len)
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     # Namespace j's trees in the in-memory part (side 0) and the snapshot
@@ -452,18 +372,9 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
                                      end, anchored, how, knobs, stats, best, row, work,
                                      pos[:k + 1]), best, out, i)
             solo[k] = -1
-    shadow = 0
-    if knobs.newest > 0:  # after every other candidate: it competes with the best of them
-        solo[0] = own_root
-        n, gain, m, source, shadow = _newest(
-            (mine, solo, own_local), ctx, l_seqs[s, SEQ_OFF], start, end,
-            (np.int64(cal.SRC_NEWEST), recent, limit, thr), knobs, stats, best, row, work)
-        solo[0] = -1
-        best = _take((n, gain, m, source), best, out, i)
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
     score = 0.0
     for t in range(out.n[i]):
         score += out.probs[i, t]
     out.score[i] = score
-    return shadow

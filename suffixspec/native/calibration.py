@@ -4,8 +4,7 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
-whole-prompt key, the newest occurrence of the request's own match), how the
-request's previous draft fared, the match
+whole-prompt key), how the request's previous draft fared, the match
 length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
@@ -46,8 +45,7 @@ from .layout import Stats
 SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
-SRC_NEWEST = 5  # what followed the newest earlier occurrence of the request's own match
-N_SRC = 6
+N_SRC = 5
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0
@@ -86,27 +84,24 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: Sources of the tables suffixspec 0.2 kept (no newest-occurrence source).
-N_SRC_0_2 = 5
+#: Sources of the tables suffixspec 0.1 kept (a sixth, the recency candidate, came last).
+N_SRC_0_1 = 6
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version, or None when
-    ``table`` is of no known layout.  suffixspec 0.2's had five sources: the
-    sixth's rows start empty, every other row keeps its counts.  (0.1's had
-    six, its sixth a recency candidate's: kept as they are.)"""
+    ``table`` is of no known layout.  suffixspec 0.1's had a sixth source,
+    dropped here with its rows; every other row keeps its counts."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2:
         return None
-    old_coarse = N_SRC_0_2 * N_SHARED
+    old_coarse = N_SRC_0_1 * N_SHARED
     if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
         return None
     shared = table[:N_SHARED]
-    coarse = np.zeros((N_SRC, N_SHARED, 2))
-    coarse[:N_SRC_0_2] = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_2, N_SHARED, 2)
-    fine = np.zeros((N_SRC, N_SHARED * N_RECENT * N_DEPTH, 2))
-    fine[:N_SRC_0_2] = table[N_SHARED + old_coarse:].reshape(N_SRC_0_2, -1, 2)
+    coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
+    fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
     return np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)])
 
 
@@ -271,8 +266,7 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     the pending draft is then cleared.
     """
     table, state = stats
-    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending[:5]
-    shadow_tokens, shadow_buckets, shadow_n = pending[5:]
+    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
         if s < 0:
@@ -281,20 +275,6 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
         m = offsets[i + 1] - lo
         if m == 0:
             continue
-        # A candidate that was not drafted (a path): its rows learn what it
-        # would have had accepted, so a candidate that seldom wins is not left
-        # at its prior.  It moves no running mean and no ``recent``.
-        for t in range(shadow_n[s]):
-            if t >= m:
-                break
-            hit = shadow_tokens[s, t] == tokens[lo + t]
-            fine = shadow_buckets[s, t]
-            _count(table, fine, hit, state[ST_HALF_LIFE])
-            _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
-            _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
-            if not hit:
-                break
-        shadow_n[s] = 0
         n = pend_n[s]
         accepted = 0
         longest = 0

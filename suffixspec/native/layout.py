@@ -104,7 +104,7 @@ SEGMENTS = 8
 
 #: Drafting settings of a proposer (scalars): the trie depth, the length cap
 #: (``factor`` -1: none), the probability floor, tree drafts, start anchors.
-Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest")
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors")
 
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
@@ -116,8 +116,7 @@ Stats = namedtuple("Stats", "table state")
 #: The latest draft of each request (row: its sequence in the request index),
 #: scored against the emitted tokens by ``calibration.learn``; ``recent`` is
 #: how the previous draft fared.
-Pending = namedtuple("Pending", "tokens parents buckets n recent shadow_tokens shadow_buckets "
-                                 "shadow_n")
+Pending = namedtuple("Pending", "tokens parents buckets n recent")
 
 #: Candidate windows of a step's requests (``windows``): row ``[i, r]`` is
 #: window ``r`` of request ``i``: its tokens, each token's counts ``c`` of
@@ -175,8 +174,7 @@ def pending(rows: int, max_tokens: int, old: Pending | None = None) -> Pending:
     k = max(max_tokens, 1)
     new = Pending(np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
                   np.zeros((rows, k), np.int32), np.zeros(rows, np.int64),
-                  np.zeros(rows, np.int64), np.zeros((rows, k), np.int32),
-                  np.zeros((rows, k), np.int32), np.zeros(rows, np.int64))
+                  np.zeros(rows, np.int64))
     if old is not None:
         for a, b in zip(new, old):
             a[: b.shape[0]] = b

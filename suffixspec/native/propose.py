@@ -69,12 +69,8 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     thr = step_threshold(stats, knobs)
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
-        shadow = calibrated.draft_request(i, pending.recent[s], thr, local, local_roots,
-                                          delta, (mine, cross), batch, knobs, stats, out, work)
-        pending.shadow_n[s] = shadow
-        for j in range(shadow):  # what the newest candidate would have drafted
-            pending.shadow_tokens[s, j] = work.cand.tokens[j]
-            pending.shadow_buckets[s, j] = work.cand.buckets[j]
+        calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
+                                 (mine, cross), batch, knobs, stats, out, work)
         n = out.n[i]
         pending.n[s] = n
         for j in range(n):  # loops, not slice copies: those compile a costly error path
