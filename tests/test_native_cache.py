@@ -32,7 +32,11 @@ def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}  # a fresh process loads it
     # As if another kernel source had changed since the cache was written.
     stamps[0].write_text("an older digest")
-    assert _probe(tmp_path) == {"hits": 0, "misses": 1}  # compiled again, not the stale copy
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
+    assert run.stderr.count("was written for other kernel sources") == 1  # said, once
     assert stamps[0].read_text() == source_digest()
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}
 

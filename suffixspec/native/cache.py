@@ -75,10 +75,13 @@ def drop_stale_cache() -> bool:
     stale = [f for f in folders if _read(f / STAMP) != digest or not _whole(f)]
     if not stale:
         return False
-    known = sorted(str(f) for f in stale if _read(f / STAMP) is not None)
-    if known:  # not a first use
-        logger.warning("suffixspec: the kernel cache in %s is stale or damaged; its kernels "
-                       "compile afresh", ", ".join(known))
+    for folder in sorted(stale):
+        stamp = _read(folder / STAMP)
+        if stamp is None:  # a first use
+            continue
+        why = "was written for other kernel sources" if stamp != digest else "has a damaged file"
+        logger.warning("suffixspec: the kernel cache in %s %s; its kernels compile afresh",
+                       folder, why)
     for k in kernels:
         if Path(k._cache._cache_path) in stale:
             k._cache.flush()
