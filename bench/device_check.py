@@ -43,6 +43,7 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import torch
@@ -399,15 +400,9 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
     config = _config(max_reqs, max_len)
     spec = None
     if variant in ("device", "device_eager"):  # device_eager: no CUDA graphs
-        graphs = os.environ.get("SUFFIXSPEC_CUDA_GRAPHS")
-        os.environ["SUFFIXSPEC_CUDA_GRAPHS"] = "0" if variant == "device_eager" else "1"
-        try:
+        graphs = "0" if variant == "device_eager" else "1"
+        with mock.patch.dict(os.environ, SUFFIXSPEC_CUDA_GRAPHS=graphs):
             spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
-        finally:
-            if graphs is None:
-                os.environ.pop("SUFFIXSPEC_CUDA_GRAPHS")
-            else:
-                os.environ["SUFFIXSPEC_CUDA_GRAPHS"] = graphs
         spec.start(wait=True)
     elif variant == "sync":
         spec = SuffixSpecSpeculator(config, device, states)

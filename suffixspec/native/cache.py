@@ -72,14 +72,15 @@ def drop_stale_cache() -> bool:
     kernels = list(cached_kernels())
     folders = {Path(k._cache._cache_path) for k in kernels}
     digest = source_digest()
-    stale = [f for f in folders if _read(f / STAMP) != digest or not _whole(f)]
+    stamps = {f: _read(f / STAMP) for f in folders}
+    stale = [f for f in folders if stamps[f] != digest or not _whole(f)]
     if not stale:
         return False
     for folder in sorted(stale):
-        stamp = _read(folder / STAMP)
-        if stamp is None:  # a first use
+        if stamps[folder] is None:  # a first use
             continue
-        why = "was written for other kernel sources" if stamp != digest else "has a damaged file"
+        why = ("was written for other kernel sources" if stamps[folder] != digest
+               else "has a damaged file")
         logger.warning("suffixspec: the kernel cache in %s %s; its kernels compile afresh",
                        folder, why)
     for k in kernels:
@@ -154,12 +155,14 @@ def _file_stamp(path: Path) -> list:
 def _damaged(path: Path, listed: list) -> bool:
     """Whether a listed cache file changed in place since it was listed.
 
-    A file replaced since (another inode) was saved whole by Numba, by rename.
+    A file replaced since (another inode) was saved whole by Numba, by rename:
+    it is not read.
     """
-    stamp = _file_stamp(path)
-    if len(listed) > 2 and stamp[2] != listed[2]:
-        return False
-    return stamp[:2] != listed[:2]
+    with open(path, "rb") as f:
+        if len(listed) > 2 and os.fstat(f.fileno()).st_ino != listed[2]:
+            return False
+        data = f.read()
+    return [len(data), xxhash.xxh3_64_intdigest(data)] != listed[:2]
 
 
 def _whole(folder: Path) -> bool:
