@@ -473,3 +473,32 @@ def test_a_long_commit_of_another_process_is_indexed_off_the_serving_calls(tmp_p
     assert drafted == PATTERN[4:8] and reader.delta.tokens >= long.shape[0]
     writer.close()
     prop.close()
+
+
+def test_a_pool_opens_with_little_room_and_the_loader_makes_a_roomier_delta(tmp_path):
+    """Opening fills only ``OPEN_ROOM_TOKENS`` of room (filling room is what an
+    open costs); commits past half of it make the loader prepare a delta with
+    ``ROOM_TOKENS`` of room, swapped in by a refresh, and nothing is lost."""
+    from suffixspec.pools.loader import OPEN_ROOM_TOKENS, ROOM_TOKENS
+
+    pool = pool_at(tmp_path / "pool.lmdb", refresh_interval=0.0)
+    opened_with = pool.delta.index.nodes.shape[0]
+    assert opened_with < 2 * ROOM_TOKENS
+    rng = np.random.default_rng(1)
+    added = 0
+    while added <= OPEN_ROOM_TOKENS:  # past the open's room: serving commits grow it
+        seq = rng.integers(0, 5000, 4096).astype(np.int32)
+        pool.add(seq, "default")
+        added += seq.shape[0]
+    pool.add(np.array(PATTERN * 3, np.int32), "default")
+    end = time.monotonic() + 60
+    while pool.delta.index.nodes.shape[0] < 2 * ROOM_TOKENS and time.monotonic() < end:
+        pool.refresh()
+        time.sleep(0.01)
+    assert pool.delta.index.nodes.shape[0] >= 2 * ROOM_TOKENS
+    prop = proposer(pool)
+    prop.start_request("x", PATTERN[:4])
+    assert prop.propose(["x"])[0].token_ids.tolist()[:4] == PATTERN[4:8]
+    pool.flush()
+    assert pool.store.stats()["sequences"] == added // 4096 + 1
+    prop.close()

@@ -36,6 +36,10 @@ MAP_ATTEMPTS = 5
 ROOM = 1.0
 ROOM_TOKENS = 1 << 20
 FULL = 0.5
+#: The room a pool's first delta gets when it opens: small, since filling room
+#: costs time in proportion (1M tokens: 50-300 ms here), and opening serves;
+#: once the delta is fuller than ``FULL``, the loader makes a roomier one.
+OPEN_ROOM_TOKENS = 1 << 16
 #: Rounds of indexing what was committed while the loader worked.
 CATCH_UP_ROUNDS = 4
 
@@ -96,10 +100,11 @@ class Loader:
                     return
                 self._again = False
 
-    def prepare(self) -> Prepared:
+    def prepare(self, room_tokens: int = ROOM_TOKENS) -> Prepared:
         """Map the current snapshot's segments (checking new ones) and index
         what they leave uncovered, with this process's open sequences, into
-        a new delta.  Takes the store's lock only for short reads."""
+        a new delta with room for ``ROOM`` times its tokens more, at least
+        ``room_tokens``.  Takes the store's lock only for short reads."""
         pool = self.pool
         for attempt in range(MAP_ATTEMPTS):
             pool._wait_for_file()
@@ -142,7 +147,7 @@ class Loader:
                 break
             self._index_range(delta, ids, upto, last, wanted)
             upto = last
-        delta.index.reserve(max(int(ROOM * delta.tokens), ROOM_TOKENS))
+        delta.index.reserve(max(int(ROOM * delta.tokens), room_tokens))
         return Prepared(view, delta, ids, upto, copied, wanted, deletes, inode, problems)
 
     def _map(self, snap, mapped: dict[str, MappedSegment], problems: list[str],

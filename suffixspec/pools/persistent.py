@@ -43,7 +43,7 @@ from suffixspec.pools import files, segments
 from suffixspec.pools.memory import Delta
 from suffixspec.pools.store import FileBusy, PoolError, PoolStore
 from suffixspec.pools.background import in_background
-from suffixspec.pools.loader import FULL, Loader, Prepared
+from suffixspec.pools.loader import FULL, OPEN_ROOM_TOKENS, Loader, Prepared
 from suffixspec.pools.writer import Writer
 from suffixspec.pools.view import PoolView
 
@@ -112,7 +112,7 @@ class PersistentPool:
         self._writer = Writer(self)
         self._closed = False
         with self._lock:
-            self._swap(self._loader.prepare())
+            self._swap(self._loader.prepare(OPEN_ROOM_TOKENS))
         self.store.watch()
         self._writer.start()
 
