@@ -225,6 +225,31 @@ def test_pools_built_elsewhere_are_added_with_their_segments(tmp_path):
     assert PoolStore(tmp_path / "host.lmdb", readonly=True).stats()["sequences"] == 90
 
 
+def test_a_shard_the_pool_holds_in_part_adds_only_the_records_missing(tmp_path):
+    """A shard whose first records the pool holds already (an export ingested
+    before, a half-merged run): only the rest are added, indexed here, each
+    record once; the pool drafts as one holding each record once would."""
+    held, rest = _outputs(30, 20), _outputs(12, 21)
+    _store(tmp_path / "shard.lmdb", [held + rest]).close()
+    _store(tmp_path / "host.lmdb", [held]).close()  # the same records: namespace, id, tokens
+    r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "shard.lmdb", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["sequences"] == len(rest)
+    assert f"held {len(held)} of the {len(held) + len(rest)} records" in r.stderr
+    with PoolStore(tmp_path / "host.lmdb", readonly=True) as store:
+        assert sorted(s.tokens.tolist() for s in store.sequences()) == \
+            sorted(t.tolist() for t in held + rest)
+    r = _cli("add-segment", tmp_path / "host.lmdb", tmp_path / "shard.lmdb")  # again: nothing
+    assert r.exit_code == 0 and "skipped" in r.output
+    with PoolStore(tmp_path / "host.lmdb", readonly=True) as store:
+        assert store.stats()["sequences"] == len(held) + len(rest)
+    pools = [PersistentPool(tmp_path / name) for name in ("host.lmdb", "shard.lmdb")]
+    got, want = (_drafts(pool, _contexts())[0] for pool in pools)
+    assert got == want
+    for pool in pools:
+        pool.close()
+
+
 def test_adding_a_pool_refuses_another_tokenizer_and_an_incomplete_snapshot(tmp_path):
     host = _store(tmp_path / "host.lmdb", [_outputs(5, 12)])
     before = (host.stats()["sequences"], _folders(host))

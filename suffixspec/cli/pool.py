@@ -282,7 +282,8 @@ def add_segment_cmd(pool, sources, jobs, as_json):
     with store:
         for source in sources:
             try:
-                added += add_pool(store, source, jobs=jobs)
+                added += add_pool(store, source, jobs=jobs,
+                                  say=lambda line: click.echo(line, err=True))
             except AlreadyAdded as e:  # a retried run goes on with the others
                 click.echo(f"skipped: {e}", err=True)
                 skipped.append(source)

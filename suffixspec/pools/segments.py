@@ -34,6 +34,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +125,8 @@ def _stamp_built(store: PoolStore, root: Path, built: list[Segment]) -> None:
             continue
 
 
-def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
+def add_pool(store: PoolStore, source: str | Path, jobs: int = 1,
+             say: Callable[[str], None] | None = None) -> int:
     """Add another pool's sequences and its snapshot segments to ``store``; returns how many sequences.
 
     ``source`` is a pool built elsewhere (``suffixspec ingest`` over a shard
@@ -136,8 +138,10 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
     merges as usual.  A shard added before (``AlreadyAdded``), even if its
     segments were merged away since, is refused, and so is one added by
     another process at the same time, or one whose records the pool holds
-    already (``pools.identity``: a copy of a pool, a shard built twice); one
-    holding some of them is refused too, naming how to add the rest.
+    already (``pools.identity``: a copy of a pool, a shard built twice).  Of
+    one holding some of them, only the records missing are added, without
+    its segments (they would count the others twice): ``write_snapshot``
+    indexes them here, and ``say`` is told how many were held.
     """
     if Path(source).resolve() == store.path.resolve():
         raise PoolError(f"{source} is the pool it would be added to")
@@ -164,12 +168,10 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
         if _added(store, mark):
             raise AlreadyAdded(f"{store.path} holds the sequences of {source} already (added "
                                f"before); adding them again would count them twice")
-        items, ranks = [], []
+        items, ranks, held = [], [], []
         present = StoredRecords(store)
-        held_already = 0
         for seq in shard.sequences():
-            held_already += present.take(seq.namespace, seq.request_id or seq.source,
-                                         seq.tokens)
+            held.append(present.take(seq.namespace, seq.request_id or seq.source, seq.tokens))
             at = next((k for k, seg in enumerate(segments)
                        if seg.first < seq.seq_id <= seg.last), None)
             if at is None:
@@ -177,14 +179,22 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
                                 f"run `suffixspec snapshot {source}` first")
             items.append((seq.tokens, seq.namespace, seq.source, seq.request_id, seq.added))
             ranks.append(at)
-        if items and held_already == len(items):
+        if items and all(held):
             raise AlreadyAdded(f"{store.path} holds every record of {source} already; adding "
                                f"them again would count them twice")
-        if held_already:
-            raise PoolError(f"{store.path} holds {held_already} of the {len(items)} records of "
-                            f"{source} already; adding its segments would count them twice "
-                            f"(`suffixspec export` it and `ingest` the export: that adds only "
-                            f"the records missing)")
+        if any(held):
+            def no_segments(ids, txn):
+                _mark_added(store, txn, mark, source)
+                return []
+
+            missing = [item for item, h in zip(items, held) if not h]
+            ids = store.add_with_segments(missing, no_segments)
+            if say is not None:
+                say(f"{store.path} held {sum(held)} of the {len(items)} records of {source} "
+                    f"already: the other {len(ids)} are added and indexed here, without its "
+                    f"segments")
+            write_snapshot(store, jobs)
+            return len(ids)
         with files.folder_lock(store.snapshot_folders):
             try:
                 names = [_copy_segment(shard, seg, store) for seg in segments]
@@ -192,10 +202,7 @@ def add_pool(store: PoolStore, source: str | Path, jobs: int = 1) -> int:
                 raise _clear_error(store, e) from e
 
             def segments_for(ids, txn):
-                if txn.get(_ADDED + mark, db=store.db("meta")) is not None:
-                    raise AlreadyAdded(f"{store.path} holds the sequences of {source} already "
-                                       f"(added by another process just now)")
-                txn.put(_ADDED + mark, b"1", db=store.db("meta"))
+                _mark_added(store, txn, mark, source)
                 return _mapped(segments, names, ranks, ids)
 
             try:
@@ -219,6 +226,14 @@ def _shard_mark(segments: list[Segment]) -> bytes:
     for seg in segments:
         h.update(repr((seg.first, seg.last, sorted(seg.arrays.items()))).encode())
     return h.hexdigest()[:32].encode()
+
+
+def _mark_added(store: PoolStore, txn, mark: bytes, source) -> None:
+    """Record in ``txn`` that the shard ``mark`` is added (``AlreadyAdded``: it was, just now)."""
+    if txn.get(_ADDED + mark, db=store.db("meta")) is not None:
+        raise AlreadyAdded(f"{store.path} holds the sequences of {source} already "
+                           f"(added by another process just now)")
+    txn.put(_ADDED + mark, b"1", db=store.db("meta"))
 
 
 def _added(store: PoolStore, mark: bytes) -> bool:
