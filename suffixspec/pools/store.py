@@ -134,6 +134,11 @@ class PoolStore:
         self._pid = None
         self.gate = Gate(self.path)
         self.lock = threading.RLock()  # one call at a time, whoever shares the store
+        # Held through every write transaction and while the environment is
+        # opened, let go or resized (``write``): a pool's writer thread stores
+        # commits holding it alone, so serving calls (which hold ``lock``) never
+        # wait for a commit to reach the disk.
+        self._file_lock = threading.RLock()
         self.users = 0  # holders through ``shared``
         self._watch_pid = None
         self._watch_stop = threading.Event()
@@ -204,6 +209,12 @@ class PoolStore:
     @property
     def env(self) -> lmdb.Environment:
         if self._env is None or self._pid != os.getpid():
+            with self._file_lock:
+                return self._open_env()
+        return self._env
+
+    def _open_env(self) -> lmdb.Environment:
+        if self._env is None or self._pid != os.getpid():
             # Waits while another process compacts the file, unless asked not to.
             if not self.gate.enter(wait=not getattr(self._local, "no_wait", False)):
                 raise FileBusy(f"{self.path} is being compacted")
@@ -249,10 +260,11 @@ class PoolStore:
 
     def _let_go(self) -> None:
         """Close the environment (the next operation opens it again)."""
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-            self.gate.leave()
-        self._env = None
+        with self._file_lock:  # not under a write transaction of another thread
+            if self._env is not None and self._pid == os.getpid():
+                self._env.close()
+                self.gate.leave()
+            self._env = None
 
     def close(self) -> None:
         """Close the pool file for good: its environment, the gate's file, the watcher."""
@@ -297,22 +309,34 @@ class PoolStore:
         self.close()
 
     def write(self, fn: Callable):
-        """Run ``fn(txn)`` in one write transaction, growing the map as needed."""
+        """Run ``fn(txn)`` in one write transaction, growing the map as needed.
+
+        The transaction holds ``_file_lock``, not ``lock``: readers holding
+        ``lock`` go on beside it (LMDB keeps their view), and nothing opens,
+        lets go of or resizes the environment meanwhile.  ``lock`` is held
+        only while the environment is made ready."""
         if self.readonly:
             raise PoolError(f"pool {self.path} is open read-only")
-        self.yield_to_compaction()
         while True:
+            with self.lock:  # then the file lock: the order every caller takes them in
+                self.yield_to_compaction()
+                env = self.env
+                self._file_lock.acquire()
             try:
-                with self.env.begin(write=True) as txn:
+                with env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self._remap(2 * self.env.info()["map_size"])
+                resize = 2 * env.info()["map_size"]
             except lmdb.MapResizedError:
-                self._remap(0)  # another process grew it: adopt its size
+                resize = 0  # another process grew it: adopt its size
             except lmdb.Error as e:
                 if any(words in str(e) for words in _NO_SPACE):
                     raise DiskFullError(f"could not write {self.path} (disk full?): {e}") from e
                 raise
+            finally:
+                self._file_lock.release()
+            with self.lock:  # no reader's transaction is open while the map changes
+                self._remap(resize)
 
     def read(self, buffers: bool = False):
         """A read transaction (use as a context manager)."""
@@ -336,7 +360,8 @@ class PoolStore:
 
     def _remap(self, size: int) -> None:
         """Resize the map (no view into the file outlives a transaction)."""
-        self.env.set_mapsize(size)
+        with self._file_lock:
+            self.env.set_mapsize(size)
 
     # ----------------------------------------------------------------- format
     def _read_or_create_format(self, tokenizer, max_depth) -> dict:
@@ -666,6 +691,10 @@ class PoolStore:
         as it was and the compaction pending, when some process held on for
         ``timeout`` seconds.
         """
+        with self._file_lock:  # no write transaction of this process's other threads
+            return self._compact(timeout)
+
+    def _compact(self, timeout: float) -> bool:
         self.env  # noqa: B018 - this process is inside the gate
         if not self.gate.exclusive(timeout):
             return False

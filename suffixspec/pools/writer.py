@@ -88,11 +88,19 @@ class Writer:
 
     def _store_table(self, name: str, table: np.ndarray) -> None:
         pool = self.pool
-        try:
-            pool._read_quietly(lambda: pool.store.save_table(name, table))
-        except PoolError as e:  # drafting goes on; the next save may take
-            pool._warn("table", f"suffixspec: the {name} table was not kept in "
-                                f"{pool.store.path}: {e}")
+        while True:
+            pool._wait_for_file()
+            try:  # not under the pool's lock, as commits
+                with pool.store.no_wait():
+                    pool.store.save_table(name, table)
+                return
+            except FileBusy:
+                continue
+            except PoolError as e:  # drafting goes on; the next save may take
+                with pool._lock:
+                    pool._warn("table", f"suffixspec: the {name} table was not kept in "
+                                        f"{pool.store.path}: {e}")
+                return
 
     def _store_commits(self, items: list) -> None:
         pool = self.pool
@@ -100,19 +108,23 @@ class Writer:
                    for tokens, namespace, request_id, _, _ in items]
         while True:
             pool._wait_for_file()
-            with pool._lock:
-                try:
-                    with pool.store.no_wait():  # never holds the lock through a compaction
-                        ids = pool.store.add_many(records)
-                except FileBusy:
-                    continue
-                except Exception as e:  # the file cannot take them: logged, drafting goes on
+            # Not under the pool's lock: serving calls go on while the commit
+            # reaches the disk (the store's file lock keeps the file steady).
+            # Until ``pending`` drops, nothing catches up on these ids.
+            try:
+                with pool.store.no_wait():  # never waits through a compaction
+                    ids = pool.store.add_many(records)
+            except FileBusy:
+                continue
+            except Exception as e:  # the file cannot take them: logged, drafting goes on
+                with pool._lock:
                     self.pending -= len(items)
                     self.error = e if isinstance(e, PoolError) else PoolError(str(e))
-                    pool._warn("write", f"suffixspec: {len(items)} output(s) were not stored "
-                                        f"in {pool.store.path}: {e}")
-                    return
+                    pool._warn("write", f"suffixspec: {len(items)} output(s) were not "
+                                        f"stored in {pool.store.path}: {e}")
+                return
+            with pool._lock:
                 self.pending -= len(items)
                 self.error = None
                 pool._indexed_already(ids, items)
-                return
+            return
