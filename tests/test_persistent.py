@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -501,4 +502,33 @@ def test_a_pool_opens_with_little_room_and_the_loader_makes_a_roomier_delta(tmp_
     assert prop.propose(["x"])[0].token_ids.tolist()[:4] == PATTERN[4:8]
     pool.flush()
     assert pool.store.stats()["sequences"] == added // 4096 + 1
+    prop.close()
+
+
+def test_serving_calls_do_not_wait_for_a_commit_to_reach_the_disk(tmp_path, monkeypatch):
+    """The writer thread stores commits without the pool's lock: while one
+    takes long to reach the disk (a slow fsync, here 1 s), serving calls go on."""
+    from suffixspec.pools.store import PoolStore as Store
+
+    pool = pool_at(tmp_path / "pool.lmdb")
+    prop = proposer(pool)
+    slow = threading.Event()
+    add_many = Store.add_many
+
+    def slow_add_many(self, items):
+        slow.set()
+        time.sleep(1.0)
+        return add_many(self, items)
+
+    monkeypatch.setattr(Store, "add_many", slow_add_many)
+    run_request(prop, "a", [1, 2], PATTERN)  # its commit goes to the writer
+    assert slow.wait(10)
+    t0 = time.monotonic()
+    prop.start_request("b", PATTERN[:4])
+    drafted = prop.propose(["b"])[0].token_ids.tolist()[:4]
+    prop.extend("b", PATTERN[4:6])
+    took = time.monotonic() - t0
+    assert drafted == PATTERN[4:8] and took < 0.5, took
+    pool.flush()
+    assert pool.store.stats()["sequences"] == 1
     prop.close()
