@@ -57,18 +57,22 @@ class Followed:
     slot: int
     epoch: int
     prompt_len: int
-    tokens: list[np.ndarray] = field(default_factory=list)  # its tokens, in pieces
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # room to grow
     length: int = 0
     started: bool = False  # the proposer holds it
 
     def all(self) -> np.ndarray:
-        if len(self.tokens) > 1:
-            self.tokens = [np.concatenate(self.tokens)]
-        return self.tokens[0] if self.tokens else np.zeros(0, np.int32)
+        """Its tokens (a view: appending never writes over it)."""
+        return self.buffer[:self.length]
 
     def append(self, tokens: np.ndarray) -> None:
-        self.tokens.append(np.asarray(tokens, np.int32).copy())
-        self.length += tokens.shape[0]
+        n = tokens.shape[0]
+        if self.length + n > self.buffer.shape[0]:  # doubling: a step costs what it adds
+            grown = np.empty(max(2 * self.buffer.shape[0], self.length + n, 64), np.int32)
+            grown[:self.length] = self.buffer[:self.length]
+            self.buffer = grown
+        self.buffer[self.length:self.length + n] = tokens
+        self.length += n
 
 
 @dataclass
@@ -257,8 +261,7 @@ class WindowFeeder:
             else:
                 gains.append((req_id, new))
         # The output grows in the pool: the one-token paths of its last tokens change.
-        have = rec.all()
-        self._changed.append(have[max(have.shape[0] - self.k, 0):])
+        self._changed.append(rec.buffer[max(rec.length - self.k, 0):rec.length].copy())
         self._changed.append(new)
         rec.append(new)
         return True
@@ -277,12 +280,12 @@ class WindowFeeder:
         tail0 = S_FIELDS
         draft0 = tail0 + k + 1
         live, rows_of, gains = [], [], []
+        totals, sampled = rows[:, S_TOTAL].tolist(), rows[:, S_SAMPLED].tolist()
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
-            row = rows[i]
-            if rec is None or int(row[S_SAMPLED]) == 0:
+            if rec is None or sampled[i] == 0:
                 continue  # unknown, or still in prefill
-            if not self._catch_up(req_id, rec, int(row[S_TOTAL]), row[tail0:draft0], gains):
+            if not self._catch_up(req_id, rec, totals[i], rows[i, tail0:draft0], gains):
                 self._lose(req_id)
                 continue
             if rec.started:
@@ -311,8 +314,7 @@ class WindowFeeder:
             del self.requests[req_id]
             if rec.started:
                 self.proposer.finish_request(req_id)
-            tokens = rec.all()
-            self._docs.append(tokens[max(rec.prompt_len - PROMPT_CONTEXT, 0):])
+            self._docs.append(rec.all()[max(rec.prompt_len - PROMPT_CONTEXT, 0):])
 
     def _publish(self, step: int) -> None:
         """Pack the next payload into a free buffer and offer it to the worker."""
