@@ -74,21 +74,6 @@ def make(monkeypatch):
         spec.close()
 
 
-def test_the_switch_interval_setting_is_the_processs_once_a_speculator_is_made(make,
-                                                                               monkeypatch):
-    import sys
-
-    was = sys.getswitchinterval()
-    try:
-        make(start=False)
-        assert sys.getswitchinterval() == was  # unset: left as it is
-        monkeypatch.setenv("SUFFIXSPEC_SWITCH_INTERVAL", "0.0005")
-        make(start=False)
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        sys.setswitchinterval(was)
-
-
 def test_drafts_come_from_the_context_and_from_finished_outputs(make):
     spec = make()
     engine = Engine(spec)

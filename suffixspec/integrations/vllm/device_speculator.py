@@ -37,7 +37,6 @@ through vLLM's own ``RequestState``.
 from __future__ import annotations
 
 import logging
-import sys
 
 import numpy as np
 import torch
@@ -94,10 +93,6 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self.vocab_size = int(model.get_vocab_size())
         self.settings = settings = Settings.from_env()
         self.config, _ = proposer_config(spec, settings)
-        if settings.switch_interval is not None:  # process-wide: the engine's setting
-            sys.setswitchinterval(settings.switch_interval)
-            logger.info("suffixspec: the interpreter's switch interval is now %g s "
-                        "(SUFFIXSPEC_SWITCH_INTERVAL)", settings.switch_interval)
         self.tp = tp_group
         self.leader = tp_group is None or tp_group.rank_in_group == 0
         self.window_spec = WindowSpec(k=k)

@@ -17,8 +17,9 @@ So the plugin decides, by ``SUFFIXSPEC_RUNNER``:
   has none for ``suffix``);
 * ``mrv2``: suffixspec drafts on MRV2, on the device
   (``device_speculator.DeviceSuffixSpeculator``), with async scheduling.  It
-  has run on a GPU only in a synthetic loop, where it trails the synchronous
-  speculator from 8 in flight on (``docs/device.md``), so it is off by default;
+  has run on a GPU only in a synthetic loop (1.00-1.18x the synchronous
+  speculator's tokens per ms there, ``docs/device.md``), never under vLLM,
+  so it is off by default;
 * ``vllm``: vLLM's own drafter serves ``suffix`` (suffixspec stands aside).
 
 Whatever serves, one log line and the ``suffixspec_drafter`` gauge on

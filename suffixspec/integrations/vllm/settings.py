@@ -26,13 +26,6 @@ over the file.
                                 engine's step times
 ``SUFFIXSPEC_CUDA_GRAPHS``      0: the device's drafting step (``mrv2``) runs
                                 kernel by kernel instead of as CUDA graphs
-``SUFFIXSPEC_SWITCH_INTERVAL``  seconds: the interpreter's switch interval
-                                that drafting on the device (``mrv2``) sets
-                                for the whole engine process (Python's
-                                ``sys.setswitchinterval``; unset: left as it
-                                is, 0.005 by default).  How long the window
-                                feeder's thread may keep the interpreter
-                                from the engine's thread once it waits
 ==============================  ==============================================
 """
 
@@ -100,7 +93,6 @@ class Settings:
     log_interval: float = 10.0
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
     cuda_graphs: bool = True  # the device's drafting step replayed as graphs (``device.graphs``)
-    switch_interval: float | None = None  # set by the device runner; None: left as it is
 
     def __post_init__(self):
         for name in ("cross_tokens", "snapshot_every"):
@@ -108,8 +100,6 @@ class Settings:
         for name in ("refresh_interval", "log_interval"):
             check_range(PREFIX + name.upper(), getattr(self, name), high=1e9)
         check_range(PREFIX + "DRAFT_COST", self.draft_cost, high=0.999, allow_none=True)
-        check_range(PREFIX + "SWITCH_INTERVAL", self.switch_interval, low=1e-5, high=1.0,
-                    allow_none=True)
 
     @classmethod
     def from_env(cls, environ=os.environ) -> Settings:
