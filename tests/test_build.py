@@ -102,6 +102,19 @@ def test_worker_processes_build_the_same_index(tmp_path):
         f"{name}.bin" for name in info["arrays"])  # the build's own files are gone
 
 
+def test_a_small_pool_is_built_in_process_whatever_jobs_asks(tmp_path, monkeypatch):
+    """``--jobs 16`` on a pool of a few tokens starts no worker process (each
+    costs an interpreter: sixteen took 3.2 GB for 27 tokens)."""
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(build, "_in_workers", no_workers)
+    stored = _stored([("a", [1, 2, 3, 1, 2, 4] * 4), ("b", [5, 1, 2, 3])])
+    one, one_trees, _, _ = build_index(stored, DEPTH)
+    ix, info = _snapshot(tmp_path / "s", stored, jobs=16)
+    _assert_same(one, one_trees, ix, info["namespaces"], stored)
+
+
 def test_dealing_tokens_evens_out_the_partitions():
     freq = np.array([100, 1, 50, 50, 0, 30, 20], np.int64)
     owner = build.deal(freq, 2)
