@@ -20,7 +20,7 @@ from suffixspec import SuffixProposer
 from suffixspec.anchors import start_anchors
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.persistent import PersistentPool
-from suffixspec.pools.store import PoolStore
+from suffixspec.pools.store import PoolError, PoolStore
 
 DEPTH = 16
 PATTERN = [900001, 900002, 900003, 900004, 900005, 900006, 900007, 900008]
@@ -532,3 +532,40 @@ def test_serving_calls_do_not_wait_for_a_commit_to_reach_the_disk(tmp_path, monk
     pool.flush()
     assert pool.store.stats()["sequences"] == 1
     prop.close()
+
+
+def test_closing_a_pool_whose_file_refused_a_commit_says_so_and_does_not_raise(tmp_path,
+                                                                              monkeypatch,
+                                                                              caplog):
+    """A file that cannot take commits (a read-only disk): the failure is
+    logged when it happens, and ``close`` says it once more instead of raising."""
+    from suffixspec.pools.store import PoolError
+    from suffixspec.pools.store import PoolStore as Store
+
+    pool = pool_at(tmp_path / "pool.lmdb")
+    prop = proposer(pool)
+
+    def refuse(self, items):
+        raise PoolError(f"could not write {self.path}: Read-only file system")
+
+    monkeypatch.setattr(Store, "add_many", refuse)
+    run_request(prop, "a", [1, 2], PATTERN)
+    with caplog.at_level("WARNING"):
+        prop.close()
+        pool.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any("not stored" in m and "Read-only" in m for m in said), said
+    assert any("closed with outputs it could not store" in m for m in said), said
+
+
+def test_a_pool_that_cannot_be_created_says_why_in_one_line(tmp_path, monkeypatch):
+    import lmdb
+
+    from suffixspec.pools import store as store_module
+
+    def read_only(*args, **kwargs):
+        raise lmdb.ReadonlyError("mdb_env_open: Read-only file system")
+
+    monkeypatch.setattr(store_module.lmdb, "open", read_only)
+    with pytest.raises(PoolError, match="cannot create a pool at .*its folder cannot be written"):
+        PoolStore(tmp_path / "new.lmdb", tokenizer=BYTES, max_depth=DEPTH)

@@ -432,11 +432,17 @@ class PersistentPool:
             return self.store.load_table("calibration")
 
     def close(self) -> None:
-        """Store what was committed, stop the threads, let go of the file."""
+        """Store what was committed, stop the threads, let go of the file.
+
+        A commit the file could not take (a read-only or full disk) was
+        logged when it failed; closing says so once more and goes on."""
         if self._closed:
             return
         try:
             self.flush(timeout=60.0)
+        except PoolError as e:
+            logger.warning("suffixspec: %s closed with outputs it could not store: %s",
+                           self.store.path, e)
         finally:
             self._closed = True
             self._writer.stop(timeout=5.0)

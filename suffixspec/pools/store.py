@@ -236,10 +236,15 @@ class PoolStore:
                 if "already open" in str(e):
                     raise PoolError(f"{self.path} is already open in this process; close "
                                     f"the other handle first") from e
+                cannot_write = isinstance(e, lmdb.ReadonlyError) or any(
+                    words in str(e) for words in ("Read-only file system", "Permission denied"))
+                if not self.path.exists() and self._pid is None:  # it was to be made here
+                    raise PoolError(f"cannot create a pool at {self.path} ({e})"
+                                    + ("; its folder cannot be written" if cannot_write
+                                       else "")) from e
                 if not self.path.exists():
                     raise PoolError(f"{self.path} is gone (removed while open)") from e
-                if isinstance(e, lmdb.ReadonlyError) or "Read-only file system" in str(e) \
-                        or "Permission denied" in str(e):
+                if cannot_write:
                     raise PoolError(f"{self.path} cannot be opened for writing ({e}); "
                                     f"commands that only read open it read-only") from e
                 raise CorruptPoolError(f"{self.path} is not a readable pool file ({e})") from e
