@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +267,44 @@ def test_a_pool_removed_under_a_server_costs_no_error_in_serving_calls(tmp_path)
         prop.extend(i, [1, 2, 3, 4])
         prop.finish_request(i)
     assert prop.cross.tokens >= before
+    prop.close()
+
+
+RECREATE = """
+import sys
+import numpy as np
+from suffixspec.fingerprint import BYTES
+from suffixspec.pools.segments import write_snapshot
+from suffixspec.pools.store import PoolStore
+store = PoolStore(sys.argv[1], tokenizer=BYTES, max_depth=16)
+store.add_many([(np.array([7, 8, 9, 40, 41, 42, 43, 44] * 3, np.int32), "a", "", f"n{i}")
+                for i in range(5)])
+write_snapshot(store)
+store.close()
+"""
+
+
+def test_a_pool_made_anew_where_a_server_lost_its_own_is_picked_up(tmp_path):
+    """Removed under a server, then made again at the same path by another
+    process: the server drafts from the new pool."""
+    from suffixspec import SuffixProposer
+
+    path = tmp_path / "pool.lmdb"
+    make_pool(path, n=20)
+    prop = SuffixProposer(max_depth=16, max_spec_tokens=8, draft_cost=0.0, pool=path,
+                          tokenizer=BYTES, namespace="a")
+    prop.cross.refresh_interval = 0.0
+    shutil.rmtree(path.with_name(path.name + ".snapshots"))
+    path.unlink()
+    subprocess.run([sys.executable, "-c", RECREATE, str(path)], check=True, timeout=120)
+    drafted, i, end = [], 0, time.monotonic() + 30
+    while drafted != [40, 41, 42] and time.monotonic() < end:  # the loader swaps it in
+        prop.start_request(i, [7, 8, 9])
+        drafted = prop.propose([i])[0].token_ids.tolist()[:3]
+        prop.abort_request(i)
+        i += 1
+        time.sleep(0.01)
+    assert drafted == [40, 41, 42]
     prop.close()
 
 
