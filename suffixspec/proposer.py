@@ -459,14 +459,18 @@ class SuffixProposer:
         their calibration ``buckets``."""
         pend = self._pending
         k = pend.tokens.shape[1]
-        for i, req_id in enumerate(req_ids):
-            self._check_active(req_id)
-            seq = self.requests.requests[req_id][1]
-            m = min(int(n[i]), k)
-            pend.n[seq] = m
-            pend.tokens[seq, :m] = tokens[i, :m]
-            pend.buckets[seq, :m] = buckets[i, :m]
-            pend.parents[seq, :m] = np.arange(-1, m - 1)
+        b = len(req_ids)
+        if b == 0:
+            return
+        seqs = np.fromiter((self._row(r)[1] for r in req_ids), np.int64, b)
+        w = min(k, tokens.shape[1], buckets.shape[1])
+        m = np.minimum(np.asarray(n, np.int64)[:b], w)
+        keep = np.arange(w)[None, :] < m[:, None]  # each row's first m: the rest as it was
+        pend.n[seqs] = m
+        pend.tokens[seqs, :w] = np.where(keep, tokens[:b, :w], pend.tokens[seqs, :w])
+        pend.buckets[seqs, :w] = np.where(keep, buckets[:b, :w], pend.buckets[seqs, :w])
+        pend.parents[seqs, :w] = np.where(keep, np.arange(-1, w - 1)[None, :],
+                                          pend.parents[seqs, :w])
 
     # ------------------------------------------------------------ internals
     # Records the kernels take, with their plain tuples (see ``native.layout``)

@@ -351,3 +351,35 @@ def test_token_ids_of_any_integer_type_become_int32(dtype, writeable):
     out = as_token_ids(values)
     assert out.dtype == np.int32 and out.flags.c_contiguous
     assert out.tolist() == values.astype(np.int64).tolist()
+
+
+def test_adopted_drafts_are_pending_row_by_row_and_the_rest_untouched():
+    """``adopt_drafts`` (the device's drafts, scored by ``extend``): each
+    request's first ``n`` tokens, buckets and a path's parents; what lies past
+    ``n`` stays as it was; an unknown request is refused before anything changes."""
+    rng = np.random.default_rng(5)
+    prop = SuffixProposer(max_depth=8, max_spec_tokens=6)
+    ids = [f"r{i}" for i in range(7)]
+    for r in ids:
+        prop.start_request(r, rng.integers(0, 50, 20))
+    pend = prop._pending
+    before = (pend.tokens.copy(), pend.buckets.copy(), pend.parents.copy())
+    k = pend.tokens.shape[1]
+    tokens = rng.integers(0, 50, (len(ids), k)).astype(np.int32)
+    buckets = rng.integers(0, 900, (len(ids), k)).astype(np.int32)
+    n = rng.integers(0, k + 3, len(ids))
+    prop.adopt_drafts(ids, tokens, buckets, n)
+    for i, r in enumerate(ids):
+        seq = prop.requests.requests[r][1]
+        m = min(int(n[i]), k)
+        assert pend.n[seq] == m
+        assert pend.tokens[seq, :m].tolist() == tokens[i, :m].tolist()
+        assert pend.buckets[seq, :m].tolist() == buckets[i, :m].tolist()
+        assert pend.parents[seq, :m].tolist() == list(range(-1, m - 1))
+        assert pend.tokens[seq, m:].tolist() == before[0][seq, m:].tolist()
+        assert pend.buckets[seq, m:].tolist() == before[1][seq, m:].tolist()
+        assert pend.parents[seq, m:].tolist() == before[2][seq, m:].tolist()
+    snapshot = pend.n.copy()
+    with pytest.raises(ValueError, match="unknown request"):
+        prop.adopt_drafts(["r0", "nobody"], tokens[:2], buckets[:2], np.array([1, 1]))
+    assert pend.n.tolist() == snapshot.tolist()
