@@ -35,7 +35,17 @@ Usage (from the repository root):
   drafted from, out-of-range reads, errors, signals, hangs;
 * serving beside maintenance: a serving process on a 4M-token pool, its
   ``propose`` and ``finish_request`` latencies while a ``forget`` lands during
-  a merge, and with ``snapshot_every``.
+  a merge, and with ``snapshot_every``;
+* rebuilds: offline builds done twice, as a user or a cluster does them
+  (the CLI in child processes over shards of the sql trace): ``fleet-build``
+  run again over its work folder, a shard's build run twice (a retried Ray
+  task), a copy of the pool added to it, a shard the pool holds in part,
+  a log ingested twice: sequences stored against those expected;
+* settings and tables: out-of-range settings (the environment and a config
+  file), and calibration tables kept in a pool that no proposer may draft
+  with (NaN, inf, 1e308, negative, wrong shape), each in a child process:
+  refused in one line or learned again with one log line, sequences the
+  pool holds after, drafts made, the table kept after.
 
 Writes ``faults.json`` and ``faults.md`` into ``--out`` (``faults_<sections>``
 with ``--only``) and prints the Markdown.
@@ -69,8 +79,8 @@ from bench_common import save_results
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 import fuzz_segments  # noqa: E402
-from crafted import (DESCRIPTION_EDITS, DRAFT, MUTATIONS, craft,  # noqa: E402  what the tests craft
-                     edit_description, make_pool)
+from crafted import (DESCRIPTION_EDITS, DRAFT, HEAD, MUTATIONS,  # noqa: E402  what the tests craft
+                     craft, edit_description, make_pool)
 from pool_children import PROBE, WRITER, damaged_pool_copies  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
@@ -632,6 +642,162 @@ def serving_latency(tmp: Path, tokens: int, seconds: float) -> list[dict]:
     return out
 
 
+def _cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "suffixspec", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _sequences(path: Path) -> int:
+    with PoolStore(path, readonly=True) as store:
+        return store.stats()["sequences"]
+
+
+def rebuilds(tmp: Path, traces: Path, tokenizer: Path, per_shard: int = 40,
+             shards: int = 3) -> list[dict]:
+    """Offline builds done twice: what each stores against what it should."""
+    import gzip
+
+    work = tmp / "rebuilds"
+    work.mkdir()
+    with gzip.open(traces / "sql_spider_bird.jsonl.gz", "rt") as f:
+        lines = [line for _, line in zip(range(shards * per_shard + per_shard), f)]
+    logs = []
+    for k in range(shards):
+        log = work / f"part-{k}.jsonl"
+        log.write_text("".join(lines[k * per_shard:(k + 1) * per_shard]))
+        logs.append(log)
+    extra = work / "extra.jsonl"  # records no shard holds
+    extra.write_text("".join(lines[shards * per_shard:]))
+    n = shards * per_shard
+    rows = []
+
+    def row(case: str, expected: int, got: int, ok: bool, said: str = "") -> None:
+        rows.append({"case": case, "expected": expected, "stored": got,
+                     "exact": got == expected and ok, "said": said.strip()[-200:]})
+
+    fleet = work / "fleet.lmdb"
+    build = ("fleet-build", fleet, *logs, "--tokenizer", tokenizer, "--work-dir",
+             work / "shards", "--learn", 16)
+    r = _cli(*build)
+    row("fleet-build", n, _sequences(fleet), r.returncode == 0, r.stderr)
+    r = _cli(*build)
+    row("fleet-build again over its work folder", n, _sequences(fleet), r.returncode == 0,
+        r.stderr)
+    shard = work / "retried.lmdb"
+    for _ in range(2):  # a Ray task retried after its worker was killed
+        r = _cli("ingest", shard, logs[0], "--tokenizer", tokenizer, "--learn", 0)
+    row("one shard's build run twice", per_shard, _sequences(shard), r.returncode == 0,
+        r.stderr)
+    copy = work / "copy.lmdb"
+    shutil.copy(fleet, copy)
+    shutil.copytree(fleet.with_name(fleet.name + ".snapshots"),
+                    copy.with_name(copy.name + ".snapshots"))
+    r = _cli("add-segment", fleet, copy)
+    row("a copy of the pool added to it", n, _sequences(fleet), r.returncode == 0, r.stderr)
+    part = work / "part.lmdb"  # a shard the pool holds in part: one log it has, one it lacks
+    r = _cli("ingest", part, logs[1], extra, "--tokenizer", tokenizer, "--learn", 0)
+    r = _cli("add-segment", fleet, part)
+    row("a shard the pool holds in part", n + per_shard, _sequences(fleet),
+        r.returncode == 0, r.stderr)
+    single = work / "single.lmdb"
+    for _ in range(2):
+        r = _cli("ingest", single, logs[2], "--tokenizer", tokenizer, "--learn", 0)
+    row("a log ingested twice", per_shard, _sequences(single), r.returncode == 0, r.stderr)
+    return rows
+
+
+SETTINGS_CHILD = r"""
+import json, logging, os, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from suffixspec.integrations.vllm.settings import Settings
+try:
+    Settings.from_env()
+    print(json.dumps({"refused": None}))
+except ValueError as e:
+    print(json.dumps({"refused": str(e)}))
+"""
+
+TABLE_CHILD = r"""
+import json, logging, sys
+import numpy as np
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger().addHandler(Keep())
+from suffixspec import SuffixProposer
+from suffixspec.pools.persistent import PersistentPool
+from suffixspec.pools.store import PoolStore
+path = sys.argv[1]
+pool = PersistentPool(path)
+prop = SuffixProposer(max_depth=16, max_spec_tokens=8, pool=pool, namespace="a")
+drafted = 0
+for i in range(20):
+    prop.start_request(i, [int(x) for x in sys.argv[2].split(",")])
+    drafted += len(prop.propose([i])[0])
+    prop.abort_request(i)
+finite = bool(np.isfinite(prop.stats.table).all())
+prop.close()
+pool.close()
+kept = PoolStore(path, readonly=True).load_table("calibration")
+print(json.dumps({"said": [m for m in records if "calibration" in m], "drafted": drafted,
+                  "table_finite": finite,
+                  "kept_ok": bool(kept is None or (np.isfinite(kept).all() and (kept >= 0).all()))}))
+"""
+
+BAD_SETTINGS = [("env", "SUFFIXSPEC_CROSS_TOKENS", "-1"), ("env", "SUFFIXSPEC_SNAPSHOT_EVERY", "-5"),
+                ("env", "SUFFIXSPEC_REFRESH_INTERVAL", "nan"),
+                ("env", "SUFFIXSPEC_REFRESH_INTERVAL", "inf"),
+                ("env", "SUFFIXSPEC_REFRESH_INTERVAL", "-1"),
+                ("env", "SUFFIXSPEC_LOG_INTERVAL", "-2"), ("env", "SUFFIXSPEC_DRAFT_COST", "1.5"),
+                ("file", "cross_tokens", -5), ("file", "refresh_interval", "inf")]
+
+
+def settings_tables(tmp: Path) -> dict:
+    """Out-of-range settings and unusable kept calibration tables, each in a child."""
+    import os
+
+    from suffixspec.native import calibration as cal
+
+    work = tmp / "settings"
+    work.mkdir()
+    settings = []
+    for where, name, value in BAD_SETTINGS:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SUFFIXSPEC_")}
+        if where == "env":
+            env[name] = value
+        else:
+            config = work / f"{name}.json"
+            config.write_text(json.dumps({name: value}))
+            env["SUFFIXSPEC_CONFIG"] = str(config)
+        out = subprocess.run([sys.executable, "-c", SETTINGS_CHILD], capture_output=True,
+                             text=True, env=env, timeout=120)
+        refused = json.loads(out.stdout)["refused"] if out.returncode == 0 else None
+        settings.append({"setting": f"{name}={value} ({where})", "refused": refused,
+                         "one_line": bool(refused) and "\n" not in refused})
+    tables = []
+    probe = ",".join(map(str, HEAD[:3]))  # what every crafted pool's sequences begin with
+    for bad in ("nan", "inf", "1e308", "negative", "shape"):
+        path = work / f"table-{bad}.lmdb"
+        make_pool(path, n=20)
+        before = _sequences(path)
+        table = cal.new_table()
+        table[:, 1], table[:, 0] = 4.0, 2.0
+        if bad == "shape":
+            table = table[:100]
+        else:
+            table[5, 0 if bad in ("nan", "negative") else 1] = {
+                "nan": np.nan, "inf": np.inf, "1e308": 1e308, "negative": -5.0}[bad]
+        with PoolStore(path) as store:
+            store.save_table("calibration", table)
+        out = subprocess.run([sys.executable, "-c", TABLE_CHILD, str(path), probe],
+                             capture_output=True, text=True, timeout=120)
+        got = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-300:]}
+        tables.append({"table": bad, "returncode": out.returncode, **got,
+                       "sequences_before": before, "sequences_after": _sequences(path)})
+    return {"settings": settings, "tables": tables}
+
+
 def markdown(r: dict) -> str:
     rows = ["| run | result |", "|---|---|"]
     if (d := r.get("damage")):
@@ -696,6 +862,22 @@ def markdown(r: dict) -> str:
              f"finish_request p50 {s['finish_request']['p50_ms']:.2f} ms, max "
              f"{s['finish_request']['max_ms']:.1f} ms; snapshot generations seen "
              f"{s['snapshot_generations_seen']} |" for s in r.get("serving", [])]
+    rows += [f"| {b['case']} | stored {b['stored']} of {b['expected']} expected"
+             f"{'' if b['exact'] else ' (NOT EXACT)'} |" for b in r.get("rebuilds", [])]
+    if (st := r.get("settings_tables")):
+        s_ = st["settings"]
+        rows.append(f"| {len(s_)} out-of-range settings ({', '.join(x['setting'] for x in s_)}), "
+                    f"each in a child process | refused {sum(bool(x['refused']) for x in s_)}, "
+                    f"in one line {sum(x['one_line'] for x in s_)} |")
+        t_ = st["tables"]
+        rows.append(f"| {len(t_)} kept calibration tables no proposer may use "
+                    f"({', '.join(x['table'] for x in t_)}), each in a child process | exits 0: "
+                    f"{sum(x['returncode'] == 0 for x in t_)}, one log line each: "
+                    f"{sum(len(x.get('said', [])) == 1 for x in t_)}, drafted (tokens over 20 "
+                    f"probes) {', '.join(str(x.get('drafted')) for x in t_)}, table finite "
+                    f"{sum(bool(x.get('table_finite')) for x in t_)}, kept table usable after "
+                    f"{sum(bool(x.get('kept_ok')) for x in t_)}, sequences kept "
+                    f"{sum(x['sequences_after'] == x['sequences_before'] for x in t_)} |")
     return "\n".join(rows)
 
 
@@ -705,8 +887,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter runs")
     ap.add_argument("--only", nargs="*", choices=("damage", "killed", "live_forget",
                                                    "other_tenant", "long_commit", "budget",
-                                                   "crafted", "stamped", "fuzz", "serving"),
+                                                   "crafted", "stamped", "fuzz", "serving",
+                                                   "rebuilds", "settings_tables"),
                     help="run only these")
+    ap.add_argument("--traces", default="../shared/data/traces",
+                    help="the shared traces (rebuilds ingests the sql trace's first records)")
+    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="suffixspec-faults-"))
     try:
@@ -721,7 +907,10 @@ def main():
                 "crafted": lambda: crafted(tmp),
                 "stamped": lambda: stamped(tmp),
                 "fuzz": lambda: fuzz(tmp, 2_000 if q else 10_000),
-                "serving": lambda: serving_latency(tmp, 4_000_000, 40.0 if q else 60.0)}
+                "serving": lambda: serving_latency(tmp, 4_000_000, 40.0 if q else 60.0),
+                "rebuilds": lambda: rebuilds(tmp, Path(args.traces).resolve(),
+                                             Path(args.tokenizer).resolve()),
+                "settings_tables": lambda: settings_tables(tmp)}
         results = {name: run() for name, run in runs.items()
                    if not args.only or name in args.only}
     finally:
