@@ -137,7 +137,8 @@ class PoolStore:
         # Held through every write transaction and while the environment is
         # opened, let go or resized (``write``): a pool's writer thread stores
         # commits holding it alone, so serving calls (which hold ``lock``) never
-        # wait for a commit to reach the disk.
+        # wait for a commit to reach the disk.  Taken after ``lock`` when both
+        # are held; a thread holding it alone never waits for ``lock``.
         self._file_lock = threading.RLock()
         self.users = 0  # holders through ``shared``
         self._watch_pid = None
@@ -696,7 +697,9 @@ class PoolStore:
         as it was and the compaction pending, when some process held on for
         ``timeout`` seconds.
         """
-        with self._file_lock:  # no write transaction of this process's other threads
+        # No write transaction of this process's other threads meanwhile; the
+        # locks in the order every caller takes them (the last write takes both).
+        with self.lock, self._file_lock:
             return self._compact(timeout)
 
     def _compact(self, timeout: float) -> bool:
