@@ -68,7 +68,7 @@ import numpy as np
 
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.ingest import export
+from suffixspec.offline.ingest import export
 from suffixspec.pools import files
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.pools.segments import write_snapshot
@@ -99,7 +99,7 @@ import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.ingest import export
+from suffixspec.offline.ingest import export
 from suffixspec.pools.persistent import PersistentPool
 path, namespace, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 pool = PersistentPool(path, tokenizer=BYTES, max_depth=16, refresh_interval=0.05)
@@ -133,7 +133,7 @@ import sys
 import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.ingest import export
+from suffixspec.offline.ingest import export
 from suffixspec.pools.store import PoolStore
 store = PoolStore(sys.argv[1], tokenizer=BYTES)
 total, namespace = int(sys.argv[2]), sys.argv[3]

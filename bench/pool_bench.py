@@ -38,7 +38,7 @@ import numpy as np
 from suffixspec import SuffixProposer
 from suffixspec.config import DEFAULT_NAMESPACE
 from suffixspec.fingerprint import tokenizer_id
-from suffixspec.ingest import ingest
+from suffixspec.offline.ingest import ingest
 from suffixspec.native import warmup
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.replay.harness import replay

@@ -101,7 +101,7 @@ def test_a_ray_build_learns_the_calibration_one_ingest_learns(tmp_path, traces_d
 
 def test_a_rerun_a_retried_task_or_a_copy_adds_nothing_twice(tmp_path, traces_dir,
                                                            tokenizer_path, local_ray):
-    from suffixspec.fleet_build import build_shard
+    from suffixspec.offline.fleet_build import build_shard
 
     logs, _, _ = _logs(tmp_path, traces_dir)
     fleet = tmp_path / "fleet.lmdb"

@@ -204,7 +204,7 @@ def test_a_damaged_kernel_cache_is_compiled_again(tmp_path, kind, damage):
 LONG_LINE = r"""
 import json, sys
 from suffixspec.fingerprint import BYTES
-from suffixspec.ingest import ingest
+from suffixspec.offline.ingest import ingest
 from suffixspec.pools.store import PoolStore
 from suffixspec.replay.traces import hf_encoder
 def peak_mb():

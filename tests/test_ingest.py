@@ -196,7 +196,7 @@ def test_replay_against_a_pool_warms_up(tmp_path):
 
 
 def _export_file(path, records, fingerprint):
-    from suffixspec.ingest import EXPORT_HEADER
+    from suffixspec.offline.ingest import EXPORT_HEADER
 
     with open(path, "w") as f:
         f.write(json.dumps({EXPORT_HEADER: 1, "fingerprint": fingerprint}) + "\n")
@@ -326,7 +326,7 @@ def test_ingest_learns_the_calibration_from_the_newest_logged_requests(tmp_path,
 
 def _held(i: int):
     from suffixspec.anchors import start_anchors
-    from suffixspec.ingest import Held
+    from suffixspec.offline.ingest import Held
 
     prompt = np.arange(5, dtype=np.int32) + i
     return Held(prompt, start_anchors(prompt), np.arange(10, 20, dtype=np.int32) + i, "default",
@@ -335,7 +335,7 @@ def _held(i: int):
 
 def test_held_back_outputs_a_failed_calibration_left_are_committed_once(tmp_path,
                                                                          tokenizer_path):
-    from suffixspec.learn import commit_rest
+    from suffixspec.offline.learn import commit_rest
 
     pool = tmp_path / "pool.lmdb"
     held = [_held(i) for i in range(4)]
@@ -352,7 +352,7 @@ def test_held_back_outputs_a_failed_calibration_left_are_committed_once(tmp_path
 
 def test_what_a_killed_learn_held_back_is_stored_once_by_the_next_offline_command(
         tmp_path, tokenizer_path):
-    from suffixspec import learn
+    from suffixspec.offline import learn
 
     pool = tmp_path / "pool.lmdb"
     held = [_held(i) for i in range(5)]

@@ -569,3 +569,18 @@ def test_a_pool_that_cannot_be_created_says_why_in_one_line(tmp_path, monkeypatc
     monkeypatch.setattr(store_module.lmdb, "open", read_only)
     with pytest.raises(PoolError, match="cannot create a pool at .*its folder cannot be written"):
         PoolStore(tmp_path / "new.lmdb", tokenizer=BYTES, max_depth=DEPTH)
+
+
+def test_serving_imports_nothing_of_the_offline_wing():
+    """A server (the proposer, the pool, the vLLM plugin's service) never loads
+    ``suffixspec.offline``: log parsing, learning and fleet builds are the CLI's."""
+    import subprocess
+    import sys
+
+    code = ("import sys, suffixspec, suffixspec.proposer, suffixspec.pools.persistent, "
+            "suffixspec.integrations.vllm.service; "
+            "bad = [m for m in sys.modules if m.startswith('suffixspec.offline')]; "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -119,7 +119,7 @@ def test_readonly_store_refuses_writes(tmp_path):
 _FILL = """
 import resource, signal, sys, numpy as np
 from suffixspec.fingerprint import BYTES
-from suffixspec.ingest import ingest
+from suffixspec.offline.ingest import ingest
 from suffixspec.pools.store import DiskFullError, PoolStore
 # Writes past this size fail as on a full disk (EFBIG instead of ENOSPC).
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -138,7 +138,7 @@ def test_full_disk_says_what_was_committed(tmp_path):
     import subprocess
     import sys
 
-    from suffixspec.ingest import EXPORT_HEADER
+    from suffixspec.offline.ingest import EXPORT_HEADER
 
     pool = tmp_path / "pool.lmdb"
     PoolStore(pool, tokenizer=BYTES, max_depth=16).close()

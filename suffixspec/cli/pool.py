@@ -12,7 +12,7 @@ import click
 from tqdm import tqdm
 
 from suffixspec.cli.common import load_tokenizer, open_pool, parse_duration
-from suffixspec.ingest import FORMATS, export_tokenizer, ingest
+from suffixspec.offline.ingest import FORMATS, export_tokenizer, ingest
 from suffixspec.pools.store import PoolError, PoolStore
 
 #: Logged requests ``ingest`` serves to learn the calibration (``--learn``).
@@ -93,7 +93,7 @@ def ingest_cmd(pool, files, tokenizer, namespace, fmt, roles, include_prompts, s
             raise click.UsageError(f"no pool at {pool}; creating one from logs needs "
                                    f"--tokenizer (export files name their own)")
         tok, depth = named
-    from suffixspec import learn as learning
+    from suffixspec.offline import learn as learning
 
     t0 = time.perf_counter()
     recovered = learning.recover(pool)  # what a killed run held back
@@ -211,7 +211,7 @@ def export_cmd(pool, namespace):
     Example:
       suffixspec export pool.lmdb --namespace sql > sql.jsonl
     """
-    from suffixspec.ingest import export
+    from suffixspec.offline.ingest import export
 
     with _store(pool, readonly=True) as store:
         n = export(store, sys.stdout, namespace=namespace)
@@ -321,7 +321,7 @@ def fleet_build_cmd(pool, logs, tokenizer, work_dir, namespace, max_depth, learn
       suffixspec fleet-build fleet.lmdb logs/part-*.jsonl.gz \\
           --tokenizer ../shared/tokenizers/qwen --work-dir /shared/shards
     """
-    from suffixspec.fleet_build import fleet_build
+    from suffixspec.offline.fleet_build import fleet_build
 
     t0 = time.perf_counter()
     try:

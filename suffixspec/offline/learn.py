@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 
 from suffixspec.fingerprint import TokenizerId
-from suffixspec.ingest import Held
+from suffixspec.offline.ingest import Held
 from suffixspec.pools import files
 from suffixspec.pools.identity import StoredRecords
 from suffixspec.pools.store import PoolStore

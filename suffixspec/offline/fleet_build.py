@@ -29,7 +29,7 @@ def build_shard(log: str, out: str, tokenizer: str, namespace: str | None, max_d
     """Ingest one log shard into the shard pool ``out`` and snapshot it; returns
     ``(out, the ingest summary, the held-back requests)``."""
     from suffixspec.cli.common import load_tokenizer
-    from suffixspec.ingest import ingest
+    from suffixspec.offline.ingest import ingest
     from suffixspec.pools.segments import write_snapshot
     from suffixspec.pools.store import PoolStore
 
@@ -54,7 +54,7 @@ def fleet_build(pool: str | Path, logs: list[str | Path], tokenizer: str | Path,
         import ray
     except ImportError:
         raise RuntimeError('fleet-build needs Ray: pip install "suffixspec[ray]"') from None
-    from suffixspec import learn as learning
+    from suffixspec.offline import learn as learning
     from suffixspec.fingerprint import tokenizer_id
     from suffixspec.pools.segments import AlreadyAdded, add_pool, write_snapshot
     from suffixspec.pools.store import PoolStore
