@@ -54,8 +54,8 @@ def fleet_build(pool: str | Path, logs: list[str | Path], tokenizer: str | Path,
         import ray
     except ImportError:
         raise RuntimeError('fleet-build needs Ray: pip install "suffixspec[ray]"') from None
-    from suffixspec.offline import learn as learning
     from suffixspec.fingerprint import tokenizer_id
+    from suffixspec.offline import learn as learning
     from suffixspec.pools.segments import AlreadyAdded, add_pool, write_snapshot
     from suffixspec.pools.store import PoolStore
 
