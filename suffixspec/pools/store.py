@@ -324,8 +324,9 @@ class PoolStore:
         if self.readonly:
             raise PoolError(f"pool {self.path} is open read-only")
         while True:
+            self.yield_to_compaction()
+            self.env  # noqa: B018 - opened (a compaction waited for) before taking ``lock``
             with self.lock:  # then the file lock: the order every caller takes them in
-                self.yield_to_compaction()
                 env = self.env
                 self._file_lock.acquire()
             try:

@@ -96,7 +96,7 @@ class Writer:
                 return
             except FileBusy:
                 continue
-            except PoolError as e:  # drafting goes on; the next save may take
+            except Exception as e:  # noqa: BLE001 - the writer thread must not end here
                 with pool._lock:
                     pool._warn("table", f"suffixspec: the {name} table was not kept in "
                                         f"{pool.store.path}: {e}")
