@@ -167,10 +167,11 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
     """Index ``sequences`` into snapshot files in the new folder ``folder``.
 
     ``jobs`` partitions are built at a time, in worker processes when more
-    than one (at most one per half partition of tokens).  Returns the snapshot's description: ``watermark``, ``tokens``,
-    ``namespaces`` (name -> tree) and ``arrays`` (``files.describe``).
-    ``progress(tokens)`` follows the reading of the store.  Worker
-    processes inherit ``hold_fds`` (a lock the caller holds).
+    than one (at most one per half partition of tokens).  Returns the
+    snapshot's description: ``watermark``, ``tokens``, ``namespaces`` (name
+    -> tree) and ``arrays`` (``files.describe``).  ``progress(tokens)``
+    follows the reading of the store.  Worker processes inherit
+    ``hold_fds`` (a lock the caller holds).
     """
     folder = Path(folder)
     folder.mkdir(mode=0o700)
