@@ -178,20 +178,21 @@ def build(sequences: Iterable, max_depth: int, folder: Path, jobs: int = 1,
     work = folder / "build"
     work.mkdir()
     info = _write_tokens(sequences, folder, work, progress)
-    # A worker process for every half partition of tokens at most: each costs
-    # an interpreter (about 0.2 GB) and a second to start, more than it saves
-    # on a small pool (1M tokens: 1.0 s in this process, 1.5 s with two).
-    jobs = max(1, min(jobs, -(-info["stored"] // max(partition_tokens // 2, 1))))
     # As few partitions as bound a worker's memory; with workers, enough
     # that they end together.
     parts = -(-info["stored"] // partition_tokens) if info["stored"] else 1
     if jobs > 1:
         parts = max(parts, WORKER_PARTITIONS * jobs)
+    # A worker process for every half partition of tokens at most: each costs
+    # an interpreter (about 0.2 GB) and a second to start, more than it saves
+    # on a small pool (1M tokens: 1.0 s in this process, 1.5 s with two).  The
+    # partitions stay as ``jobs`` asks: the same index whoever builds them.
+    workers = max(1, min(jobs, -(-info["stored"] // max(partition_tokens // 2, 1))))
     owner = deal(info["freq"], parts) if parts > 1 else np.zeros(0, np.int32)
     np.save(work / "owner.npy", owner)
     todo = list(range(parts)) if parts > 1 else [-1]
-    if jobs > 1 and len(todo) > 1:
-        found = _in_workers(folder, max_depth, todo, jobs, hold_fds)
+    if workers > 1 and len(todo) > 1:
+        found = _in_workers(folder, max_depth, todo, workers, hold_fds)
     else:
         found = build_partitions(str(folder), max_depth, todo)
     sizes = [found[p] for p in todo]
