@@ -239,8 +239,11 @@ def _op_command(op: str, path: Path, export_file: Path) -> list[str]:
     args = {"ingest": ["ingest", path, export_file], "snapshot": ["snapshot", path, "--jobs", "2"],
             "prune": ["prune", path, "--namespace", "old", "--max-tokens", "0"],
             "forget": ["forget", path, "--namespace", "doomed"]}[op]
-    code = "import sys; from suffixspec.cli import main; sys.exit(main())"
-    return [sys.executable, "-c", code, *map(str, args)]
+    return [*CLI, *map(str, args)]
+
+
+#: The CLI in a child process, as a user runs it.
+CLI = [sys.executable, "-c", "import sys; from suffixspec.cli import main; sys.exit(main())"]
 
 
 def _copy_pool(src: Path, dst: Path) -> None:
@@ -643,7 +646,7 @@ def serving_latency(tmp: Path, tokens: int, seconds: float) -> list[dict]:
 
 
 def _cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "suffixspec", *map(str, args)],
+    return subprocess.run([*CLI, *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -689,9 +692,7 @@ def rebuilds(tmp: Path, traces: Path, tokenizer: Path, per_shard: int = 40,
     row("one shard's build run twice", per_shard, _sequences(shard), r.returncode == 0,
         r.stderr)
     copy = work / "copy.lmdb"
-    shutil.copy(fleet, copy)
-    shutil.copytree(fleet.with_name(fleet.name + ".snapshots"),
-                    copy.with_name(copy.name + ".snapshots"))
+    _copy_pool(fleet, copy)
     r = _cli("add-segment", fleet, copy)
     row("a copy of the pool added to it", n, _sequences(fleet), r.returncode == 0, r.stderr)
     part = work / "part.lmdb"  # a shard the pool holds in part: one log it has, one it lacks
