@@ -11,11 +11,14 @@ drafting paths and merged trees, and prints per slice MTS / est / drafted
 per step and an XXH3-64 digest over every draft's tokens, parents and
 probabilities.  Two commits whose lines are equal draft identically on
 every step: run it before and after a change that must not move drafts.
-``--draft-cost`` replays with that draft cost instead (0: drafts free).
+``--draft-cost`` replays with that draft cost instead (0: drafts free);
+``--set name=value`` changes any other ``ProposerConfig`` setting (an int,
+float or bool value), e.g. ``--set newest_window=4096``.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -57,8 +60,13 @@ def main():
     ap.add_argument("--only", nargs="*", choices=list(SLICES), help="these slices only")
     ap.add_argument("--draft-cost", type=float, default=None,
                     help="ProposerConfig.draft_cost (default: the default; 0: drafts free)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="other ProposerConfig settings")
     args = ap.parse_args()
     settings = {} if args.draft_cost is None else {"draft_cost": args.draft_cost}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        settings[name] = ast.literal_eval(value)
     encode = hf_encoder(args.tokenizer)
     warmup()
     for name in args.only or list(SLICES):

@@ -38,6 +38,10 @@ DEFAULT_DRAFT_COST = 0.03
 #: Token budget of the cross-request pool.
 DEFAULT_CROSS_POOL_TOKENS = 4_000_000
 
+#: How far back the reference (the newest earlier occurrence of a request's
+#: longest own match) is looked for, in tokens.
+DEFAULT_NEWEST_WINDOW = 4096
+
 #: Tokens of finished requests' own tries kept for a conversation's next turn.
 DEFAULT_REUSE_TOKENS = 1 << 20
 
@@ -95,6 +99,12 @@ class ProposerConfig:
     anchors:
         Also match the start of the output against the starts of past
         outputs (see ``suffixspec.anchors``).
+    newest_window:
+        Give every drafted token a feature: whether it agrees with what
+        followed the newest earlier occurrence of the request's longest own
+        match (vLLM's drafter's rule), looked for at most this many tokens
+        back, and draft that continuation too (0: not).  Calibration learns
+        per workload how far each is to be trusted.
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
@@ -124,6 +134,7 @@ class ProposerConfig:
     tree: bool = False
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True
+    newest_window: int = DEFAULT_NEWEST_WINDOW
     cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
     cross_pool_requests: int | None = None
     namespace: str = DEFAULT_NAMESPACE
@@ -146,6 +157,9 @@ class ProposerConfig:
             raise ValueError(f"draft_cost must be in [0, 1), got {self.draft_cost}")
         if self.reuse_tokens < 0:
             raise ValueError(f"reuse_tokens must be >= 0, got {self.reuse_tokens}")
+        if not isinstance(self.newest_window, int) or isinstance(self.newest_window, bool):
+            raise ValueError(f"newest_window must be a whole number, got {self.newest_window!r}")
+        check_range("newest_window", self.newest_window, 0, 1 << 24)
         check_range("cross_pool_tokens", self.cross_pool_tokens, allow_none=True)
         check_range("cross_pool_requests", self.cross_pool_requests, allow_none=True)
         check_namespace(self.namespace)

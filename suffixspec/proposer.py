@@ -76,7 +76,8 @@ class SuffixProposer:
         self.namespace = config.namespace
         self.shared_namespace = config.shared_namespace
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
-                               self.min_token_prob, self.tree, bool(config.anchors))
+                               self.min_token_prob, self.tree, bool(config.anchors),
+                               int(config.newest_window))
         self.stats = cal.new_stats(float(config.draft_cost))
         self._stats_flat = tuple(self.stats)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when

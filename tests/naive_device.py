@@ -31,18 +31,33 @@ def recent_of(last_valid, sampled):
     return cal.RECENT_PARTLY if accepted < last_valid else cal.RECENT_WHOLLY
 
 
-def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab):
+def agreements(tokens, ref):
+    """Each token's agreement with the reference ``ref`` (a list)."""
+    out, on = [], True
+    for j, t in enumerate(tokens):
+        if on and j < len(ref):
+            out.append(cal.AGREE_SAME if t == ref[j] else cal.AGREE_DIFF)
+            on = out[-1] == cal.AGREE_SAME
+        else:
+            out.append(cal.AGREE_NONE)
+            on = False
+    return out
+
+
+def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, ref=()):
     """(gain, drafted tokens, q per token, p per token, buckets) of one candidate."""
     cap = k if factor < 0 else int(np.floor(m * factor + offset + 1e-6))
     prob, gain = 1.0, 0.0
     out, qs, ps, fines = [], [], [], []
+    agree = agreements(tokens, list(ref))
     for j in range(k):
         if j >= len(tokens):
             break
         t, cj, nj = tokens[j], c[j], n[j]
         if not (cj > 0 and nj > 0 and 0 <= t < vocab):
             break
-        q, fine = probability(table, weights, src, m, j, cj, nj)
+        q, fine = probability(table, weights, int(cal.with_agreement(src, agree[j])), m, j, cj,
+                              nj)
         p = prob * q
         if not (p > thr and j < cap):
             break
@@ -67,10 +82,11 @@ def local_match(row, total, depth):
 
 
 def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
-              k, vocab, head, scan_depth=24, extra=()):
+              k, vocab, head, scan_depth=24, extra=(), reference=False):
     """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
     [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
-    n, match, source)`` after the scan.  Returns ``(tokens, q, p, buckets,
+    n, match, source)`` after the scan; ``reference``: the scan's continuation
+    rates the other candidates' tokens.  Returns ``(tokens, q, p, buckets,
     choice, match, recent)``."""
     recent = recent_of(last_valid, sampled)
     cands = []
@@ -105,13 +121,14 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
     s_tok = list(ctx[s_end:s_end + k]) if s_len > 0 else []
     cands.append((s_tok, [1] * len(s_tok), [1] * len(s_tok), s_len, cal.SRC_REQUEST))
     cands.extend(extra)
+    ref = s_tok if reference else []
     best, best_gain = None, 0.0
     for i, cand in enumerate(cands):
         if cand is None:
             continue
         tokens, c, n, m, source = cand
         result = score(tokens, c, n, source + cal.N_SRC * recent, m, k, table, weights, thr,
-                       factor, offset, vocab)
+                       factor, offset, vocab, [] if i == len(windows) else ref)
         if result[0] > best_gain:
             best, best_gain = (i, result, m), result[0]
     if best is None or sampled <= 0:

@@ -195,12 +195,40 @@ def test_bad_and_removed_settings_are_refused_in_one_line():
 
 def test_table_rows_cover_every_bucket():
     top = cal.bucket(cal.N_SRC * cal.N_RECENT - 1, 10_000, 10_000, 10_000, 10_000)
-    assert top == cal.TABLE_ROWS - 1
+    assert top == cal.PLANE_ROWS - 1
     assert cal.coarse_of(top) == cal.N_SHARED + cal.N_COARSE - 1
     assert cal.shared_of(top) == cal.N_SHARED - 1
     low = cal.bucket(0, 0, 0, 0, 1)
     assert low == cal.N_SHARED + cal.N_COARSE
     assert cal.coarse_of(low) == cal.N_SHARED and cal.shared_of(low) == 0
+    last = cal.bucket(cal.with_agreement(cal.N_SRC * cal.N_RECENT - 1, cal.N_AGREE - 1),
+                      10_000, 10_000, 10_000, 10_000)
+    assert last == cal.TABLE_ROWS - 1
+
+
+def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
+    seen = {}
+    for agree in range(cal.N_AGREE):
+        for src in range(cal.N_SRC * cal.N_RECENT):
+            for n in (1, 2, 3, 5, 9, 17):
+                for c in range(0, n + 1):
+                    for m in (0, 1, 2, 3, 4, 6, 9, 16, 32):
+                        for d in (0, 1, 2, 3, 5, 9):
+                            fine = cal.bucket(cal.with_agreement(src, agree), m, d, c, n)
+                            key = (agree, src, cal.bucket(src, m, d, c, n))
+                            assert seen.setdefault(fine, key) == key
+                            assert cal.agreement_of(fine) == agree
+                            plain = cal.bucket(src, m, d, c, n)
+                            assert cal.shared_of(fine) == cal.shared_of(plain)
+                            assert 0 <= cal.shared_of(fine) < cal.N_SHARED
+                            coarse = cal.coarse_of(fine)
+                            assert cal.N_SHARED <= coarse < cal.TABLE_ROWS
+                            assert (coarse - cal.coarse_of(plain)) == (
+                                0 if agree == 0 else cal.PLANE_ROWS - cal.N_SHARED
+                                + (agree - 1) * cal.PLANE)
+    fines = set(seen)
+    coarse = {cal.coarse_of(f) for f in fines}
+    assert not fines & coarse and max(fines) < cal.TABLE_ROWS
 
 
 def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
@@ -250,3 +278,11 @@ def test_a_table_kept_by_suffixspec_0_1_keeps_every_row_but_the_dropped_source()
                                                            + shared])
         assert np.array_equal(new[shared], old[shared])
     assert cal.upgrade_table(np.zeros((3, 2))) is None
+
+
+def test_a_table_kept_by_suffixspec_0_2_keeps_every_row_and_gains_empty_planes():
+    old = np.random.default_rng(0).random((cal.PLANE_ROWS, 2))
+    new = cal.upgrade_table(old)
+    assert new.shape == (cal.TABLE_ROWS, 2)
+    assert np.array_equal(new[:cal.PLANE_ROWS], old)
+    assert not new[cal.PLANE_ROWS:].any()

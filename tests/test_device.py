@@ -46,12 +46,14 @@ def test_the_calibration_port_equals_the_kernels():
     m = rng.integers(0, 70, 2000)
     depth = rng.integers(0, 16, 2000)
     src = rng.integers(0, cal.N_SRC * cal.N_RECENT, 2000)
-    t = {k: torch.from_numpy(v) for k, v in dict(n=n, c=c, m=m, depth=depth, src=src).items()}
-    fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"])
+    agree = rng.integers(0, cal.N_AGREE, 2000)
+    t = {k: torch.from_numpy(v)
+         for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree).items()}
+    fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"], t["agree"])
     weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
     prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"])
     for i in range(2000):
-        f = cal.bucket(src[i], m[i], depth[i], c[i], n[i])
+        f = cal.bucket(cal.with_agreement(src[i], agree[i]), m[i], depth[i], c[i], n[i])
         assert fine[i] == f
         assert prob[i].item() == pytest.approx(cal.probability(table, state, f, c[i], n[i], m[i]),
                                                rel=1e-12)
@@ -134,7 +136,8 @@ def test_draft_step_is_its_brute_force(data):
     calibration.table = torch.from_numpy(table)
     thr = data.draw(st.sampled_from([0.0, 0.05, 0.3]))
     factor = data.draw(st.sampled_from([-1.0, 0.5, 2.0]))
-    params = calibration.host_params(cal.new_state(0.0), thr, factor, 0.0, 64)
+    reference = data.draw(st.booleans())
+    params = calibration.host_params(cal.new_state(0.0), thr, factor, 0.0, 64, reference)
     calibration.params[:] = torch.tensor(params, dtype=torch.float64)
     idx = data.draw(st.lists(st.integers(0, slots - 1), min_size=b, max_size=b, unique=True))
     sampled = data.draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))
@@ -155,7 +158,7 @@ def test_draft_step_is_its_brute_force(data):
             ctx, sampled[i], last_valid,
             [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
             table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
-            spec.scan_depth))
+            spec.scan_depth, reference=reference))
     out = StepOutputs.empty(b + 1, spec.k)
     for field in out.__dataclass_fields__:
         getattr(out, field).fill_(77)  # poison: every written value must be the step's

@@ -95,9 +95,11 @@ def test_path_over_several_indexes_equals_one_index_until_a_tie(items, query):
         return
     stats = tuple(cal.new_stats(0.0))
     many, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
-    n2, _ = draft_path(sides, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, many)
+    no_ref = np.zeros(1, np.int64)
+    n2, _ = draft_path(sides, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, many,
+                       no_ref)
     n1, _ = draft_path(table([c.read_only_arrays()]), np.array([pc], np.int64), DEPTH, 0.0, 0,
-                       cal.SRC_CROSS, len(query), stats, -1.0, one)
+                       cal.SRC_CROSS, len(query), stats, -1.0, one, no_ref)
     # Token by token, as long as the most frequent next token is unique.
     prefix = list(query)
     for i in range(max(n1, n2)):

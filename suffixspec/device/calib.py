@@ -32,26 +32,41 @@ def depth_bucket(j: torch.Tensor) -> torch.Tensor:
     return torch.where(j <= 2, j, _steps(j, (4, 8), (3, 4, 5))).clamp(min=0)
 
 
-def bucket(src, match_len, depth, c, n) -> torch.Tensor:
+def plane_base(agree: torch.Tensor) -> torch.Tensor:
+    """Row of agreement plane ``agree``'s first coarse bucket (``calibration._plane_base``)."""
+    return torch.where(agree == cal.AGREE_NONE, cal.N_SHARED,
+                       cal.PLANE_ROWS + (agree - 1) * cal.PLANE)
+
+
+def bucket(src, match_len, depth, c, n, agree=None) -> torch.Tensor:
     """Fine bucket (table row) of a token chosen by ``c`` of ``n``; ``src`` is
-    ``source + N_SRC * recent`` (``calibration.bucket``)."""
+    ``source + N_SRC * recent``, ``agree`` the token's agreement with the
+    reference (None: none) (``calibration.bucket``)."""
     safe_n = n.clamp(min=1)
     ratio = torch.where(c >= n, torch.full_like(c, cal.N_RATIO - 1),
                         ((5 * c) // safe_n).clamp(0, cal.N_RATIO - 2))
     recent = src // cal.N_SRC
     shared = (count_bucket(n) * cal.N_RATIO + ratio) * cal.N_MATCH + match_bucket(match_len)
     coarse = (src - cal.N_SRC * recent) * cal.N_SHARED + shared
-    fine = (cal.N_SHARED + cal.N_COARSE + (coarse * cal.N_RECENT + recent) * cal.N_DEPTH
-            + depth_bucket(depth))
+    base = cal.N_SHARED if agree is None else plane_base(agree)
+    fine = base + cal.N_COARSE + (coarse * cal.N_RECENT + recent) * cal.N_DEPTH + depth_bucket(
+        depth)
     return fine.clamp(0, cal.TABLE_ROWS - 1)
+
+
+def agreement_of(fine: torch.Tensor) -> torch.Tensor:
+    """The agreement plane of fine rows ``fine`` (``calibration.agreement_of``)."""
+    return torch.where(fine < cal.PLANE_ROWS, cal.AGREE_NONE,
+                       1 + (fine - cal.PLANE_ROWS) // cal.PLANE)
 
 
 def probability(table, weights, fine, c, n, matched) -> torch.Tensor:
     """Estimated acceptance of a token of bucket ``fine`` (``calibration.probability``);
     ``weights`` are the shared, coarse and fine prior weights (0-d tensors or floats)."""
     ws, wc, wf = weights
-    coarse = cal.N_SHARED + (fine - cal.N_SHARED - cal.N_COARSE) // (cal.N_RECENT * cal.N_DEPTH)
-    shared = (coarse - cal.N_SHARED) % cal.N_SHARED
+    base = plane_base(agreement_of(fine))
+    coarse = base + (fine - base - cal.N_COARSE) // (cal.N_RECENT * cal.N_DEPTH)
+    shared = (coarse - base) % cal.N_SHARED
     dtype = table.dtype
     prior = c.to(dtype) / (n.to(dtype) + 1.0 / torch.sqrt(matched.clamp(min=1).to(dtype)))
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)

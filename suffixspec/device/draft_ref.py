@@ -23,7 +23,11 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    equals (vLLM's rule); its continuation counts as seen once.
 4. **Score.**  A candidate's next ``k`` tokens, each with its calibrated
    probability (``calib``), a running product, kept while it beats the
-   threshold (and within the length cap): the gain is ``sum(p - thr)``.  The
+   threshold (and within the length cap): the gain is ``sum(p - thr)``.
+   Where the proposer drafts with a reference (``P_REFERENCE``), the own
+   history's continuation is it: each token of another candidate is scored
+   in the plane of its agreement with it, as the host scores its own
+   candidates against ``calibrated.reference``.  The
    candidate with the largest positive gain drafts (the lowest row of
    equals; the own-history candidate last).
 5. **Write** drafts (unused slots repeat the last token), per-slot
@@ -43,8 +47,8 @@ import torch
 
 from suffixspec.native import calibration as cal
 from suffixspec.device import calib
-from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_THR, P_W_COARSE, P_W_FINE,
-                                      P_W_SHARED, W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE,
+from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE, P_THR,
+                                      P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE,
                                       Calibration, DeviceWindows)
 
 #: ``StepOutputs.choice``: drafted from the own-history scan, the pool's device
@@ -125,11 +129,27 @@ def own_history_scan(hist, total, depth: int):
     return length, torch.where(length > 0, best - length * (width + 1), 0)
 
 
-def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size: int):
+def agreement(tokens, ref, ref_ok):
+    """Each token's agreement with the reference (``calibrated.agreement``):
+    ``tokens`` ``[B, C, k]``, ``ref`` ``[B, k]`` valid where ``ref_ok`` (a
+    prefix of each row).  A token agrees where it and every token before it
+    equal the reference's; it differs where those before it do and it does
+    not; else (or past the reference) there is no agreement."""
+    ok = ref_ok[:, None, :]
+    eq = (tokens == ref[:, None, :]) & ok
+    before = torch.cumprod(eq.to(torch.int64), dim=-1)
+    before = torch.cat([torch.ones_like(before[..., :1]), before[..., :-1]], dim=-1).bool()
+    return torch.where(before & eq, cal.AGREE_SAME,
+                       torch.where(before & ok, cal.AGREE_DIFF, cal.AGREE_NONE))
+
+
+def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size: int,
+           agree=None):
     """Probabilities and gains of candidates: ``tokens``/``c``/``n``/``valid``
-    ``[..., k]``, ``src``/``match`` ``[...]``.  Returns ``(q, p, kept, gain,
-    buckets)``: each token's estimate, running product, whether it is drafted,
-    the candidate's gain, the tokens' buckets."""
+    ``[..., k]``, ``src``/``match`` ``[...]``, ``agree`` (``[..., k]``, None:
+    none) each token's agreement with the reference.  Returns ``(q, p, kept,
+    gain, buckets)``: each token's estimate, running product, whether it is
+    drafted, the candidate's gain, the tokens' buckets."""
     params = calibration.params
     thr = params[P_THR]
     k = tokens.shape[-1]
@@ -137,7 +157,7 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
     ok = valid & (c > 0) & (n > 0) & (tokens >= 0) & (tokens < vocab_size)
     ok = ok.to(torch.int32).cumprod(dim=-1).bool()
     m = match[..., None].expand_as(tokens)
-    fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n)
+    fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n, agree)
     weights = (params[P_W_SHARED], params[P_W_COARSE], params[P_W_FINE])
     q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m), 0.0)
     p = q.cumprod(dim=-1)
@@ -275,9 +295,16 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     match = torch.cat([match, d_match], dim=1)                           # [B, C]
     sources = direct_sources(dev).expand(b, -1)
     src = torch.cat([meta[..., W_SOURCE], sources], dim=1) + cal.N_SRC * recent[:, None]
+    # The own-history scan's continuation (the first direct candidate) is the
+    # reference every other candidate agrees with or not; it rates no one
+    # where the proposer drafts without one (``P_REFERENCE`` 0).
+    ref_ok = (d_c[:, 0] > 0) & (calibration.params[P_REFERENCE] > 0)
+    ref_ok = torch.cumprod(ref_ok.to(torch.int64), dim=-1).bool()
+    agree = agreement(tokens, d_tok[:, 0], ref_ok)
+    agree[:, spec.rows] = cal.AGREE_NONE  # the reference itself
     q, p, kept, gain, fine = _score(tokens, counts, totals,
                                     torch.ones_like(tokens, dtype=torch.bool), src, match,
-                                    calibration, vocab_size)
+                                    calibration, vocab_size, agree)
 
     # The best candidate: windows in row order, then the others in order.
     best = gain.argmax(dim=1)                                            # the first of equals

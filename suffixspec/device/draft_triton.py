@@ -45,10 +45,11 @@ def _depth_bucket(j):
 
 
 @triton.jit
-def _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K: tl.constexpr,
+def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, K: tl.constexpr,
            N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
            N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
-           N_COARSE: tl.constexpr, ROWS: tl.constexpr):
+           N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
+           PLANE: tl.constexpr):
     """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``)."""
     thr = tl.load(params_ptr + 0)
     factor = tl.load(params_ptr + 1)
@@ -65,10 +66,13 @@ def _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K: tl.constexpr,
     shared = ((tl.maximum(_count_bucket(n), 0) * N_RATIO + ratio) * N_MATCH
               + tl.maximum(_match_bucket(m), 0))
     coarse = (src - N_SRC * recent) * N_SHARED + shared
-    fine = N_SHARED + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(j)
+    base = tl.where(agree == 0, N_SHARED, PLANE_ROWS + (agree - 1) * PLANE)
+    fine = base + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(j)
     fine = tl.minimum(tl.maximum(fine, 0), ROWS - 1)
-    coarse_row = N_SHARED + (fine - N_SHARED - N_COARSE) // (N_RECENT * N_DEPTH)
-    shared_row = (coarse_row - N_SHARED) % N_SHARED
+    plane = tl.where(fine < PLANE_ROWS, 0, 1 + (fine - PLANE_ROWS) // PLANE)
+    base = tl.where(plane == 0, N_SHARED, PLANE_ROWS + (plane - 1) * PLANE)
+    coarse_row = base + (fine - base - N_COARSE) // (N_RECENT * N_DEPTH)
+    shared_row = (coarse_row - base) % N_SHARED
     mf = tl.maximum(m, 1).to(tl.float32)
     prior = c.to(tl.float32) / (n.to(tl.float32) + 1.0 / tl.sqrt_rn(mf))
     ps = (tl.load(table_ptr + 2 * shared_row) + ws * prior) / (
@@ -84,6 +88,15 @@ def _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K: tl.constexpr,
     kept = tl.cumsum((~kept).to(tl.int32), axis=0) == 0
     gain = tl.sum(tl.where(kept, p - thr, 0.0), axis=0)
     return q, p, kept, gain, fine
+
+
+@triton.jit
+def _agreement(tok, ref, ref_ok):
+    """Each token's agreement with the reference (``draft_ref.agreement``)."""
+    eq = (tok == ref) & ref_ok
+    miss = (~eq).to(tl.int32)
+    before = (tl.cumsum(miss, axis=0) - miss) == 0
+    return tl.where(before & eq, 1, tl.where(before & ref_ok, 2, 0)).to(tl.int64)
 
 
 @triton.jit
@@ -128,7 +141,7 @@ def _fused_kernel(
     M_AT: tl.constexpr, FROM_SCAN: tl.constexpr, FROM_NOTHING: tl.constexpr,
     N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
     N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
-    N_COARSE: tl.constexpr, ROWS: tl.constexpr,
+    N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + b)
@@ -150,6 +163,12 @@ def _fused_kernel(
     best_p = tl.zeros([K_PO2], tl.float32)
     best_kept = tl.zeros([K_PO2], tl.int1)
     best_fine = tl.zeros([K_PO2], tl.int64)
+    # The reference: the own-history scan's continuation (direct candidate 0).
+    use_ref = tl.load(params_ptr + 7) > 0
+    ref = tl.load(d_tok_ptr + b * X * K + j, mask=j < K, other=-1)
+    ref_ok = tl.where(use_ref, (tl.load(d_c_ptr + b * X * K + j, mask=j < K, other=0) > 0)
+                      & (j < K), False)
+    ref_ok = tl.cumsum((~ref_ok).to(tl.int32), axis=0) == 0
     for r in range(R):
         row = (slot * R + r) * W
         meta = win_meta_ptr + (slot * R + r) * F
@@ -178,9 +197,10 @@ def _fused_kernel(
         tok = tl.load(win_tok_ptr + row + pos, mask=ins, other=-1).to(tl.int64)
         c = tl.load(win_c_ptr + row + pos, mask=ins, other=0).to(tl.int64)
         n = tl.load(win_n_ptr + row + pos, mask=ins, other=0).to(tl.int64)
-        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * recent, m, j, table_ptr,
-                                        params_ptr, vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT,
-                                        N_DEPTH, N_SHARED, N_COARSE, ROWS)
+        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * recent, m, j,
+                                        _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
+                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
+                                        N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
@@ -191,9 +211,11 @@ def _fused_kernel(
         n = tl.load(d_n_ptr + base + j, mask=j < K, other=0)
         m = tl.load(d_match_ptr + b * X + x)
         src = tl.load(d_src_ptr + x) + N_SRC * recent
-        q, p, kept, gain, fine = _score(tok, c, n, src, m, j, table_ptr, params_ptr, vocab, K,
-                                        N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH, N_SHARED,
-                                        N_COARSE, ROWS)
+        # (the reference rates the others, not itself)
+        agree = tl.where(x == 0, 0, _agreement(tok, ref, ref_ok))
+        q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
+                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
+                                        N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
             gain > best_gain, (gain, R + x, m, tok, q, p, kept, fine),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
@@ -381,7 +403,8 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 M_HEAD=W_HEAD, M_LEN=W_LEN, M_AT=W_AT, FROM_SCAN=FROM_SCAN,
                 FROM_NOTHING=FROM_NOTHING, N_SRC=cal.N_SRC, N_RATIO=cal.N_RATIO,
                 N_MATCH=cal.N_MATCH, N_RECENT=cal.N_RECENT, N_DEPTH=cal.N_DEPTH,
-                N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS)
+                N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
+                PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE)
 
 
 def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,

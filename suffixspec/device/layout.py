@@ -28,7 +28,8 @@ P_DEPTH = 3      # the trie depth: the longest match length calibration sees
 P_W_SHARED = 4   # calibration's prior weights (``calibration.ST_W_*``)
 P_W_COARSE = 5
 P_W_FINE = 6
-PARAMS = 7
+P_REFERENCE = 7  # 1: a candidate's tokens agree with the own-history scan or not (calibration)
+PARAMS = 8
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,14 @@ class Calibration:
         self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
 
     @staticmethod
-    def host_params(state, thr: float, factor: float, offset: float, depth: int) -> list[float]:
-        """``params`` as a host list, from calibration's ``state`` and the step's threshold."""
+    def host_params(state, thr: float, factor: float, offset: float, depth: int,
+                    reference: bool = False) -> list[float]:
+        """``params`` as a host list, from calibration's ``state`` and the step's
+        threshold; ``reference``: the proposer drafts with a reference
+        (``ProposerConfig.newest_window``)."""
         out = [0.0] * PARAMS
         out[P_THR], out[P_FACTOR], out[P_OFFSET], out[P_DEPTH] = thr, factor, offset, depth
+        out[P_REFERENCE] = 1.0 if reference else 0.0
         out[P_W_SHARED] = float(state[cal.ST_W_SHARED])
         out[P_W_COARSE] = float(state[cal.ST_W_COARSE])
         out[P_W_FINE] = float(state[cal.ST_W_FINE])

@@ -182,7 +182,8 @@ class DeviceWindowsProposer:
         thr = 0.0 if fitted else float(cal.threshold(host.stats.state))
         self.calibration.params[:] = torch.as_tensor(self.calibration.host_params(
             host.stats.state, max(thr, host.min_token_prob), host.max_spec_factor,
-            host.max_spec_offset, host.max_depth), dtype=torch.float64)
+            host.max_spec_offset, host.max_depth, host.config.newest_window > 0),
+            dtype=torch.float64)
         slots = np.array([self._slot[r] for r in req_ids], np.int64)
         sampled = torch.as_tensor([self._emitted[r] for r in req_ids], dtype=torch.int64)
         depth = self.spec.scan_depth

@@ -26,11 +26,97 @@ from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE
 from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
-from .union import NOWHERE as NONE, advance_all, best_next, bound_next, occurrences, position, side
+from .union import (NOWHERE as NONE, _count_all, advance_all, best_next, bound_next,
+                    occurrences, position, side)
 
 
 @njit(cache=True, nogil=True)
-def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand):
+def agreement(ref, depth, tok, on):
+    """How token ``tok`` at ``depth`` stands to the reference ``ref``
+    (``ref[0]`` tokens, then the tokens): ``on`` when the draft has followed
+    it up to here."""
+    if not on or depth >= ref[0]:
+        return cal.AGREE_NONE
+    return cal.AGREE_SAME if tok == ref[1 + depth] else cal.AGREE_DIFF
+
+
+@njit(cache=True, nogil=True)
+def newest_occurrence(arena, start, end, length, window):
+    """Where the newest earlier occurrence of ``arena[end - length:end]``
+    ends (what followed it starts there), or -1.  Occurrences in
+    ``arena[start:end - 1]`` ending at most ``window`` tokens back count."""
+    lo = end - window
+    if lo < start + length:
+        lo = start + length
+    last = arena[end - 1]
+    for e in range(end - 1, lo - 1, -1):
+        if arena[e - 1] != last:
+            continue
+        t = 1
+        while t < length and arena[e - 1 - t] == arena[end - 1 - t]:
+            t += 1
+        if t == length:
+            return e
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def reference(arena, start, end, length, window, ref):
+    """Write into ``ref`` what followed the newest earlier occurrence of the
+    context's last ``length`` tokens (``arena[start:end]``), found at most
+    ``window`` tokens back: vLLM's own drafter's rule, newest of the longest.
+    ``ref[0]`` is its length (0: none), at most ``len(ref) - 1``; it stops
+    before a synthetic token and at the context's end."""
+    ref[0] = 0
+    if length <= 0 or window <= 0:
+        return
+    e = newest_occurrence(arena, start, end, length, window)
+    if e < 0:
+        return
+    k = 0
+    while k < ref.shape[0] - 1 and e + k < end and arena[e + k] < SYNTHETIC_BASE:
+        ref[1 + k] = arena[e + k]
+        k += 1
+    ref[0] = k
+
+
+@njit(cache=True, nogil=True)
+def draft_reference(sides, pos, cap, thr, discount, src, match_len, stats, cand, ref):
+    """The reference as a path draft from position ``pos`` (one side, the
+    request's own tree at its longest match): its tokens while they beat
+    ``thr``, each scored by the counts of the string it continues, in the
+    agreeing plane.  Returns ``(n, gain)``."""
+    n = 0
+    prob = 1.0
+    gain = 0.0
+    s = cal.with_agreement(src, cal.AGREE_SAME)
+    while n < cap and n < ref[0]:
+        tok = ref[1 + n]
+        total, _, _ = occurrences(sides, pos)
+        if n == 0:
+            total -= discount
+        c = _count_all(sides, pos, tok)
+        if c > total:
+            c = total
+        if total <= 0 or c <= 0:
+            break
+        fine, q = cal.token_probability(stats, s, match_len, n, c, total)
+        p = prob * q
+        if p <= thr:
+            break
+        prob = p
+        cand.tokens[n] = tok
+        cand.parents[n] = n - 1
+        cand.probs[n] = p
+        cand.buckets[n] = fine
+        gain += p - thr
+        n += 1
+        advance_all(sides, pos, tok)
+    return n, gain
+
+
+@njit(cache=True, nogil=True)
+def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand, ref):
     """Most frequent continuation while its probability beats ``thr``.
 
     The string sits at positions ``pos`` on every side (``union``; node -1
@@ -43,12 +129,16 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
     n = 0
     prob = 1.0
     gain = 0.0
+    on = True  # the draft so far follows the reference
     while n < cap:
         d = discount if n == 0 else 0
         tok, c, cnt = best_next(sides, pos, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
-        fine, q = cal.token_probability(stats, src, match_len, n, c, cnt)
+        agree = agreement(ref, n, tok, on)
+        on = agree == cal.AGREE_SAME
+        fine, q = cal.token_probability(stats, cal.with_agreement(src, agree), match_len, n, c,
+                                        cnt)
         p = prob * q
         if p <= thr:
             break
@@ -65,12 +155,17 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
 
 
 @njit(cache=True, nogil=True)
-def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, stats, heap, size):
+def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap, size, follow):
     """Push the tokens that may follow position ``(x, off)``; returns the new heap size.
 
     A heap entry is one candidate token: the token at offset ``off`` of node
-    ``x``'s edge, its probability, its parent in the draft, bucket and depth.
+    ``x``'s edge, its probability, its parent in the draft, bucket and depth;
+    ``entry`` is ``(probability, parent, depth)`` of what they follow.
+    ``follow`` is ``(ref, on)``: the reference, and whether the parent
+    follows it.
     """
+    prob, parent, d = entry
+    ref, on = follow
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
     table, state = stats
     cap = heap.prob.shape[0] - 1
@@ -78,7 +173,8 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
         n = nodes[x, COUNT] - discount
         tok = label(arena, seqs, nodes, x, off)
         if n > 0 and tok < SYNTHETIC_BASE and size < cap:
-            fine = cal.bucket(src, match_len, d, n, n)
+            fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
+                              n, n)
             p = prob * cal.probability(table, state, fine, n, n, match_len)
             if p > thr:
                 size = heap_push(heap, size, p, x, off, parent, fine, d)
@@ -91,8 +187,10 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
         k = nodes[c, COUNT]
         if k > n:
             k = n
-        if nodes[c, TOKEN] < SYNTHETIC_BASE and size < cap:
-            fine = cal.bucket(src, match_len, d, k, n)
+        tok = nodes[c, TOKEN]
+        if tok < SYNTHETIC_BASE and size < cap:
+            fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
+                              k, n)
             p = prob * cal.probability(table, state, fine, k, n, match_len)
             if p > thr:
                 size = heap_push(heap, size, p, c, 0, parent, fine, d)
@@ -101,15 +199,16 @@ def _push_next(index, x, off, prob, parent, d, discount, thr, src, match_len, st
 
 
 @njit(cache=True, nogil=True)
-def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap):
+def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap, ref):
     """Best-first tree of the most probable continuations, each beating ``thr``.
 
     Returns ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
     """
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
     # Typed arguments (no literals), so ``_push_next`` compiles once.
-    size = _push_next(index, np.int64(x), off, 1.0, np.int64(-1), np.int64(0),
-                      np.int64(discount), thr, src, match_len, stats, heap, np.int64(0))
+    size = _push_next(index, np.int64(x), off, (1.0, np.int64(-1), np.int64(0)),
+                      np.int64(discount), thr, src, match_len, stats, heap, np.int64(0),
+                      (ref, True))
     n = 0
     gain = 0.0
     while n < cap and size > 0:
@@ -122,9 +221,24 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
         n += 1
         if gain + (cap - n) * (prob - thr) <= beat:
             return n, -1.0
-        size = _push_next(index, np.int64(y), k + 1, prob, np.int64(n - 1), np.int64(d + 1),
-                          np.int64(0), thr, src, match_len, stats, heap, np.int64(size))
+        size = _push_next(index, np.int64(y), k + 1, (prob, np.int64(n - 1), np.int64(d + 1)),
+                          np.int64(0), thr, src, match_len, stats, heap, np.int64(size),
+                          (ref, cal.agreement_of(fine) == cal.AGREE_SAME))
     return n, gain
+
+
+@njit(cache=True, nogil=True)
+def _first_probability(stats, src, m, c, n, referenced):
+    """Estimated acceptance of a draft's first token (chosen by ``c`` of ``n``
+    after a match of ``m``), the higher of agreeing and not where there is a
+    reference: a bound, as the token is not known yet."""
+    table, state = stats
+    if not referenced:
+        return cal.probability(table, state, cal.bucket(src, m, 0, c, n), c, n, m)
+    same = cal.bucket(cal.with_agreement(src, cal.AGREE_SAME), m, 0, c, n)
+    diff = cal.bucket(cal.with_agreement(src, cal.AGREE_DIFF), m, 0, c, n)
+    return max(cal.probability(table, state, same, c, n, m),
+               cal.probability(table, state, diff, c, n, m))
 
 
 @njit(cache=True, nogil=True)
@@ -204,16 +318,17 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             _, c, cnt = best_next(sides, pos, discount)
         if cnt <= 0 or c <= 0:
             continue
-        q = cal.probability(table, state, cal.bucket(s, m, 0, c, cnt), c, cnt, m)
+        q = _first_probability(stats, s, m, c, cnt, work.ref[0] > 0)
         if q <= thr or (not knobs.tree and cap * (q - thr) <= best_gain):
             continue
         if knobs.tree:  # one tree: the side that holds the string
             ix = side(sides, most)
             n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
-                                 -1.0, cand, work.heap)
+                                 -1.0, cand, work.heap, work.ref)
             merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
-            n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand)
+            n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand,
+                                 work.ref)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -288,6 +403,39 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
 
 
 @njit(cache=True, nogil=True)
+def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work, pos):
+    """The reference (``work.ref``) drafted from the request's own tree, where
+    it matches ``length`` tokens, if it beats ``best``; a tree draft merges it
+    in whatever it gains.  Returns ``(n, gain, match_len, source)``."""
+    sides, roots, own = trees
+    src, recent, limit, thr = how
+    ix = side(sides, 0)
+    x, off = suffix_position(ix, roots[0], ctx, end, length, own)
+    if x < 0:
+        return 0, best, 0, FROM_NONE
+    pos[0, 0], pos[0, 1], pos[0, 2] = position(ix, x, off)
+    cap = limit
+    if knobs.factor >= 0.0:
+        c2 = int(length * knobs.factor + knobs.offset + 1e-6)
+        if c2 < cap:
+            cap = c2
+    discount = 1 if _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
+    cand = work.cand
+    n, gain = draft_reference(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length,
+                              stats, cand, work.ref)
+    if knobs.tree:
+        merge_in(work.merged, cand, n)
+    if n == 0 or gain <= best:
+        return 0, best, 0, FROM_NONE
+    for j in range(n):
+        out.tokens[j] = cand.tokens[j]
+        out.parents[j] = cand.parents[j]
+        out.probs[j] = cand.probs[j]
+        out.buckets[j] = cand.buckets[j]
+    return n, gain, length, FROM_REQUEST
+
+
+@njit(cache=True, nogil=True)
 def own_output(delta, cs):
     """``(end, anchors, output length)`` of a request's own open output sequence
     ``cs`` in the delta index (``[anchors..., output so far]``; all 0 for -1)."""
@@ -338,14 +486,23 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     ctx = local.arena
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
     solo[0] = local_roots[batch.trees[i]]
+    work.ref[0] = 0
+    longest_own = 0
+    if knobs.newest > 0:
+        longest_own = longest((mine, solo, own_local), ctx, start, end, knobs.depth, 1)
+        reference(ctx, l_seqs[s, SEQ_OFF], end, longest_own, knobs.newest, work.ref)
     n, best, m, source = _tree_draft(
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
         (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1])
-    solo[0] = -1
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
+    if work.ref[0] > 0:
+        best = _take(_reference_draft((mine, solo, own_local), ctx, end, longest_own,
+                                      (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs,
+                                      stats, best, row, work, pos[:1]), best, out, i)
+    solo[0] = -1
     anchored = (delta.arena, c_end, n_anchors, out_len)
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
     # Namespace j's trees in the in-memory part (side 0) and the snapshot

@@ -11,7 +11,18 @@ occurrences of the string so far, ``c`` of them continuing with this token).
 ``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
 three levels: a *shared* bucket (count, ratio, match length) that pools every
 source, a *coarse* one that adds the source, and a *fine* one that adds how the
-previous draft fared and the depth.  Each level's rate shrinks towards the
+previous draft fared and the depth.
+
+With a *reference* (``calibrated``: what followed the newest earlier
+occurrence of the request's longest own match, the rule of vLLM's own
+drafter), a token also says whether it agrees with the reference at its depth
+(``AGREE_SAME``: the draft has followed it so far and this token does too;
+``AGREE_DIFF``: it has followed it so far and this token does not;
+``AGREE_NONE``: no reference there).  Each agreement is a *plane* of coarse
+and fine rows over the one shared level: plane ``AGREE_NONE`` is rows
+``[0, PLANE_ROWS)`` (shared, coarse, fine, as without a reference), the other
+planes follow it, coarse then fine rows each.  The device drafts in plane
+``AGREE_NONE`` only, so it is sent ``PLANE_ROWS`` rows.  Each level's rate shrinks towards the
 level above, and the shared rate towards a prior::
 
     shared = (acc_s + W_SHARED * prior) / (tried_s + W_SHARED)
@@ -61,7 +72,14 @@ N_DEPTH = 6   # depth in the draft: 0, 1, 2, 3-4, 5-8, 9+
 N_SHARED = N_COUNT * N_RATIO * N_MATCH
 N_COARSE = N_SRC * N_SHARED
 N_FINE = N_COARSE * N_RECENT * N_DEPTH
-TABLE_ROWS = N_SHARED + N_COARSE + N_FINE  # shared rows, then coarse, then fine
+PLANE_ROWS = N_SHARED + N_COARSE + N_FINE  # shared rows, then plane 0's coarse, then fine
+# Agreement with the reference at a token's depth (a plane of coarse and fine rows each).
+AGREE_NONE = 0
+AGREE_SAME = 1
+AGREE_DIFF = 2
+N_AGREE = 3
+PLANE = N_COARSE + N_FINE  # rows of a plane after the first
+TABLE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
 
 W_SHARED = 4.0
 W_COARSE = 8.0
@@ -91,18 +109,21 @@ N_SRC_0_1 = 6
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version, or None when
     ``table`` is of no known layout.  suffixspec 0.1's had a sixth source,
-    dropped here with its rows; every other row keeps its counts."""
+    dropped here with its rows; 0.2's had no agreement planes, which start
+    empty here; every other row keeps its counts."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2:
         return None
+    if table.shape == (PLANE_ROWS, 2):
+        return np.concatenate([table, np.zeros((TABLE_ROWS - PLANE_ROWS, 2), table.dtype)])
     old_coarse = N_SRC_0_1 * N_SHARED
     if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
         return None
     shared = table[:N_SHARED]
     coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
     fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
-    return np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)])
+    return upgrade_table(np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)]))
 
 
 def table_problem(table: np.ndarray) -> str | None:
@@ -176,10 +197,25 @@ def _depth_bucket(j):
 
 
 @njit(cache=True, inline="always")
+def with_agreement(src, agree):
+    """``src`` (``source + N_SRC * recent``) with the token's agreement with the reference."""
+    return src + N_SRC * N_RECENT * agree
+
+
+@njit(cache=True, inline="always")
+def _plane_base(agree):
+    """Row of plane ``agree``'s first coarse bucket."""
+    if agree == AGREE_NONE:
+        return N_SHARED
+    return PLANE_ROWS + (agree - 1) * PLANE
+
+
+@njit(cache=True, inline="always")
 def bucket(src, match_len, depth, c, n):
     """Fine bucket (table row) of a token chosen by ``c`` of ``n`` occurrences.
 
-    ``src`` is ``source + N_SRC * recent``.
+    ``src`` is ``source + N_SRC * recent``, and ``with_agreement`` of it
+    where a reference says something of the token.
     """
     if c >= n:
         rb = N_RATIO - 1
@@ -187,22 +223,34 @@ def bucket(src, match_len, depth, c, n):
         rb = (5 * c) // n
         if rb > N_RATIO - 2:
             rb = N_RATIO - 2
+    agree = src // (N_SRC * N_RECENT)
+    src = src - N_SRC * N_RECENT * agree
     recent = src // N_SRC
     shared = (_count_bucket(n) * N_RATIO + rb) * N_MATCH + _match_bucket(match_len)
     coarse = (src - N_SRC * recent) * N_SHARED + shared
-    return N_SHARED + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(depth)
+    return (_plane_base(agree) + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH
+            + _depth_bucket(depth))
+
+
+@njit(cache=True, inline="always")
+def agreement_of(fine):
+    """The agreement plane of fine row ``fine``."""
+    if fine < PLANE_ROWS:
+        return AGREE_NONE
+    return 1 + (fine - PLANE_ROWS) // PLANE
 
 
 @njit(cache=True, inline="always")
 def coarse_of(fine):
     """Table row of the coarse bucket above fine row ``fine``."""
-    return N_SHARED + (fine - N_SHARED - N_COARSE) // (N_RECENT * N_DEPTH)
+    base = _plane_base(agreement_of(fine))
+    return base + (fine - base - N_COARSE) // (N_RECENT * N_DEPTH)
 
 
 @njit(cache=True, inline="always")
 def shared_of(fine):
     """Table row of the shared bucket above fine row ``fine``."""
-    return (coarse_of(fine) - N_SHARED) % N_SHARED
+    return (coarse_of(fine) - _plane_base(agreement_of(fine))) % N_SHARED
 
 
 @njit(cache=True, inline="always")

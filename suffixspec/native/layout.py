@@ -87,8 +87,10 @@ Candidate = namedtuple("Candidate", "tokens parents probs buckets")
 #: and ``size``: nodes in use, first first-level node.
 Merged = namedtuple("Merged", "tokens parents probs buckets first next where size")
 
-#: Scratch of one propose call: the draft being built, the frontier, the merged tree.
-Workspace = namedtuple("Workspace", "cand heap merged")
+#: Scratch of one propose call: the draft being built, the frontier, the merged
+#: tree, and the request's reference (``calibrated.reference``): ``ref[0]``
+#: tokens, then the tokens.
+Workspace = namedtuple("Workspace", "cand heap merged ref")
 
 #: The requests of one step.  Request ``i`` reads its context from sequence
 #: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
@@ -103,8 +105,9 @@ Batch = namedtuple("Batch", "seqs trees cross_seqs limits cross_roots")
 SEGMENTS = 8
 
 #: Drafting settings of a proposer (scalars): the trie depth, the length cap
-#: (``factor`` -1: none), the probability floor, tree drafts, start anchors.
-Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors")
+#: (``factor`` -1: none), the probability floor, tree drafts, start anchors,
+#: and how far back the reference is looked for (``newest``, 0: no reference).
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest")
 
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
@@ -158,7 +161,7 @@ def merged(k: int) -> Merged:
 
 def workspace(max_tokens: int, min_prob: float = 0.0) -> Workspace:
     k = max(max_tokens, 1)
-    return Workspace(candidate(k), heap_scratch(k, min_prob), merged(k))
+    return Workspace(candidate(k), heap_scratch(k, min_prob), merged(k), np.zeros(k + 1, np.int64))
 
 
 def outputs(rows: int, max_tokens: int) -> Outputs:

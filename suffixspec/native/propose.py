@@ -29,7 +29,7 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
     """
     propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
-            Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2])))
+            Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3]))
 
 
 @njit(cache=True, nogil=True)

@@ -11,6 +11,12 @@ context, and with the start-anchored one) becomes one *window*:
   counts ``(c, n)``: ``c`` of the ``n`` occurrences of the string continue
   with it.
 
+With a reference (``calibrated.reference``, ``Knobs.newest``), the
+candidates are chosen as the host's drafting chooses them, and the reference
+itself is one more window: the own tree's counts along the reference's
+tokens, from the request's longest own match.  The device scores every
+window against its own, fresher reference (the own-history scan).
+
 The best window's runner-up tokens at its first branch points (``c < n``)
 start *branch windows*, each continued the same way: when the engine's bonus
 token takes the branch, a window still continues the context.
@@ -32,13 +38,14 @@ import numpy as np
 from numba import njit
 
 from . import calibration as cal
-from .calibrated import _own_end, _lengths, longest, own_output
+from .calibrated import _own_end, _lengths, longest, own_output, reference
 from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Pending, SEQ_LEN, SEQ_OFF,
                      SEQ_ROOT, SEQ_SLOT, Stats, Windows, Workspace)
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, suffix_position, tail
 from .propose import side_tables, step_threshold
-from .union import NOWHERE, _count_all, advance, advance_all, best_next, position, side
+from .union import (NOWHERE, _count_all, advance, advance_all, best_next, occurrences, position,
+                    side)
 
 # ``Windows.meta`` fields.
 W_SOURCE = 0   # calibration source (``calibration.SRC_*``)
@@ -144,6 +151,33 @@ def _walk(sides, roots, pos, matched, discount, depth, row, at, saves):
         advance_all(sides, pos, tok)
         matched += 1
         discount = 0
+        at += 1
+    return at
+
+
+@njit(cache=True, nogil=True)
+def _walk_reference(sides, pos, discount, ref, row, at):
+    """Continue window ``row`` from ``at`` with the reference ``ref``'s tokens,
+    each with the counts of the string it continues at ``pos`` (the request's
+    own tree), while its own tree holds them.  Returns the row's length."""
+    tokens, cs, ns = row
+    width = tokens.shape[0]
+    for t in range(ref[0]):
+        if at >= width:
+            break
+        tok = ref[1 + t]
+        n, _, _ = occurrences(sides, pos)
+        if t == 0:
+            n -= discount
+        c = _count_all(sides, pos, tok)
+        if c > n:
+            c = n
+        if n <= 0 or c <= 0:
+            break
+        tokens[at] = tok
+        cs[at] = c
+        ns[at] = n
+        advance_all(sides, pos, tok)
         at += 1
     return at
 
@@ -270,6 +304,14 @@ def build_request(req, pools, knobs, stats, work, win, scratch):
     head = end - start  # the context's last tokens: what the device lines up
     if head > width // 4:
         head = width // 4
+    # The reference (``calibrated.reference``) rates the candidates as the host's
+    # own drafting does, and is a window of its own after theirs.
+    work.ref[0] = 0
+    longest_own = 0
+    if knobs.newest > 0:
+        sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
+        longest_own = longest((sides, roots, own), ctx, start, end, depth, used)
+        reference(ctx, local.seqs[s, SEQ_OFF], end, longest_own, knobs.newest, work.ref)
     count, gains = _candidates(req, pools, knobs, stats, work, pos, solo, found)
     order = np.argsort(-gains[:count], kind="mergesort")  # best first; policy order in ties
     filled = 0
@@ -307,6 +349,25 @@ def build_request(req, pools, knobs, stats, work, win, scratch):
         win.meta[i, r, W_LEN] = size
         win.meta[i, r, W_AT] = local.seqs[s, SEQ_LEN]
         filled += 1
+    if work.ref[0] > 0 and filled < rows:
+        sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
+        p = pos[:used]
+        _positions(sides, roots, own, ctx, end, longest_own, p)
+        discount = 1 if _own_end(own, longest_own, (p[0, 0], p[0, 1], p[0, 2])) else 0
+        r = filled
+        _head(win, i, r, ctx, end, head)
+        size = _walk_reference(sides, p, discount, work.ref,
+                               (win.tokens[i, r], win.c[i, r], win.n[i, r]), head)
+        if size <= head:
+            _clear(win, i, r)
+        else:
+            win.meta[i, r, W_SOURCE] = cal.SRC_REQUEST
+            win.meta[i, r, W_MATCH] = longest_own
+            win.meta[i, r, W_HEAD] = head
+            win.meta[i, r, W_LEN] = size
+            win.meta[i, r, W_AT] = local.seqs[s, SEQ_LEN]
+            filled += 1
+    work.ref[0] = 0
     if filled == 0 or saved == 0:
         return filled
     # Branch windows: the best window's runner-up at each kept branch point.
@@ -354,7 +415,7 @@ def build_batch(local, local_roots, segs, delta, batch, knobs, stats, pending, w
     local, delta = Index(*local), Index(*delta)
     batch, knobs, stats = Batch(*batch), Knobs(*knobs), Stats(*stats)
     pending = Pending(*pending)
-    work = Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]))
+    work = Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3])
     win = Windows(*win)
     mine, cross = side_tables(local, segs, delta)
     thr = step_threshold(stats, knobs)

@@ -112,7 +112,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         params = Calibration.host_params(state, float(cal.threshold(state)),
                                          self.config.spec_factor,
                                          float(self.config.max_spec_offset),
-                                         self.config.max_depth)
+                                         self.config.max_depth,
+                                         self.config.newest_window > 0)
         self.calibration.params.copy_(torch.tensor(params))
         packer = Packer(self.payload_spec, trash_slot=self.max_num_reqs,
                         trash_key=self.vocab_size, corpus_tokens=self.corpus.capacity,

@@ -333,7 +333,7 @@ class WindowFeeder:
             thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
             v["params"].view(np.float32)[:] = Calibration.host_params(
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
-                prop.max_depth)
+                prop.max_depth, prop.config.newest_window > 0)
             v["table"].view(np.float32)[:] = prop.stats.table
         while self._docs and self.packer.put_doc(v, self._docs[0]):
             self._docs.popleft()
