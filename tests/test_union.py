@@ -12,7 +12,8 @@ from suffixspec.index import SuffixIndex
 from suffixspec.native import calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.calibrated import draft_path
-from suffixspec.native.union import NOWHERE, advance, best_next, bound_next, position, table
+from suffixspec.native.union import (NOWHERE, advance, best_next, bound_next, counts_of, position,
+                                     table)
 from suffixspec.pools.persistent import PersistentPool
 
 SLOW = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -79,6 +80,8 @@ def test_best_next_over_several_indexes_equals_one_index(items, query):
         return
     assert n == c.nodes[pc[0], lay.COUNT]
     assert k == max(one.values()) and one[tok] == k
+    for t in range(5):  # any token's counts, as the reference walks them
+        assert counts_of(sides, pos, t, 0) == (one.get(t, 0), n)
     # The bound is one: never below the true count.
     if (pos[:, 0] >= 0).sum() > 1:
         bound, n2 = bound_next(sides, pos, 0)
@@ -97,9 +100,9 @@ def test_path_over_several_indexes_equals_one_index_until_a_tie(items, query):
     many, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
     no_ref = np.zeros(1, np.int64)
     n2, _ = draft_path(sides, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, many,
-                       no_ref)
+                       (no_ref, False))
     n1, _ = draft_path(table([c.read_only_arrays()]), np.array([pc], np.int64), DEPTH, 0.0, 0,
-                       cal.SRC_CROSS, len(query), stats, -1.0, one, no_ref)
+                       cal.SRC_CROSS, len(query), stats, -1.0, one, (no_ref, False))
     # Token by token, as long as the most frequent next token is unique.
     prefix = list(query)
     for i in range(max(n1, n2)):

@@ -26,7 +26,7 @@ from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE
 from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
-from .union import (NOWHERE as NONE, _count_all, advance_all, best_next, bound_next,
+from .union import (NOWHERE as NONE, advance_all, best_next, bound_next, counts_of,
                     occurrences, position, side)
 
 
@@ -81,42 +81,7 @@ def reference(arena, start, end, length, window, ref):
 
 
 @njit(cache=True, nogil=True)
-def draft_reference(sides, pos, cap, thr, discount, src, match_len, stats, cand, ref):
-    """The reference as a path draft from position ``pos`` (one side, the
-    request's own tree at its longest match): its tokens while they beat
-    ``thr``, each scored by the counts of the string it continues, in the
-    agreeing plane.  Returns ``(n, gain)``."""
-    n = 0
-    prob = 1.0
-    gain = 0.0
-    s = cal.with_agreement(src, cal.AGREE_SAME)
-    while n < cap and n < ref[0]:
-        tok = ref[1 + n]
-        total, _, _ = occurrences(sides, pos)
-        if n == 0:
-            total -= discount
-        c = _count_all(sides, pos, tok)
-        if c > total:
-            c = total
-        if total <= 0 or c <= 0:
-            break
-        fine, q = cal.token_probability(stats, s, match_len, n, c, total)
-        p = prob * q
-        if p <= thr:
-            break
-        prob = p
-        cand.tokens[n] = tok
-        cand.parents[n] = n - 1
-        cand.probs[n] = p
-        cand.buckets[n] = fine
-        gain += p - thr
-        n += 1
-        advance_all(sides, pos, tok)
-    return n, gain
-
-
-@njit(cache=True, nogil=True)
-def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand, ref):
+def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand, follow):
     """Most frequent continuation while its probability beats ``thr``.
 
     The string sits at positions ``pos`` on every side (``union``; node -1
@@ -129,10 +94,17 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
     n = 0
     prob = 1.0
     gain = 0.0
+    ref, along = follow
     on = True  # the draft so far follows the reference
     while n < cap:
         d = discount if n == 0 else 0
-        tok, c, cnt = best_next(sides, pos, d)
+        if along:
+            if n >= ref[0]:
+                break
+            tok = ref[1 + n]
+            c, cnt = counts_of(sides, pos, tok, d)
+        else:
+            tok, c, cnt = best_next(sides, pos, d)
         if cnt <= 0 or c <= 0 or tok >= SYNTHETIC_BASE:
             break
         agree = agreement(ref, n, tok, on)
@@ -227,6 +199,28 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
     return n, gain
 
 
+@njit(cache=True, inline="always")
+def length_cap(limit, m, knobs):
+    """The most tokens a draft from a match of ``m`` may have: ``limit``, or the
+    length cap ``m * factor + offset`` where a factor is set."""
+    cap = limit
+    if knobs.factor >= 0.0:
+        c2 = int(m * knobs.factor + knobs.offset + 1e-6)
+        if c2 < cap:
+            cap = c2
+    return cap
+
+
+@njit(cache=True, nogil=True)
+def _copy_draft(cand, out, n):
+    """The first ``n`` rows of draft ``cand`` into ``out``."""
+    for j in range(n):  # loops, not slice copies: those compile a costly error path
+        out.tokens[j] = cand.tokens[j]
+        out.parents[j] = cand.parents[j]
+        out.probs[j] = cand.probs[j]
+        out.buckets[j] = cand.buckets[j]
+
+
 @njit(cache=True, nogil=True)
 def _first_probability(stats, src, m, c, n, referenced):
     """Estimated acceptance of a draft's first token (chosen by ``c`` of ``n``
@@ -299,11 +293,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             m = anchor_out
             s = cal.SRC_ANCHOR + length - anchor_out - 1
         s += cal.N_SRC * recent
-        cap = limit
-        if knobs.factor >= 0.0:
-            c2 = int(m * knobs.factor + knobs.offset + 1e-6)
-            if c2 < cap:
-                cap = c2
+        cap = length_cap(limit, m, knobs)
         if cap <= 0:
             continue
         discount = 0
@@ -328,7 +318,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
             n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand,
-                                 work.ref)
+                                 (work.ref, False))
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -337,11 +327,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             best_n = n
             best_len = m
             best_length = length
-            for j in range(n):  # loops, not slice copies: those compile a costly error path
-                out.tokens[j] = cand.tokens[j]
-                out.parents[j] = cand.parents[j]
-                out.probs[j] = cand.probs[j]
-                out.buckets[j] = cand.buckets[j]
+            _copy_draft(cand, out, n)
     return best_n, best_gain, best_len, best_length
 
 
@@ -402,6 +388,14 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     return n_best, best, m_best, source
 
 
+@njit(cache=True, inline="always")
+def reference_counted(length, cap, depth):
+    """The suffix length whose counts score the reference after a match of
+    ``length``: the trie holds strings of at most ``depth`` tokens, so counts
+    along ``cap`` drafted tokens are read after at most ``depth - cap``."""
+    return max(1, min(length, depth - cap))
+
+
 @njit(cache=True, nogil=True)
 def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work, pos):
     """The reference (``work.ref``) drafted from the request's own tree, where
@@ -410,28 +404,23 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     sides, roots, own = trees
     src, recent, limit, thr = how
     ix = side(sides, 0)
-    x, off = suffix_position(ix, roots[0], ctx, end, length, own)
+    cap = length_cap(limit, length, knobs)
+    counted = reference_counted(length, cap, knobs.depth)
+    x, off = suffix_position(ix, roots[0], ctx, end, counted, own)
     if x < 0:
         return 0, best, 0, FROM_NONE
     pos[0, 0], pos[0, 1], pos[0, 2] = position(ix, x, off)
-    cap = limit
-    if knobs.factor >= 0.0:
-        c2 = int(length * knobs.factor + knobs.offset + 1e-6)
-        if c2 < cap:
-            cap = c2
-    discount = 1 if _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
+    discount = 1 if _own_end(own, counted, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
     cand = work.cand
-    n, gain = draft_reference(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length,
-                              stats, cand, work.ref)
+    n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length, stats,
+                         -1.0 if knobs.tree else best, cand, (work.ref, True))
+    for i in range(n):
+        cand.parents[i] = i - 1
     if knobs.tree:
         merge_in(work.merged, cand, n)
     if n == 0 or gain <= best:
         return 0, best, 0, FROM_NONE
-    for j in range(n):
-        out.tokens[j] = cand.tokens[j]
-        out.parents[j] = cand.parents[j]
-        out.probs[j] = cand.probs[j]
-        out.buckets[j] = cand.buckets[j]
+    _copy_draft(cand, out, n)
     return n, gain, length, FROM_REQUEST
 
 

@@ -153,6 +153,18 @@ def _count_all(sides, pos, tok):
 
 
 @njit(cache=True, nogil=True)
+def counts_of(sides, pos, tok, discount):
+    """``(c, n)`` for ``tok`` as ``best_next`` gives them for its token: ``c`` of
+    the ``n`` occurrences (all sides, less ``discount``) continue with it."""
+    n, _, _ = occurrences(sides, pos)
+    n -= discount
+    c = _count_all(sides, pos, tok)
+    if c > n:
+        c = n
+    return c, n
+
+
+@njit(cache=True, nogil=True)
 def occurrences(sides, pos):
     """``(n, held, most)``: occurrences of the string on every side, how many
     sides hold it, and the side with the most (the last of equals; -1: none)."""

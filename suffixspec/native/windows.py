@@ -38,13 +38,13 @@ import numpy as np
 from numba import njit
 
 from . import calibration as cal
-from .calibrated import _own_end, _lengths, longest, own_output, reference
+from .calibrated import _own_end, _lengths, longest, own_output, reference, reference_counted
 from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Pending, SEQ_LEN, SEQ_OFF,
                      SEQ_ROOT, SEQ_SLOT, Stats, Windows, Workspace)
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, suffix_position, tail
 from .propose import side_tables, step_threshold
-from .union import (NOWHERE, _count_all, advance, advance_all, best_next, occurrences, position,
+from .union import (NOWHERE, _count_all, advance, advance_all, best_next, counts_of, position,
                     side)
 
 # ``Windows.meta`` fields.
@@ -166,12 +166,7 @@ def _walk_reference(sides, pos, discount, ref, row, at):
         if at >= width:
             break
         tok = ref[1 + t]
-        n, _, _ = occurrences(sides, pos)
-        if t == 0:
-            n -= discount
-        c = _count_all(sides, pos, tok)
-        if c > n:
-            c = n
+        c, n = counts_of(sides, pos, tok, discount if t == 0 else 0)
         if n <= 0 or c <= 0:
             break
         tokens[at] = tok
@@ -352,8 +347,9 @@ def build_request(req, pools, knobs, stats, work, win, scratch):
     if work.ref[0] > 0 and filled < rows:
         sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
         p = pos[:used]
-        _positions(sides, roots, own, ctx, end, longest_own, p)
-        discount = 1 if _own_end(own, longest_own, (p[0, 0], p[0, 1], p[0, 2])) else 0
+        counted = reference_counted(longest_own, work.ref[0], depth)
+        _positions(sides, roots, own, ctx, end, counted, p)
+        discount = 1 if _own_end(own, counted, (p[0, 0], p[0, 1], p[0, 2])) else 0
         r = filled
         _head(win, i, r, ctx, end, head)
         size = _walk_reference(sides, p, discount, work.ref,
