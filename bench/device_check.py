@@ -110,6 +110,7 @@ def _state(device, b: int, history: int, max_len: int, rng):
     from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
     from suffixspec.device.draft_ref import StepOutputs
     from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+    from suffixspec.native import calibration as cal
 
     spec = WindowSpec(k=K)
     slots = max(b, 64)
@@ -124,7 +125,8 @@ def _state(device, b: int, history: int, max_len: int, rng):
     windows.meta[:, :, 3] = spec.width
     windows.meta[:, :, 4] = history
     calibration = Calibration(device)
-    calibration.params[:] = torch.tensor([0.0, -1.0, 0.0, 64.0, 4.0, 8.0, 16.0])
+    calibration.params[:] = torch.tensor(Calibration.host_params(
+        cal.new_state(0.0), 0.0, -1.0, 0.0, 64, reference=True))
     corpus = DeviceCorpus(1 << 20, device)
     for _ in range(64):
         corpus.ingest(torch.from_numpy(rng.integers(0, 500, 2000)).to(device, torch.int32))
