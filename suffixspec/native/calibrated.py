@@ -347,7 +347,7 @@ def longest(trees, ctx, start, end, depth, used):
 
 
 @njit(cache=True, nogil=True)
-def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos):
+def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos, hi):
     """The best calibrated draft of ``trees``, counted together, if it beats ``best``.
 
     ``trees`` and ``pos`` are as for ``_lengths``.  Queries the
@@ -355,8 +355,9 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
     (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
     is ``(c_arena, c_end, anchors, out_len)``, at the lengths that reach into
-    the anchors.  Returns ``(n, gain, match_len, source)``, n 0 when nothing
-    beat ``best``.
+    the anchors.  ``hi``: the longest match of the ordinary context, when the
+    caller has it (-1: found here).  Returns ``(n, gain, match_len, source)``,
+    n 0 when nothing beat ``best``.
     """
     sides, roots, own = trees
     c_arena, c_end, n_anchors, out_len = anchored
@@ -364,7 +365,8 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     n_best = 0
     m_best = 0
     source = FROM_NONE
-    hi = longest(trees, ctx, start, end, depth, pos.shape[0])
+    if hi < 0:
+        hi = longest(trees, ctx, start, end, depth, pos.shape[0])
     if hi > 0:
         n, gain, m, _ = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1)), how, knobs,
                                  stats, best, out, work, pos)
@@ -476,14 +478,15 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
     solo[0] = local_roots[batch.trees[i]]
     work.ref[0] = 0
-    longest_own = 0
+    longest_own = -1
     if knobs.newest > 0:
         longest_own = longest((mine, solo, own_local), ctx, start, end, knobs.depth, 1)
         reference(ctx, l_seqs[s, SEQ_OFF], end, longest_own, knobs.newest, work.ref)
     n, best, m, source = _tree_draft(
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
-        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1])
+        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1],
+        np.int64(longest_own))
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
@@ -507,7 +510,8 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
             while used > 1 and roots[used - 1] < 0:
                 used -= 1
             best = _take(_tree_draft((cross, roots, own), ctx, start, end, anchored, how,
-                                     knobs, stats, best, row, work, pos[:used]), best, out, i)
+                                     knobs, stats, best, row, work, pos[:used], np.int64(-1)),
+                         best, out, i)
             continue
         for t in range(1, n_sides + 1):
             k = t % n_sides
@@ -516,7 +520,7 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
             solo[k] = roots[k]
             best = _take(_tree_draft((cross, solo, own if k == 0 else NONE), ctx, start,
                                      end, anchored, how, knobs, stats, best, row, work,
-                                     pos[:k + 1]), best, out, i)
+                                     pos[:k + 1], np.int64(-1)), best, out, i)
             solo[k] = -1
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
