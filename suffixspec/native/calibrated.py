@@ -263,7 +263,6 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     sides, roots, own = trees
     lo_len, hi_len, anchor_out = span
     src, recent, limit, thr = how
-    table, state = stats
     cand = work.cand
     depth = side(sides, 0).active.shape[1]
     best_n = 0
