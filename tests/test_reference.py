@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from suffixspec import SuffixProposer
 from suffixspec.native import calibration as cal
-from suffixspec.native.calibrated import agreement, newest_occurrence, reference
+from suffixspec.index import SuffixIndex
+from suffixspec.native import layout as lay
+from suffixspec.native.calibrated import (SCAN, agreement, listed_newest, longest,
+                                          newest_occurrence, own_reference, reference)
+from suffixspec.native.trie import longest_match
+from suffixspec.native.union import side, table
 from suffixspec.native.tokens import SYNTHETIC_BASE
 
 
@@ -37,6 +42,70 @@ def test_newest_occurrence_and_reference_equal_a_brute_force_scan(tokens, data):
     reference(arena, start, end, length, window, ref)
     follow = [] if want < 0 else list(arena[want:end][:5])
     assert ref[0] == len(follow) and list(ref[1:1 + ref[0]]) == follow
+
+
+def _own_tree(others, chunks, depth):
+    """An index of depth ``depth`` with closed sequences ``others`` and the
+    request's open sequence, extended chunk by chunk, in one tree."""
+    ix = SuffixIndex(max_depth=depth)
+    tree = ix.add_tree()
+    for tokens in others:
+        o = ix.add_sequence(tree)
+        ix.extend(o, np.array(tokens, np.int32))
+        ix.close(o)
+    s = ix.add_sequence(tree)
+    for chunk in chunks:
+        ix.extend(s, np.array(chunk, np.int32))
+    return ix, tree, s
+
+
+def _trees(ix, tree, s):
+    n = int(ix.seqs[s, lay.SEQ_LEN])
+    return table([ix.read_only_arrays()]), np.array([tree], np.int64), \
+        (int(ix.seqs[s, lay.SEQ_SLOT]), n, n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), max_size=3),
+       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=15), min_size=1, max_size=4),
+       st.integers(1, 60), st.sampled_from([4, 6, 8]))
+def test_own_reference_equals_the_longest_own_match_and_the_scan(others, chunks, window, depth):
+    """The own tree's list of occurrences (``listed_newest``) gives what the scan gives."""
+    ix, tree, s = _own_tree(others, chunks, depth)
+    trees = _trees(ix, tree, s)
+    arena = ix.read_only_arrays()[4]
+    start, end = int(ix.seqs[s, lay.SEQ_OFF]), int(ix.seqs[s, lay.SEQ_OFF] + ix.seqs[s, lay.SEQ_LEN])
+    ctx_start = max(start, end - depth)
+    got = np.full(6, -7, np.int64)
+    length = own_reference(trees, s, arena, ctx_start, end, depth, window, got)
+    assert length == longest(trees, arena, ctx_start, end, depth, 1)
+    want = np.full(6, -7, np.int64)
+    reference(arena, start, end, length, window, want)
+    assert got[0] == want[0] and list(got[1:1 + got[0]]) == list(want[1:1 + want[0]])
+
+
+def _listed(others, own, depth=8):
+    """``listed_newest`` at the longest own match of ``own`` (its length too)."""
+    ix, tree, s = _own_tree(others, [own], depth)
+    trees = _trees(ix, tree, s)
+    arena = ix.read_only_arrays()[4]
+    off = int(ix.seqs[s, lay.SEQ_OFF])
+    end = off + len(own)
+    length, x, at = longest_match(side(trees[0], 0), tree, arena, off, end, depth - 1, True,
+                                  trees[2])
+    e = listed_newest(side(trees[0], 0), x, at, s, arena, end, length, 100)
+    return length, e - off if e >= 0 else e
+
+
+def test_the_own_tree_lists_the_occurrences_of_a_match():
+    own = [1, 2, 3, 2, 0, 1, 2, 3]  # "1 2 3" once before, then 2
+    assert _listed([[5, 5]], own) == (3, 3)
+    assert _listed([[1, 2, 3, 7]], [1, 2, 3]) == (3, -1)  # only in another sequence
+    # Three earlier occurrences in this sequence, others in the other: the newest.
+    assert _listed([[1, 2, 3, 9, 1, 2, 3, 8]], [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 0, 1, 2, 3]) \
+        == (3, 11)
+    # "1 2 3 4" runs into the depth (4) twice: the tree cannot tell them apart.
+    assert _listed([], [1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3], depth=4) == (3, SCAN)
 
 
 def test_reference_stops_before_a_synthetic_token():

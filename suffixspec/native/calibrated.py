@@ -22,7 +22,7 @@ from numba import njit
 from . import calibration as cal
 from .heap import heap_push, heap_take
 from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE, FROM_REQUEST,
-                     NEXT, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT, TOKEN)
+                     META_DEPTH, NEXT, PARENT, REF_POS, REF_SEQ, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT, TOKEN)
 from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
@@ -70,7 +70,13 @@ def reference(arena, start, end, length, window, ref):
     ref[0] = 0
     if length <= 0 or window <= 0:
         return
-    e = newest_occurrence(arena, start, end, length, window)
+    _follow(arena, newest_occurrence(arena, start, end, length, window), end, ref)
+
+
+@njit(cache=True, nogil=True)
+def _follow(arena, e, end, ref):
+    """``ref`` := what follows position ``e`` (-1: nothing), as ``reference`` writes it."""
+    ref[0] = 0
     if e < 0:
         return
     k = 0
@@ -78,6 +84,111 @@ def reference(arena, start, end, length, window, ref):
         ref[1 + k] = arena[e + k]
         k += 1
     ref[0] = k
+
+
+SCAN = -2  # ``listed_newest``: the tree cannot list the occurrences; scan for them
+LIST_BUDGET = 64  # nodes ``listed_newest`` visits at most
+
+
+@njit(cache=True, inline="always")
+def _later(nodes, seqs, y, d, s, end, best):
+    """The newer of ``best`` and the occurrence that node ``y`` (count 1) names:
+    its label starts ``d`` tokens after the match's end."""
+    if nodes[y, REF_SEQ] != s:
+        return best
+    e = seqs[s, SEQ_OFF] + nodes[y, REF_POS] - d
+    return e if best < e < end else best
+
+
+@njit(cache=True, nogil=True)
+def listed_newest(index, x, off, s, arena, end, length, window):
+    """``newest_occurrence`` read off the own tree, without a scan, for the
+    occurrences that end more than the tree's depth back.
+
+    ``arena[end - length:end]`` ends at ``(x, off)`` in ``index``'s tree and
+    ends sequence ``s``.  Every earlier occurrence in ``s`` continues; one
+    that ends more than the depth back continues past some node of count 1
+    below the match without reaching the sequence's end, and that node's ref
+    names it: the subtree lists them all, up to ``LIST_BUDGET`` nodes and
+    unless some string below the match reaches the tree's depth (its
+    occurrences are not told apart there).  Returns what
+    ``newest_occurrence`` would, when no occurrence ends within the depth;
+    ``SCAN`` when the tree cannot say, or the newest's ref does not check out
+    as an occurrence of the match.
+    """
+    nodes, seqs = index.nodes, index.seqs
+    depth = index.meta[META_DEPTH]
+    best = -1
+    n = edge_len(nodes, seqs, x)
+    if off < n and nodes[x, COUNT] == 1:
+        best = _later(nodes, seqs, x, -off, s, end, best)
+        y = -1
+    elif off < n:
+        if length + n - off >= depth:
+            return SCAN
+        y = nodes[x, FIRST]
+        d = n - off
+    else:
+        y = nodes[x, FIRST]
+        d = 0
+    visited = 0
+    while y != -1:
+        visited += 1
+        if visited > LIST_BUDGET:
+            return SCAN
+        if nodes[y, COUNT] == 1:
+            best = _later(nodes, seqs, y, d, s, end, best)
+        else:
+            ny = edge_len(nodes, seqs, y)
+            if length + d + ny >= depth:
+                return SCAN
+            if nodes[y, FIRST] != -1:
+                d += ny
+                y = nodes[y, FIRST]
+                continue
+        while y != -1 and nodes[y, NEXT] == -1:  # up to the next sibling
+            y = nodes[y, PARENT]
+            if y == x:
+                y = -1
+            else:
+                d -= edge_len(nodes, seqs, y)
+        if y != -1:
+            y = nodes[y, NEXT]
+    if best < 0:
+        return -1
+    start = seqs[s, SEQ_OFF]
+    if best - length < start:
+        return SCAN
+    for t in range(1, length + 1):
+        if arena[best - t] != arena[end - t]:
+            return SCAN
+    return best if end - best <= window else -1
+
+
+@njit(cache=True, nogil=True)
+def own_reference(trees, s, arena, start, end, depth, window, ref):
+    """The longest own match (``longest`` over the own tree alone) of request
+    sequence ``s``, whose context is ``arena[start:end]``, with its reference
+    (``reference``, ``window`` > 0) written to ``ref``.  Occurrences within
+    the tree's depth are scanned for; the own tree lists the ones before
+    (``listed_newest``), and a scan finds them where it cannot."""
+    sides, roots, own = trees
+    ref[0] = 0
+    if roots[0] < 0:
+        return 0
+    ix = side(sides, 0)
+    length, x, off = longest_match(ix, roots[0], arena, start, end, depth - 1, True, own)
+    if length <= 0:
+        return 0
+    start = ix.seqs[s, SEQ_OFF]
+    near = ix.meta[META_DEPTH]  # occurrences this close may run to the end: the tree hides them
+    e = newest_occurrence(arena, start, end, length, min(window, near))
+    if e < 0 and window > near:
+        e = listed_newest(ix, x, off, s, arena, end, length, window)
+        if e == SCAN:
+            e = newest_occurrence(arena, start, end, length, window)
+    _follow(arena, e, end, ref)
+    return length
 
 
 @njit(cache=True, nogil=True)
@@ -479,8 +590,8 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     work.ref[0] = 0
     longest_own = -1
     if knobs.newest > 0:
-        longest_own = longest((mine, solo, own_local), ctx, start, end, knobs.depth, 1)
-        reference(ctx, l_seqs[s, SEQ_OFF], end, longest_own, knobs.newest, work.ref)
+        longest_own = own_reference((mine, solo, own_local), s, ctx, start, end, knobs.depth,
+                                    knobs.newest, work.ref)
     n, best, m, source = _tree_draft(
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),

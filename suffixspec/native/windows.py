@@ -38,7 +38,7 @@ import numpy as np
 from numba import njit
 
 from . import calibration as cal
-from .calibrated import _own_end, _lengths, longest, own_output, reference, reference_counted
+from .calibrated import _own_end, _lengths, longest, own_output, own_reference, reference_counted
 from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Pending, SEQ_LEN, SEQ_OFF,
                      SEQ_ROOT, SEQ_SLOT, Stats, Windows, Workspace)
 from .tokens import SYNTHETIC_BASE
@@ -305,8 +305,8 @@ def build_request(req, pools, knobs, stats, work, win, scratch):
     longest_own = 0
     if knobs.newest > 0:
         sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
-        longest_own = longest((sides, roots, own), ctx, start, end, depth, used)
-        reference(ctx, local.seqs[s, SEQ_OFF], end, longest_own, knobs.newest, work.ref)
+        longest_own = own_reference((sides, roots, own), s, ctx, start, end, depth,
+                                    knobs.newest, work.ref)
     count, gains = _candidates(req, pools, knobs, stats, work, pos, solo, found)
     order = np.argsort(-gains[:count], kind="mergesort")  # best first; policy order in ties
     filled = 0
