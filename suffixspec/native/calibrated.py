@@ -92,10 +92,12 @@ LIST_BUDGET = 64  # nodes ``listed_newest`` visits at most
 
 @njit(cache=True, inline="always")
 def _later(nodes, seqs, y, d, s, end, best):
-    """The newer of ``best`` and the occurrence that node ``y`` (count 1) names:
-    its label starts ``d`` tokens after the match's end."""
+    """The newer of ``best`` and the occurrence in sequence ``s`` that node ``y``
+    (count 1) names, its label ``d`` tokens after the match's end; ``SCAN``
+    where ``y``'s ref is in another sequence (a removed one's tokens stay
+    where surviving labels point, so the ref need not be the occurrence)."""
     if nodes[y, REF_SEQ] != s:
-        return best
+        return SCAN
     e = seqs[s, SEQ_OFF] + nodes[y, REF_POS] - d
     return e if best < e < end else best
 
@@ -109,12 +111,12 @@ def listed_newest(index, x, off, s, arena, end, length, window):
     ends sequence ``s``.  Every earlier occurrence in ``s`` continues; one
     that ends more than the depth back continues past some node of count 1
     below the match without reaching the sequence's end, and that node's ref
-    names it: the subtree lists them all, up to ``LIST_BUDGET`` nodes and
-    unless some string below the match reaches the tree's depth (its
-    occurrences are not told apart there).  Returns what
-    ``newest_occurrence`` would, when no occurrence ends within the depth;
-    ``SCAN`` when the tree cannot say, or the newest's ref does not check out
-    as an occurrence of the match.
+    names it: the subtree lists them all, up to ``LIST_BUDGET`` nodes, unless
+    some string below the match reaches the tree's depth (its occurrences
+    are not told apart there) or a ref lies in another sequence (a request's
+    own tree holds one).  Returns what ``newest_occurrence`` would, when no
+    occurrence ends within the depth; ``SCAN`` when the tree cannot say, or
+    the newest's ref does not check out as an occurrence of the match.
     """
     nodes, seqs = index.nodes, index.seqs
     depth = index.meta[META_DEPTH]
@@ -122,6 +124,8 @@ def listed_newest(index, x, off, s, arena, end, length, window):
     n = edge_len(nodes, seqs, x)
     if off < n and nodes[x, COUNT] == 1:
         best = _later(nodes, seqs, x, -off, s, end, best)
+        if best == SCAN:
+            return SCAN
         y = -1
     elif off < n:
         if length + n - off >= depth:
@@ -138,6 +142,8 @@ def listed_newest(index, x, off, s, arena, end, length, window):
             return SCAN
         if nodes[y, COUNT] == 1:
             best = _later(nodes, seqs, y, d, s, end, best)
+            if best == SCAN:
+                return SCAN
         else:
             ny = edge_len(nodes, seqs, y)
             if length + d + ny >= depth:
