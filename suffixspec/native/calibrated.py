@@ -22,7 +22,8 @@ from numba import njit
 from . import calibration as cal
 from .heap import heap_push, heap_take
 from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE, FROM_REQUEST,
-                     META_DEPTH, NEXT, PARENT, REF_POS, REF_SEQ, SEQ_LEN, SEQ_OFF, SEQ_ROOT, SEQ_SLOT, TOKEN)
+                     META_DEPTH, NEXT, PARENT, REF_POS, REF_SEQ, SEQ_LEN, SEQ_OFF, SEQ_ROOT,
+                     SEQ_SLOT, TOKEN)
 from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
@@ -66,7 +67,8 @@ def reference(arena, start, end, length, window, ref):
     context's last ``length`` tokens (``arena[start:end]``), found at most
     ``window`` tokens back: vLLM's own drafter's rule, newest of the longest.
     ``ref[0]`` is its length (0: none), at most ``len(ref) - 1``; it stops
-    before a synthetic token and at the context's end."""
+    before a synthetic token and at the context's end.  A plain scan: the
+    proposer finds the same with ``own_reference``, which scans less."""
     ref[0] = 0
     if length <= 0 or window <= 0:
         return
@@ -186,13 +188,13 @@ def own_reference(trees, s, arena, start, end, depth, window, ref):
     length, x, off = longest_match(ix, roots[0], arena, start, end, depth - 1, True, own)
     if length <= 0:
         return 0
-    start = ix.seqs[s, SEQ_OFF]
+    first = ix.seqs[s, SEQ_OFF]  # the sequence's first token
     near = ix.meta[META_DEPTH]  # occurrences this close may run to the end: the tree hides them
-    e = newest_occurrence(arena, start, end, length, min(window, near))
+    e = newest_occurrence(arena, first, end, length, min(window, near))
     if e < 0 and window > near:
         e = listed_newest(ix, x, off, s, arena, end, length, window)
         if e == SCAN:
-            e = newest_occurrence(arena, start, end, length, window)
+            e = newest_occurrence(arena, first, end, length, window)
     _follow(arena, e, end, ref)
     return length
 

@@ -304,7 +304,7 @@ def build_request(req, pools, knobs, stats, work, win, scratch):
     work.ref[0] = 0
     longest_own = 0
     if knobs.newest > 0:
-        sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
+        sides, roots, own, _ = _group(i, _OWN, 0, pools, solo)
         longest_own = own_reference((sides, roots, own), s, ctx, start, end, depth,
                                     knobs.newest, work.ref)
     count, gains = _candidates(req, pools, knobs, stats, work, pos, solo, found)
