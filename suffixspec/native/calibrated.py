@@ -341,13 +341,15 @@ def _copy_draft(cand, out, n):
 
 
 @njit(cache=True, nogil=True)
-def _first_probability(stats, src, m, c, n, referenced):
-    """Estimated acceptance of a draft's first token (chosen by ``c`` of ``n``
-    after a match of ``m``), the higher of agreeing and not where there is a
-    reference: a bound, as the token is not known yet."""
+def _first_probability(stats, src, m, c, n, ref, tok):
+    """Estimated acceptance of a draft's first token ``tok`` (chosen by ``c``
+    of ``n`` after a match of ``m``), in its plane against the reference
+    ``ref``; with ``tok`` -1 (not known yet) the higher of agreeing and not:
+    a bound."""
     table, state = stats
-    if not referenced:
-        return cal.probability(table, state, cal.bucket(src, m, 0, c, n), c, n, m)
+    if ref[0] == 0 or tok >= 0:
+        fine = cal.bucket(cal.with_agreement(src, agreement(ref, 0, tok, True)), m, 0, c, n)
+        return cal.probability(table, state, fine, c, n, m)
     same = cal.bucket(cal.with_agreement(src, cal.AGREE_SAME), m, 0, c, n)
     diff = cal.bucket(cal.with_agreement(src, cal.AGREE_DIFF), m, 0, c, n)
     return max(cal.probability(table, state, same, c, n, m),
@@ -417,16 +419,21 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         discount = 0
         if _own_end(own, length, (pos[0, 0], pos[0, 1], pos[0, 2])):
             discount = 1
-        # Every later token is at most as probable as the first.  Where several
-        # trees hold the string, the first token's count is only bounded here
-        # (draft_path finds it, and gives up at once where it cannot win).
+        # Every later token is at most as probable as the first.  Where one
+        # tree holds the string, a path's first token is its most frequent
+        # next one, scored in its own plane; a tree draft's may be any token,
+        # and where several trees hold the string its count is only bounded
+        # here (draft_path finds it, and gives up at once where it cannot win).
+        tok = -1
         if held > 1:
             c, cnt = bound_next(sides, pos, discount)
         else:
-            _, c, cnt = best_next(sides, pos, discount)
+            first, c, cnt = best_next(sides, pos, discount)
+            if not knobs.tree:
+                tok = first
         if cnt <= 0 or c <= 0:
             continue
-        q = _first_probability(stats, s, m, c, cnt, work.ref[0] > 0)
+        q = _first_probability(stats, s, m, c, cnt, work.ref, tok)
         if q <= thr or (not knobs.tree and cap * (q - thr) <= best_gain):
             continue
         if knobs.tree:  # one tree: the side that holds the string
