@@ -58,6 +58,7 @@ class Recording:
 def main():
     ap = parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=list(SLICES), help="these slices only")
+    ap.add_argument("--modes", nargs="*", choices=list(MODES), help="these modes only")
     ap.add_argument("--draft-cost", type=float, default=None,
                     help="ProposerConfig.draft_cost (default: the default; 0: drafts free)")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
@@ -72,7 +73,8 @@ def main():
     for name in args.only or list(SLICES):
         file, kw = SLICES[name]
         requests = load_trace(Path(args.traces) / file, encode, **kw)
-        for mode, options in MODES.items():
+        for mode in args.modes or list(MODES):
+            options = MODES[mode]
             proposer = Recording(make_proposer("suffixspec", requests, cross_pool_tokens=None,
                                                **options, **settings))
             m = replay(requests, proposer).metrics()

@@ -105,6 +105,13 @@ class ProposerConfig:
         match (vLLM's drafter's rule), looked for at most this many tokens
         back, and draft that continuation too (0: not).  Calibration learns
         per workload how far each is to be trusted.
+    arbitrate:
+        With a reference, path drafts only: keep the policy's pick and the
+        reference's draft at each step, score both once the tokens that
+        followed are known, and draft the reference instead where it has
+        done better at that pair of match lengths (``native.arbiter``).
+        Host drafting only: the device path (``SUFFIXSPEC_RUNNER=mrv2``)
+        drafts by gain, as without it.
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
@@ -135,6 +142,7 @@ class ProposerConfig:
     draft_cost: float = DEFAULT_DRAFT_COST
     anchors: bool = True
     newest_window: int = DEFAULT_NEWEST_WINDOW
+    arbitrate: bool = True
     cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
     cross_pool_requests: int | None = None
     namespace: str = DEFAULT_NAMESPACE
@@ -160,6 +168,8 @@ class ProposerConfig:
         if not isinstance(self.newest_window, int) or isinstance(self.newest_window, bool):
             raise ValueError(f"newest_window must be a whole number, got {self.newest_window!r}")
         check_range("newest_window", self.newest_window, 0, 1 << 24)
+        if not isinstance(self.arbitrate, bool):
+            raise ValueError(f"arbitrate must be True or False, got {self.arbitrate!r}")
         check_range("cross_pool_tokens", self.cross_pool_tokens, allow_none=True)
         check_range("cross_pool_requests", self.cross_pool_requests, allow_none=True)
         check_namespace(self.namespace)

@@ -77,7 +77,7 @@ class SuffixProposer:
         self.shared_namespace = config.shared_namespace
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
                                self.min_token_prob, self.tree, bool(config.anchors),
-                               int(config.newest_window))
+                               int(config.newest_window), bool(config.arbitrate))
         self.stats = cal.new_stats(float(config.draft_cost))
         self._stats_flat = tuple(self.stats)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
@@ -164,6 +164,7 @@ class SuffixProposer:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
+        self._pending.keep_meta[seq, :, 0] = -1
         self._draw_from[req_id] = draw
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(

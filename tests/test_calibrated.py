@@ -93,6 +93,8 @@ def _reference_update(table, draft, emitted, buckets):
             continue
         hit = int(draft.token_ids[t]) == int(emitted[d])
         ok.append(hit)
+        if buckets[t] < 0:  # the arbiter's reference: not the policy's pick
+            continue
         for row in (buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])):
             table[row, 1] += 1
             table[row, 0] += hit

@@ -19,7 +19,7 @@ previous draft fared, the most tokens to draft, and the threshold.
 import numpy as np
 from numba import njit
 
-from . import calibration as cal
+from . import arbiter, calibration as cal
 from .heap import heap_push, heap_take
 from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE, FROM_REQUEST,
                      META_DEPTH, NEXT, PARENT, REF_POS, REF_SEQ, SEQ_LEN, SEQ_OFF, SEQ_ROOT,
@@ -535,20 +535,20 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     counted = reference_counted(length, cap, knobs.depth)
     x, off = suffix_position(ix, roots[0], ctx, end, counted, own)
     if x < 0:
-        return 0, best, 0, FROM_NONE
+        return (0, best, 0, FROM_NONE), 0
     pos[0, 0], pos[0, 1], pos[0, 2] = position(ix, x, off)
     discount = 1 if _own_end(own, counted, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
-    cand = work.cand
+    cand = work.alt
     n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length, stats,
-                         -1.0 if knobs.tree else best, cand, (work.ref, True))
+                         -1.0, cand, (work.ref, True))
     for i in range(n):
         cand.parents[i] = i - 1
     if knobs.tree:
         merge_in(work.merged, cand, n)
     if n == 0 or gain <= best:
-        return 0, best, 0, FROM_NONE
+        return (0, best, 0, FROM_NONE), n
     _copy_draft(cand, out, n)
-    return n, gain, length, FROM_REQUEST
+    return (n, gain, length, FROM_REQUEST), n
 
 
 @njit(cache=True, nogil=True)
@@ -575,8 +575,31 @@ def _take(drafted, best, out, i):
 
 
 @njit(cache=True, nogil=True)
+def _arbitrate(i, s, length, ref_match, n_ref, out, alt, pending):
+    """Keep this step's two drafts for ``arbiter.settle``, and draft the
+    reference's instead of the policy's pick where its cell prefers it."""
+    n = out.n[i]
+    same = 0
+    while same < n and same < n_ref and out.tokens[i, same] == alt.tokens[same]:
+        same += 1
+    if same == n and same == n_ref:
+        return  # the same draft
+    row = arbiter.cell(out.match[i], n, out.source[i], ref_match, 1 if same > 0 else 0)
+    arbiter.keep(pending.keep_meta, pending.keep_tokens, s, length, row, out.tokens[i], out.n[i],
+                 alt.tokens, n_ref)
+    if n_ref > 0 and arbiter.prefers_reference(pending.arbiter, row):
+        _copy_draft(alt, Candidate(out.tokens[i], out.parents[i], out.probs[i], out.buckets[i]),
+                    n_ref)
+        for j in range(n_ref):  # the policy's calibration learns from its own picks only
+            out.buckets[i, j] = -1
+        out.n[i] = n_ref
+        out.match[i] = ref_match
+        out.source[i] = FROM_REQUEST
+
+
+@njit(cache=True, nogil=True)
 def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knobs, stats, out,
-                  work):
+                  work, pending):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
     ``tables`` are side tables (``union``): ``mine`` has one side, ``local``
@@ -600,6 +623,9 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     c_end, n_anchors, out_len = own_output(delta, cs)
     own_len = l_seqs[s, SEQ_LEN]
     ctx = local.arena
+    if knobs.arbitrate:
+        arbiter.settle(pending.arbiter, pending.keep_meta, pending.keep_tokens, s, ctx,
+                       l_seqs[s, SEQ_OFF], own_len, thr)
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
     solo[0] = local_roots[batch.trees[i]]
     work.ref[0] = 0
@@ -615,10 +641,12 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
+    n_ref = -1  # no reference
     if work.ref[0] > 0:
-        best = _take(_reference_draft((mine, solo, own_local), ctx, end, longest_own,
-                                      (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs,
-                                      stats, best, row, work, pos[:1]), best, out, i)
+        drafted, n_ref = _reference_draft((mine, solo, own_local), ctx, end, longest_own,
+                                          (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs,
+                                          stats, best, row, work, pos[:1])
+        best = _take(drafted, best, out, i)
     solo[0] = -1
     anchored = (delta.arena, c_end, n_anchors, out_len)
     how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
@@ -649,6 +677,8 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
             solo[k] = -1
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
+    if n_ref >= 0 and knobs.arbitrate and not knobs.tree:
+        _arbitrate(i, s, own_len, longest_own, n_ref, out, work.alt, pending)
     score = 0.0
     for t in range(out.n[i]):
         score += out.probs[i, t]

@@ -314,7 +314,7 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     the pending draft is then cleared.
     """
     table, state = stats
-    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending
+    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending[:5]
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
         if s < 0:
@@ -342,6 +342,8 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
             if hit and d + 1 > accepted:
                 accepted = d + 1
             fine = pend_buckets[s, t]
+            if fine < 0:  # not a token the calibration learns from
+                continue
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
             _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])

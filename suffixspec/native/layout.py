@@ -13,6 +13,8 @@ from collections import namedtuple
 
 import numpy as np
 
+from . import arbiter
+
 # Node fields: rows of ``nodes`` (int32, shape [capacity, NODE_FIELDS]).
 PARENT = 0
 TOKEN = 1
@@ -90,7 +92,7 @@ Merged = namedtuple("Merged", "tokens parents probs buckets first next where siz
 #: Scratch of one propose call: the draft being built, the frontier, the merged
 #: tree, and the request's reference (``calibrated.reference``): ``ref[0]``
 #: tokens, then the tokens.
-Workspace = namedtuple("Workspace", "cand heap merged ref")
+Workspace = namedtuple("Workspace", "cand heap merged ref alt")
 
 #: The requests of one step.  Request ``i`` reads its context from sequence
 #: ``seqs[i]`` of tree ``trees[i]`` in the request index, may draw from the
@@ -107,7 +109,7 @@ SEGMENTS = 8
 #: Drafting settings of a proposer (scalars): the trie depth, the length cap
 #: (``factor`` -1: none), the probability floor, tree drafts, start anchors,
 #: and how far back the reference is looked for (``newest``, 0: no reference).
-Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest")
+Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest arbitrate")
 
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
@@ -118,8 +120,10 @@ Stats = namedtuple("Stats", "table state")
 
 #: The latest draft of each request (row: its sequence in the request index),
 #: scored against the emitted tokens by ``calibration.learn``; ``recent`` is
-#: how the previous draft fared.
-Pending = namedtuple("Pending", "tokens parents buckets n recent")
+#: how the previous draft fared.  ``keep_meta`` and ``keep_tokens`` are each
+#: request's ring of drafts the arbiter has yet to score, ``arbiter`` its
+#: table (``arbiter``).
+Pending = namedtuple("Pending", "tokens parents buckets n recent keep_meta keep_tokens arbiter")
 
 #: Candidate windows of a step's requests (``windows``): row ``[i, r]`` is
 #: window ``r`` of request ``i``: its tokens, each token's counts ``c`` of
@@ -161,7 +165,8 @@ def merged(k: int) -> Merged:
 
 def workspace(max_tokens: int, min_prob: float = 0.0) -> Workspace:
     k = max(max_tokens, 1)
-    return Workspace(candidate(k), heap_scratch(k, min_prob), merged(k), np.zeros(k + 1, np.int64))
+    return Workspace(candidate(k), heap_scratch(k, min_prob), merged(k), np.zeros(k + 1, np.int64),
+                     candidate(k))
 
 
 def outputs(rows: int, max_tokens: int) -> Outputs:
@@ -173,13 +178,17 @@ def outputs(rows: int, max_tokens: int) -> Outputs:
 
 
 def pending(rows: int, max_tokens: int, old: Pending | None = None) -> Pending:
-    """Pending-draft rows; ``old``'s rows are copied in."""
+    """Pending-draft rows; ``old``'s rows, and its arbiter table, are kept."""
     k = max(max_tokens, 1)
+    ring = arbiter.ring(k)
+    table = (np.zeros((arbiter.ARB_ROWS, arbiter.A_FIELDS), np.float64) if old is None
+             else old.arbiter)
     new = Pending(np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
                   np.zeros((rows, k), np.int32), np.zeros(rows, np.int64),
-                  np.zeros(rows, np.int64))
+                  np.zeros(rows, np.int64), np.full((rows, ring, arbiter.K_FIELDS), -1, np.int64),
+                  np.zeros((rows, ring, 2, k), np.int32), table)
     if old is not None:
-        for a, b in zip(new, old):
+        for a, b in zip(new[:-1], old[:-1]):
             a[: b.shape[0]] = b
     return new
 

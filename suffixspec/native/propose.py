@@ -29,7 +29,8 @@ def propose_batch(local, local_roots, segs, delta, batch, knobs, stats, out, pen
     """
     propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
             Knobs(*knobs), Stats(*stats), Outputs(*out), Pending(*pending),
-            Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3]))
+            Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3],
+                      Candidate(*work[4])))
 
 
 @njit(cache=True, nogil=True)
@@ -70,7 +71,7 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
         calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
-                                 (mine, cross), batch, knobs, stats, out, work)
+                                 (mine, cross), batch, knobs, stats, out, work, pending)
         n = out.n[i]
         pending.n[s] = n
         for j in range(n):  # loops, not slice copies: those compile a costly error path

@@ -105,7 +105,7 @@ def _drafting(ix, root):
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
     for tree in (False, True):
-        knobs = (DEPTH, 1.0, 0.0, 0.1, tree, True, 64)
+        knobs = (DEPTH, 1.0, 0.0, 0.1, tree, True, 64, True)
         propose.propose_batch(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS), ro,
                               batch,
                               knobs, tuple(stats), tuple(out), tuple(pending), work)
@@ -116,7 +116,7 @@ def _windows(ix, root):
     # with the records and side tables the proposer passes.
     b = 2
     ro, batch = _batch(ix, root, b)
-    knobs = (DEPTH, 1.0, 0.0, 0.1, False, True, 0)
+    knobs = (DEPTH, 1.0, 0.0, 0.1, False, True, 0, False)
     sides = union.table([ro] * lay.SEGMENTS)
     windows.build_batch(ro, np.array([root], np.int32), sides, ro, batch, knobs,
                         tuple(cal.new_stats(0.0)), tuple(lay.pending(b, K)),

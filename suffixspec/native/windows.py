@@ -411,7 +411,8 @@ def build_batch(local, local_roots, segs, delta, batch, knobs, stats, pending, w
     local, delta = Index(*local), Index(*delta)
     batch, knobs, stats = Batch(*batch), Knobs(*knobs), Stats(*stats)
     pending = Pending(*pending)
-    work = Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3])
+    work = Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3],
+                     Candidate(*work[4]))
     win = Windows(*win)
     mine, cross = side_tables(local, segs, delta)
     thr = step_threshold(stats, knobs)
