@@ -527,7 +527,9 @@ def reference_counted(length, cap, depth):
 def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work, pos):
     """The reference (``work.ref``) drafted from the request's own tree, where
     it matches ``length`` tokens, if it beats ``best``; a tree draft merges it
-    in whatever it gains.  Returns ``(n, gain, match_len, source)``."""
+    in whatever it gains.  Returns ``((n, gain, match_len, source), drafted)``:
+    ``drafted`` tokens of it are in ``work.alt`` (all it has where the tree or
+    the arbiter takes it whatever it gains)."""
     sides, roots, own = trees
     src, recent, limit, thr = how
     ix = side(sides, 0)
@@ -538,9 +540,10 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
         return (0, best, 0, FROM_NONE), 0
     pos[0, 0], pos[0, 1], pos[0, 2] = position(ix, x, off)
     discount = 1 if _own_end(own, counted, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
-    cand = work.alt
+    cand = work.alt  # whole, for the arbiter and the merged tree
+    whole = knobs.tree or knobs.arbitrate
     n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length, stats,
-                         -1.0, cand, (work.ref, True))
+                         -1.0 if whole else best, cand, (work.ref, True))
     for i in range(n):
         cand.parents[i] = i - 1
     if knobs.tree:
