@@ -196,12 +196,3 @@ def test_calibration_learns_nothing_from_tokens_without_a_bucket():
               np.array([0, 2]), np.empty(3, np.int64), np.empty(3, np.bool_))
     assert stats.table.sum() == 0 and pend.recent[0] == cal.RECENT_PARTLY
 
-
-def test_arbitrate_is_checked_in_one_line():
-    for bad in (1, "yes", None):
-        try:
-            SuffixProposer(arbitrate=bad)
-        except ValueError as e:
-            assert "arbitrate" in str(e) and "\n" not in str(e)
-        else:
-            raise AssertionError(f"arbitrate={bad!r} was taken")

@@ -193,6 +193,10 @@ def test_bad_and_removed_settings_are_refused_in_one_line():
         SuffixProposer(max_spec_factor=float("nan"))
     with pytest.raises(ValueError, match="max_spec_factor"):
         SuffixProposer(max_spec_factor=float("inf"))
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="arbitrate must be True or False") as e:
+            SuffixProposer(arbitrate=bad)
+        assert "\n" not in str(e.value)
 
 
 def test_table_rows_cover_every_bucket():
