@@ -14,7 +14,7 @@ from suffixspec.anchors import MAX_ANCHORS, start_anchors
 from suffixspec.config import ProposerConfig, check_namespace
 from suffixspec.draft import Draft
 from suffixspec.locking import locked
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import propose_batch
@@ -164,7 +164,7 @@ class SuffixProposer:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
-        self._pending.keep_meta[seq, :, 0] = -1
+        self._pending.keep_meta[seq, :, arbiter.K_START] = -1  # no kept drafts of another
         self._draw_from[req_id] = draw
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(

@@ -588,7 +588,7 @@ def _arbitrate(i, s, length, ref_match, n_ref, out, alt, pending):
     if same == n and same == n_ref:
         return  # the same draft
     row = arbiter.cell(out.match[i], n, out.source[i], ref_match, 1 if same > 0 else 0)
-    arbiter.keep(pending.keep_meta, pending.keep_tokens, s, length, row, out.tokens[i], out.n[i],
+    arbiter.keep(pending.keep_meta, pending.keep_tokens, s, length, row, out.tokens[i], n,
                  alt.tokens, n_ref)
     if n_ref > 0 and arbiter.prefers_reference(pending.arbiter, row):
         _copy_draft(alt, Candidate(out.tokens[i], out.parents[i], out.probs[i], out.buckets[i]),
@@ -626,7 +626,8 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     c_end, n_anchors, out_len = own_output(delta, cs)
     own_len = l_seqs[s, SEQ_LEN]
     ctx = local.arena
-    if knobs.arbitrate:
+    arbitrating = knobs.arbitrate and not knobs.tree  # path drafts only
+    if arbitrating:
         arbiter.settle(pending.arbiter, pending.keep_meta, pending.keep_tokens, s, ctx,
                        l_seqs[s, SEQ_OFF], own_len, thr)
     own_local = (l_seqs[s, SEQ_SLOT], own_len, own_len)
@@ -680,7 +681,7 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
             solo[k] = -1
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
-    if n_ref >= 0 and knobs.arbitrate and not knobs.tree:
+    if n_ref >= 0 and arbitrating:
         _arbitrate(i, s, own_len, longest_own, n_ref, out, work.alt, pending)
     score = 0.0
     for t in range(out.n[i]):
