@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import pickle
@@ -68,6 +69,15 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
     ap.add_argument("--out", default="bench/results")
     return ap
+
+
+def config_settings(items) -> dict:
+    """``ProposerConfig`` settings from ``name=value`` strings (Python literals)."""
+    settings = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        settings[name] = ast.literal_eval(value)
+    return settings
 
 
 def fill_store(store, sequences, target: int, namespace: str = "main") -> int:

@@ -18,7 +18,6 @@ float or bool value), e.g. ``--set newest_window=4096``.
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 
-from bench_common import parser
+from bench_common import config_settings, parser
 from policy_bench import SLICES
 
 MODES = {"path": {}, "tree": {"tree": True}}
@@ -65,9 +64,7 @@ def main():
                     help="other ProposerConfig settings")
     args = ap.parse_args()
     settings = {} if args.draft_cost is None else {"draft_cost": args.draft_cost}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        settings[name] = ast.literal_eval(value)
+    settings.update(config_settings(args.set))
     encode = hf_encoder(args.tokenizer)
     warmup()
     for name in args.only or list(SLICES):

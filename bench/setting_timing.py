@@ -18,7 +18,6 @@ Nothing is written: it is a timing to read, run with nothing else busy.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from suffixspec.native import warmup
@@ -26,17 +25,13 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 
-from bench_common import parser
+from bench_common import config_settings, parser
 from policy_bench import SLICES
 
 
 def variant(text: str) -> tuple[str, dict]:
     label, _, rest = text.partition(":")
-    settings = {}
-    for item in filter(None, rest.split(",")):
-        name, _, value = item.partition("=")
-        settings[name] = ast.literal_eval(value)
-    return label, settings
+    return label, config_settings(filter(None, rest.split(",")))
 
 
 def main():
