@@ -474,6 +474,33 @@ class SuffixProposer:
         pend.parents[seqs, :w] = np.where(keep, np.arange(-1, w - 1)[None, :],
                                           pend.parents[seqs, :w])
 
+    @locked
+    def adopt_pairs(self, req_ids: Sequence[Hashable], pairs: np.ndarray,
+                    tokens: np.ndarray) -> None:
+        """The arbiter's side of ``adopt_drafts``: drafting on the device kept a
+        pair of drafts per row (``device.draft_ref``, ``StepOutputs.pair`` and
+        ``pair_tokens``: the cell, -1 for none, the pick's length and the
+        reference's; the pick's tokens then the reference's), drafted at each
+        request's context as it is now.  Scores the requests' earlier pairs
+        that the context has gone past, then keeps these (``native.arbiter``);
+        ``arbiter.preferred`` of the table is what the device reads next."""
+        b = len(req_ids)
+        if b == 0:
+            return
+        pairs = np.ascontiguousarray(pairs[:b], np.int64)
+        tokens = np.ascontiguousarray(tokens[:b], np.int64)
+        if pairs.ndim != 2 or pairs.shape[1] < 3 or tokens.ndim != 3 or tokens.shape[1] != 2:
+            raise ValueError(f"pairs {pairs.shape} and tokens {tokens.shape} do not hold a "
+                             f"cell and two lengths, and two drafts, per request")
+        seqs = np.fromiter((self._row(r)[1] for r in req_ids), np.int64, b)
+        index = self.requests.index
+        offsets = index.seqs[seqs, lay.SEQ_OFF].astype(np.int64)
+        lengths = index.seqs[seqs, lay.SEQ_LEN].astype(np.int64)
+        pend = self._pending
+        thr = max(float(cal.threshold(self.stats.state)), self.min_token_prob)
+        arbiter.adopt(pend.arbiter, pend.keep_meta, pend.keep_tokens, seqs, index.arena, offsets,
+                      lengths, thr, pairs, tokens)
+
     # ------------------------------------------------------------ internals
     # Records the kernels take, with their plain tuples (see ``native.layout``)
     # kept beside them so a step builds none.

@@ -69,10 +69,11 @@ def compile_sm90() -> dict:
              "recent_ptr": "*i64", "slots_ptr": "*i64", "win_tok_ptr": "*i32",
              "win_c_ptr": "*i32", "win_n_ptr": "*i32", "win_meta_ptr": "*i32",
              "d_tok_ptr": "*i64", "d_c_ptr": "*i64", "d_n_ptr": "*i64", "d_match_ptr": "*i64",
-             "d_src_ptr": "*i64", "table_ptr": "*fp32", "params_ptr": "*fp32",
+             "d_src_ptr": "*i64", "table_ptr": "*fp32", "params_ptr": "*fp32", "prefer_ptr": "*i32",
              "drafts_ptr": "*i64", "conf_ptr": "*fp32", "probs_ptr": "*fp32",
              "valid_ptr": "*i32", "buckets_ptr": "*i32", "choice_ptr": "*i32",
-             "match_ptr": "*i32", "last_ptr": "*i64", "vocab": "i32"}
+             "match_ptr": "*i32", "last_ptr": "*i64", "pair_ptr": "*i32",
+             "pair_tok_ptr": "*i64", "vocab": "i32"}
     signature = {n: ("constexpr" if n in consts else types[n]) for n in names}
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))

@@ -100,6 +100,52 @@ def test_drafts_come_from_the_context_and_from_finished_outputs(make):
     assert stats["cross_tokens"] > 0 and stats["lost_requests"] == 0
 
 
+def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make):
+    """Past outputs in the pool went "1 2 3 4"; this request's own "1 2 3" went
+    on "5 6", and goes on so: where the device's pick and its own-history
+    scan differ, the snapshot carries the pair, the feeder hands it to the
+    host's arbiter as the device wrote it, and later payloads carry
+    ``arbiter.preferred`` of the host's table."""
+    from suffixspec.native import arbiter
+
+    spec = make()
+    engine = Engine(spec)
+    for i in range(4):
+        engine.add(f"b{i}", [100 + i])
+        engine.step()
+        engine.emit(f"b{i}", [7, 1, 2, 3, 4])
+        engine.step()
+        engine.emit(f"b{i}", [8, 9])
+        engine.step()
+        engine.finish(f"b{i}")
+    prop = spec.feeder.proposer
+    adopted = []
+    original = prop.adopt_pairs
+
+    def spy(req_ids, pairs, tokens):
+        adopted.append((list(req_ids), pairs.copy(), tokens.copy()))
+        return original(req_ids, pairs, tokens)
+
+    prop.adopt_pairs = spy
+    engine.add("c", [300, 1, 2, 3, 5, 6, 301, 1, 2, 3])
+    written = []
+    for i in range(6):
+        engine.step()
+        written.append((spec.out.pair[:1].clone().numpy(), spec.out.pair_tokens[:1].clone()))
+        engine.emit("c", [5, 6, 400 + i])
+        engine.step()
+        engine.emit("c", [1, 2, 3])
+    engine.step()
+    paired = [(p, t) for p, t in written if p[0, 0] >= 0]
+    assert paired  # the pool's "4 8 9" against the scan's "5 6"
+    got = [(p, t) for ids, p, t in adopted if ids == ["c"]]
+    for pair, tokens in paired:
+        assert any((p == pair).all() and (t[:, :, :K] == tokens.numpy()).all() for p, t in got)
+    table = prop.pending.arbiter
+    assert table[:, arbiter.A_SCORED].sum() >= 1
+    assert (spec.calibration.prefer.numpy() == arbiter.preferred(table)).all()
+
+
 class Tripwire:
     """Every way the worker thread could read a device value back, made to raise there."""
 

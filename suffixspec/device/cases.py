@@ -42,7 +42,10 @@ def random_case(rng, device="cpu", batch=None):
         cal.TABLE_ROWS)), tried], 1).astype(np.float32))
     calibration.params[:] = torch.tensor(calibration.host_params(
         cal.new_state(0.0), float(rng.choice([0.0, 0.05, 0.3])),
-        float(rng.choice([-1.0, 0.5, 2.0])), 0.0, 64, bool(rng.integers(2))))
+        float(rng.choice([-1.0, 0.5, 2.0])), 0.0, 64, bool(rng.integers(2)),
+        bool(rng.integers(2))))
+    calibration.prefer[:] = torch.from_numpy(
+        (rng.random(calibration.prefer.shape[0]) < rng.choice([0.0, 0.5, 1.0])).astype(np.int32))
     def t(a):
         return torch.from_numpy(np.asarray(a)).to(device=device, dtype=torch.int64)
 

@@ -30,7 +30,15 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    candidates against ``calibrated.reference``.  The
    candidate with the largest positive gain drafts (the lowest row of
    equals; the own-history candidate last).
-5. **Write** drafts (unused slots repeat the last token), per-slot
+5. **Arbitrate** (``P_ARBITRATE``, as ``native.arbiter`` on the host):
+   where the own history matched and its draft differs from the pick's,
+   the pair's cell (the pick's source and match length, the scan's match
+   length, whether the two part at their first token) is written with both
+   drafts, for the host to score once the context has gone past them; where
+   the cell prefers the reference (``Calibration.prefer``), the scan's draft
+   is drafted instead, with buckets -1 (calibration learns from the
+   policy's picks only).
+6. **Write** drafts (unused slots repeat the last token), per-slot
    confidences (each token's own acceptance estimate given the ones before
    it, as vLLM's adaptive verification takes them; 0 past the draft), valid
    counts, calibration buckets, and the slot state.
@@ -45,9 +53,10 @@ from dataclasses import dataclass
 
 import torch
 
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
+from suffixspec.native.layout import FROM_ANCHOR
 from suffixspec.device import calib
-from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE, P_THR,
+from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE, P_THR,
                                       P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE,
                                       Calibration, DeviceWindows)
 
@@ -58,6 +67,10 @@ FROM_CORPUS = -3
 FROM_SHORT = -4
 FROM_NOTHING = -1
 
+#: ``StepOutputs.pair``'s fields.
+PAIR_CELL, PAIR_PICK, PAIR_REFERENCE = range(3)
+PAIR_FIELDS = 3
+
 
 @dataclass
 class StepOutputs:
@@ -65,7 +78,11 @@ class StepOutputs:
     (int64), ``conf`` (float32), ``num_valid`` (int32), ``probs`` (each
     token's running product, float32), ``buckets`` (int32), ``choice`` (the
     window row that drafted, or ``FROM_*``), ``match`` (the match length
-    calibration saw), ``last`` (each row's last token, int64: the filler)."""
+    calibration saw), ``last`` (each row's last token, int64: the filler);
+    the arbiter's pair: ``pair`` (int32 ``[B, PAIR_FIELDS]``: its cell, -1
+    for none; the pick's length; the reference's) and ``pair_tokens`` (int64
+    ``[B, 2, k]``: the pick, then the reference; -1 past each), as they were
+    drafted (a later fit of the batch cuts ``drafts`` only)."""
 
     drafts: torch.Tensor
     conf: torch.Tensor
@@ -75,6 +92,8 @@ class StepOutputs:
     choice: torch.Tensor
     match: torch.Tensor
     last: torch.Tensor
+    pair: torch.Tensor
+    pair_tokens: torch.Tensor
 
     @classmethod
     def empty(cls, rows: int, k: int, device="cpu") -> StepOutputs:
@@ -83,7 +102,8 @@ class StepOutputs:
 
         return cls(z(rows, k, dtype=torch.int64), z(rows, k, dtype=torch.float32), z(rows),
                    z(rows, k, dtype=torch.float32), z(rows, k), z(rows), z(rows),
-                   z(rows, dtype=torch.int64))
+                   z(rows, dtype=torch.int64), z(rows, PAIR_FIELDS),
+                   z(rows, 2, k, dtype=torch.int64))
 
     def rows(self, b: int) -> StepOutputs:
         return StepOutputs(*(getattr(self, f)[:b] for f in self.__dataclass_fields__))
@@ -294,7 +314,8 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     totals = torch.cat([windows.n[slots].to(torch.int64).gather(2, at) * inside, d_n], dim=1)
     match = torch.cat([match, d_match], dim=1)                           # [B, C]
     sources = direct_sources(dev).expand(b, -1)
-    src = torch.cat([meta[..., W_SOURCE], sources], dim=1) + cal.N_SRC * recent[:, None]
+    origin = torch.cat([meta[..., W_SOURCE], sources], dim=1)           # [B, C]
+    src = origin + cal.N_SRC * recent[:, None]
     # The own-history scan's continuation (the first direct candidate) is the
     # reference every other candidate agrees with or not; it rates no one
     # where the proposer drafts without one (``P_REFERENCE`` 0).
@@ -308,7 +329,12 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
 
     # The best candidate: windows in row order, then the others in order.
     best = gain.argmax(dim=1)                                            # the first of equals
+    rows = spec.rows
     drafts_ok = (gain.gather(1, best[:, None])[:, 0] > 0) & (sampled > 0)
+    swap = _arbitrate(best, drafts_ok, tokens, kept, match, origin, ref_ok[:, 0], sampled,
+                      rows, calibration, o)
+    best = torch.where(swap, rows, best)  # the scan drafts instead
+    drafts_ok = drafts_ok | swap
     pick = best[:, None, None].expand(b, 1, k)
 
     def chosen(x):
@@ -316,7 +342,7 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
 
     kept = chosen(kept) & drafts_ok[:, None]
     tokens, q, p, fine = chosen(tokens), chosen(q), chosen(p), chosen(fine)
-    rows = spec.rows
+    fine = torch.where(swap[:, None], -1, fine)  # calibration learns from its own picks only
     match_all = match.gather(1, best[:, None])[:, 0]
     kind = torch.where(best < rows, best, FROM_SCAN - (best - rows))
     last = tail[:, 0].clamp(min=0)
@@ -328,3 +354,33 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     o.choice.copy_(torch.where(drafts_ok, kind, FROM_NOTHING).to(torch.int32))
     o.match.copy_(torch.where(drafts_ok, match_all, 0).to(torch.int32))
     o.last.copy_(last)
+
+
+def _arbitrate(best, drafts_ok, tokens, kept, match, origin, has_ref, sampled, ri: int,
+               calibration: Calibration, o: StepOutputs) -> torch.Tensor:
+    """Step 5 of the module docstring: write each row's pair (``o.pair``,
+    ``o.pair_tokens``) and return where the scan (candidate ``ri``) drafts
+    instead of the pick ``best`` (``arbiter.cell``, ``arbiter.prefers_reference``)."""
+    b = best.shape[0]
+    pick = best[:, None, None].expand(b, 1, tokens.shape[2])
+    pick_kept = kept.gather(1, pick)[:, 0] & drafts_ok[:, None]
+    ref_kept = kept[:, ri] & (sampled > 0)[:, None]
+    pick_tok, ref_tok = tokens.gather(1, pick)[:, 0], tokens[:, ri]
+    n_pick, n_ref = pick_kept.sum(dim=1), ref_kept.sum(dim=1)
+    same = ((pick_tok == ref_tok) & pick_kept & ref_kept).to(torch.int64).cumprod(dim=1).sum(1)
+    paired = (has_ref & (calibration.params[P_ARBITRATE] > 0) & (sampled > 0)
+              & ~((same == n_pick) & (same == n_ref)))
+    source = origin.gather(1, best[:, None])[:, 0].clamp(max=FROM_ANCHOR)
+    m = match.gather(1, best[:, None])[:, 0]
+    policy = torch.where(n_pick > 0, source * arbiter.N_MATCH + m.clamp(max=arbiter.N_MATCH - 1),
+                         arbiter.N_POLICY - 1)
+    reference = match[:, ri].clamp(1, arbiter.N_REFERENCE) - 1
+    cell = ((policy * arbiter.N_REFERENCE + reference) * arbiter.N_PART
+            + (same > 0).to(torch.int64)).clamp(0, arbiter.ARB_ROWS - 1)
+    swap = paired & (n_ref > 0) & (calibration.prefer[cell] > 0)
+    o.pair[:, PAIR_CELL] = torch.where(paired, cell, -1).to(torch.int32)
+    o.pair[:, PAIR_PICK] = n_pick.to(torch.int32)
+    o.pair[:, PAIR_REFERENCE] = n_ref.to(torch.int32)
+    o.pair_tokens[:, 0] = torch.where(pick_kept, pick_tok, -1)
+    o.pair_tokens[:, 1] = torch.where(ref_kept, ref_tok, -1)
+    return swap

@@ -19,12 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from suffixspec.device.draft_ref import (DIRECT_SOURCES, FROM_NOTHING, FROM_SCAN,
+from suffixspec.device.draft_ref import (DIRECT_SOURCES, FROM_NOTHING, FROM_SCAN, PAIR_FIELDS,
                                          direct_sources)
 from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_THR, P_W_COARSE, P_W_FINE,
                                       P_W_SHARED, W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH,
                                       W_SOURCE, Calibration, DeviceWindows)
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
+from suffixspec.native.layout import FROM_ANCHOR
 
 
 @triton.jit
@@ -105,7 +106,8 @@ def _keep(take, new, old):
     return (tl.where(take, new[0], old[0]), tl.where(take, new[1], old[1]),
             tl.where(take, new[2], old[2]), tl.where(take, new[3], old[3]),
             tl.where(take, new[4], old[4]), tl.where(take, new[5], old[5]),
-            tl.where(take, new[6], old[6]), tl.where(take, new[7], old[7]))
+            tl.where(take, new[6], old[6]), tl.where(take, new[7], old[7]),
+            tl.where(take, new[8], old[8]))
 
 
 @triton.jit
@@ -126,6 +128,7 @@ def _fused_kernel(
     d_src_ptr,       # *int64  [X]
     table_ptr,       # *fp32   [ROWS, 2]
     params_ptr,      # *fp32   [PARAMS]
+    prefer_ptr,      # *int32  [ARB_ROWS]
     drafts_ptr,      # *int64  [B, K]  (out)
     conf_ptr,        # *fp32   [B, K]  (out)
     probs_ptr,       # *fp32   [B, K]  (out)
@@ -134,6 +137,8 @@ def _fused_kernel(
     choice_ptr,      # *int32  [B]     (out)
     match_ptr,       # *int32  [B]     (out)
     last_ptr,        # *int64  [B]     (out)
+    pair_ptr,        # *int32  [B, 3]  (out) the arbiter's cell (-1: none), the pick's length, the reference's
+    pair_tok_ptr,    # *int64  [B, 2, K] (out) the pick, the reference (-1 past each)
     vocab,
     R: tl.constexpr, W: tl.constexpr, D: tl.constexpr, F: tl.constexpr, X: tl.constexpr,
     K: tl.constexpr, K_PO2: tl.constexpr,
@@ -142,6 +147,9 @@ def _fused_kernel(
     N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
     N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
+    A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
+    A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
+    PAIR_FIELDS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + b)
@@ -163,6 +171,7 @@ def _fused_kernel(
     best_p = tl.zeros([K_PO2], tl.float32)
     best_kept = tl.zeros([K_PO2], tl.int1)
     best_fine = tl.zeros([K_PO2], tl.int64)
+    best_src = tl.zeros((), tl.int64)
     # The reference: the own-history scan's continuation (direct candidate 0).
     use_ref = tl.load(params_ptr + 7) > 0
     ref = tl.load(d_tok_ptr + b * X * K + j, mask=j < K, other=-1)
@@ -201,37 +210,75 @@ def _fused_kernel(
                                         _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
                                         vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
                                         N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
-        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
-            gain > best_gain, (gain, r, m, tok, q, p, kept, fine),
-            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
+        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
+            gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
+            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
+    # The scan's candidate as drafted, for the arbiter (direct candidate 0).
+    ref_m = tl.zeros((), tl.int64)
+    ref_q = tl.zeros([K_PO2], tl.float32)
+    ref_p = tl.zeros([K_PO2], tl.float32)
+    ref_kept = tl.zeros([K_PO2], tl.int1)
     for x in range(X):
         base = (b * X + x) * K
         tok = tl.load(d_tok_ptr + base + j, mask=j < K, other=-1)
         c = tl.load(d_c_ptr + base + j, mask=j < K, other=0)
         n = tl.load(d_n_ptr + base + j, mask=j < K, other=0)
         m = tl.load(d_match_ptr + b * X + x)
-        src = tl.load(d_src_ptr + x) + N_SRC * recent
+        origin = tl.load(d_src_ptr + x)
+        src = origin + N_SRC * recent
         # (the reference rates the others, not itself)
         agree = tl.where(x == 0, 0, _agreement(tok, ref, ref_ok))
         q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
                                         vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
                                         N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
-        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine = _keep(
-            gain > best_gain, (gain, R + x, m, tok, q, p, kept, fine),
-            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine))
+        first = x == 0
+        ref_m = tl.where(first, m, ref_m)
+        ref_q = tl.where(first, q, ref_q)
+        ref_p = tl.where(first, p, ref_p)
+        ref_kept = tl.where(first, kept, ref_kept)
+        best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
+            gain > best_gain, (gain, R + x, m, tok, q, p, kept, fine, origin),
+            (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
 
-    ok = (best >= 0) & (sampled > 0)
-    kept = tl.where(ok, best_kept & (j < K), False)
+    live = sampled > 0
+    ok = (best >= 0) & live
+    pick_kept = tl.where(ok, best_kept & (j < K), False)
+    # The arbiter (``draft_ref._arbitrate``): the pair's cell, and whether the
+    # scan drafts instead.
+    ref_kept = tl.where(live, ref_kept & (j < K), False)
+    n_pick = tl.sum(pick_kept.to(tl.int64), axis=0)
+    n_ref = tl.sum(ref_kept.to(tl.int64), axis=0)
+    eq = (best_tok == ref) & pick_kept & ref_kept
+    same = tl.sum((tl.cumsum((~eq).to(tl.int32), axis=0) == 0).to(tl.int64), axis=0)
+    has_ref = tl.sum(tl.where(j == 0, ref_ok.to(tl.int32), 0), axis=0) > 0
+    paired = (has_ref & (tl.load(params_ptr + 8) > 0) & live
+              & ~((same == n_pick) & (same == n_ref)))
+    policy = tl.where(n_pick > 0, tl.minimum(best_src, FROM_ANCHOR) * A_MATCH
+                      + tl.minimum(best_m, A_MATCH - 1), A_POLICY - 1)
+    reference = tl.minimum(tl.maximum(ref_m, 1), A_REFERENCE) - 1
+    cell = (policy * A_REFERENCE + reference) * A_PART + (same > 0).to(tl.int64)
+    cell = tl.minimum(tl.maximum(cell, 0), ARB_ROWS - 1)
+    swap = paired & (n_ref > 0) & (tl.load(prefer_ptr + cell) > 0)
+    pair = pair_ptr + b * PAIR_FIELDS
+    tl.store(pair, tl.where(paired, cell, -1).to(tl.int32))
+    tl.store(pair + 1, n_pick.to(tl.int32))
+    tl.store(pair + 2, n_ref.to(tl.int32))
+    tl.store(pair_tok_ptr + b * 2 * K + j, tl.where(pick_kept, best_tok, -1), mask=j < K)
+    tl.store(pair_tok_ptr + b * 2 * K + K + j, tl.where(ref_kept, ref, -1), mask=j < K)
+
+    kept = tl.where(swap, ref_kept, pick_kept)
+    tok = tl.where(swap, ref, best_tok)
     last = tl.maximum(tl.sum(tl.where(d == 0, tail, 0), axis=0), 0)
     out = b * K + j
-    tl.store(drafts_ptr + out, tl.where(kept, best_tok, last), mask=j < K)
-    tl.store(conf_ptr + out, tl.where(kept, best_q, 0.0), mask=j < K)
-    tl.store(probs_ptr + out, tl.where(kept, best_p, 0.0), mask=j < K)
-    tl.store(buckets_ptr + out, tl.where(kept, best_fine, 0).to(tl.int32), mask=j < K)
+    tl.store(drafts_ptr + out, tl.where(kept, tok, last), mask=j < K)
+    tl.store(conf_ptr + out, tl.where(kept, tl.where(swap, ref_q, best_q), 0.0), mask=j < K)
+    tl.store(probs_ptr + out, tl.where(kept, tl.where(swap, ref_p, best_p), 0.0), mask=j < K)
+    tl.store(buckets_ptr + out, tl.where(kept, tl.where(swap, -1, best_fine), 0).to(tl.int32),
+             mask=j < K)
     tl.store(valid_ptr + b, tl.sum(kept.to(tl.int32), axis=0))
-    kind = tl.where(best < R, best, FROM_SCAN - (best - R))
-    tl.store(choice_ptr + b, tl.where(ok, kind, FROM_NOTHING).to(tl.int32))
-    tl.store(match_ptr + b, tl.where(ok, best_m, 0).to(tl.int32))
+    kind = tl.where(swap, FROM_SCAN, tl.where(best < R, best, FROM_SCAN - (best - R)))
+    tl.store(choice_ptr + b, tl.where(ok | swap, kind, FROM_NOTHING).to(tl.int32))
+    tl.store(match_ptr + b, tl.where(swap, ref_m, tl.where(ok, best_m, 0)).to(tl.int32))
     tl.store(last_ptr + b, last)
 
 
@@ -404,7 +451,10 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 FROM_NOTHING=FROM_NOTHING, N_SRC=cal.N_SRC, N_RATIO=cal.N_RATIO,
                 N_MATCH=cal.N_MATCH, N_RECENT=cal.N_RECENT, N_DEPTH=cal.N_DEPTH,
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
-                PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE)
+                PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, A_MATCH=arbiter.N_MATCH,
+                A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
+                A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,
+                PAIR_FIELDS=PAIR_FIELDS)
 
 
 def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,
@@ -423,8 +473,8 @@ def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, di
         tail.contiguous(), total.contiguous(), sampled.contiguous(),
         recent.to(torch.int64).contiguous(), slots.contiguous(), windows.tokens, windows.c,
         windows.n, windows.meta, d_tok, d_c, d_n, d_match, src, table, params,
-        o.drafts, o.conf, o.probs, o.num_valid, o.buckets, o.choice, o.match, o.last,
-        vocab_size, **constexprs(windows, k), num_warps=4)
+        calibration.prefer, o.drafts, o.conf, o.probs, o.num_valid, o.buckets, o.choice,
+        o.match, o.last, o.pair, o.pair_tokens, vocab_size, **constexprs(windows, k), num_warps=4)
 
 
 __all__ = ["fused_triton", "P_DEPTH", "P_FACTOR", "P_OFFSET", "P_THR", "P_W_COARSE",

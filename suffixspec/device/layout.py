@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native.windows import W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH, W_SOURCE  # noqa: F401
 
 #: A window's head (the context's last tokens, which the device lines up) is at
@@ -29,7 +29,8 @@ P_W_SHARED = 4   # calibration's prior weights (``calibration.ST_W_*``)
 P_W_COARSE = 5
 P_W_FINE = 6
 P_REFERENCE = 7  # 1: a candidate's tokens agree with the own-history scan or not (calibration)
-PARAMS = 8
+P_ARBITRATE = 8  # 1: the arbiter's cells (``Calibration.prefer``) may draft the scan instead
+PARAMS = 9
 
 
 @dataclass(frozen=True)
@@ -81,22 +82,27 @@ class DeviceWindows:
 
 
 class Calibration:
-    """The calibration table on the device (``table``: ``[TABLE_ROWS, 2]``)
-    and ``params`` (``P_*``), in ``dtype``."""
+    """The calibration table on the device (``table``: ``[TABLE_ROWS, 2]``),
+    ``params`` (``P_*``), in ``dtype``, and the arbiter's choice per cell
+    (``prefer``, int32 ``[arbiter.ARB_ROWS]``: 1 where the reference's draft
+    has done better than the policy's pick, ``arbiter.preferred``)."""
 
     def __init__(self, device="cpu", dtype=torch.float32):
         self.table = torch.zeros(cal.TABLE_ROWS, 2, dtype=dtype, device=device)
         self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
+        self.prefer = torch.zeros(arbiter.ARB_ROWS, dtype=torch.int32, device=device)
 
     @staticmethod
     def host_params(state, thr: float, factor: float, offset: float, depth: int,
-                    reference: bool = False) -> list[float]:
+                    reference: bool = False, arbitrate: bool = False) -> list[float]:
         """``params`` as a host list, from calibration's ``state`` and the step's
         threshold; ``reference``: the proposer drafts with a reference
-        (``ProposerConfig.newest_window``)."""
+        (``ProposerConfig.newest_window``); ``arbitrate``: and arbitrates
+        between it and its pick (``ProposerConfig.arbitrate``, path drafts)."""
         out = [0.0] * PARAMS
         out[P_THR], out[P_FACTOR], out[P_OFFSET], out[P_DEPTH] = thr, factor, offset, depth
         out[P_REFERENCE] = 1.0 if reference else 0.0
+        out[P_ARBITRATE] = 1.0 if reference and arbitrate else 0.0
         out[P_W_SHARED] = float(state[cal.ST_W_SHARED])
         out[P_W_COARSE] = float(state[cal.ST_W_COARSE])
         out[P_W_FINE] = float(state[cal.ST_W_FINE])

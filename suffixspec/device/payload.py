@@ -2,11 +2,11 @@
 
 The feeder (on the host) packs, into a pinned buffer, everything the device's
 drafting state learns in a step: fresh windows for some request slots, the
-step's cost threshold and calibration, the one-token paths that changed, and
-finished outputs for the device corpus (with their hash buckets, computed
-here).  The worker copies the buffer to the device (no wait) and, with tensor
-parallelism, broadcasts it from rank 0 on the tensor-parallel group: every
-size is fixed, so every rank applies the same bytes the same way.  ``apply``
+step's cost threshold, calibration and the arbiter's choices, the one-token
+paths that changed, and finished outputs for the device corpus (with their
+hash buckets, computed here).  The worker copies the buffer to the device
+(no wait) and, with tensor parallelism, broadcasts it from rank 0 on the
+tensor-parallel group: every size is fixed, so every rank applies the same bytes the same way.  ``apply``
 writes it into the state with torch ops of fixed shapes: entries a step does
 not use name a trash row, and a window row whose slot was taken by another
 request since (its epoch differs) goes to the trash row too.
@@ -21,7 +21,7 @@ import torch
 
 from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
 from suffixspec.device.layout import PARAMS, W_FIELDS, Calibration, DeviceWindows, WindowSpec
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
 
 
@@ -43,6 +43,7 @@ class PayloadSpec:
             "win_n": (self.rows, w.rows, w.width), "win_meta": (self.rows, w.rows, W_FIELDS),
             "params": (PARAMS,),                  # float32 bits
             "table": (cal.TABLE_ROWS, 2),         # float32 bits
+            "prefer": (arbiter.ARB_ROWS,),        # the arbiter's choice per cell (0 or 1)
             "path_keys": (self.paths,), "path_tokens": (self.paths, w.k),
             "path_c": (self.paths, w.k), "path_n": (self.paths, w.k),
             # Corpus: per token its ring position, token, buckets, document, keys.
@@ -146,6 +147,7 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
     windows.meta[dst] = v["win_meta"]
     calibration.params.copy_(v["params"].view(torch.float32).to(calibration.params.dtype))
     calibration.table.copy_(v["table"].view(torch.float32).to(calibration.table.dtype))
+    calibration.prefer.copy_(v["prefer"])
     if paths is not None and paths.tokens.shape[0]:
         paths.put(v["path_keys"], v["path_tokens"], v["path_c"], v["path_n"])
     if corpus is not None and corpus.capacity > 1:

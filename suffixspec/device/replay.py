@@ -4,7 +4,8 @@ Every step drafts with ``draft_ref.draft_step`` on CPU tensors, from the
 windows the host built at the *previous* step (the feeder's windows are one
 step old when the device uses them), and from the request's own history.
 Between steps the host indexes what was emitted, scores the device's drafts
-(calibration learns from them, ``SuffixProposer.adopt_drafts``) and builds the
+(calibration learns from them, ``SuffixProposer.adopt_drafts``; the arbiter
+from the pairs the device kept, ``adopt_pairs``) and builds the
 next windows from the context as it is now.  So replay measures what the
 staleness of windows costs against drafting on the host, before any kernel
 or engine work (``bench/device_gate.py``).
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from suffixspec.draft import Draft
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import warmup
 from suffixspec.native import vllm_suffix as gpu
@@ -182,8 +183,9 @@ class DeviceWindowsProposer:
         thr = 0.0 if fitted else float(cal.threshold(host.stats.state))
         self.calibration.params[:] = torch.as_tensor(self.calibration.host_params(
             host.stats.state, max(thr, host.min_token_prob), host.max_spec_factor,
-            host.max_spec_offset, host.max_depth, host.config.newest_window > 0),
-            dtype=torch.float64)
+            host.max_spec_offset, host.max_depth, host.config.newest_window > 0,
+            host.config.arbitrate), dtype=torch.float64)
+        self.calibration.prefer[:] = torch.from_numpy(arbiter.preferred(host.pending.arbiter))
         slots = np.array([self._slot[r] for r in req_ids], np.int64)
         sampled = torch.as_tensor([self._emitted[r] for r in req_ids], dtype=torch.int64)
         depth = self.spec.scan_depth
@@ -195,6 +197,7 @@ class DeviceWindowsProposer:
                          corpus=corpus_on_host(self.hist, self.total, slots, self.corpus,
                                                self.table, depth, self.spec.k),
                          short=self.short.draft)
+        host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())
         if fitted:
             fit_batch(out, host.step_cost)
             self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid

@@ -32,6 +32,7 @@ is final once ``k`` tokens have followed its start or it has missed, and a
 step adds at least one token, so ``K + 1`` slots always suffice.
 """
 
+import numpy as np
 from numba import njit
 
 N_MATCH = 6                   # a match length: 0 .. 4, 5 or more
@@ -73,6 +74,12 @@ def cell(pick_match, pick_n, pick_source, reference_match, later):
 def prefers_reference(table, row):
     """Whether the reference's value leads the pick's in ``row``."""
     return table[row, A_REFERENCE] > table[row, A_POLICY]
+
+
+def preferred(table) -> np.ndarray:
+    """``prefers_reference`` of every row (int32 ``[ARB_ROWS]``): what drafting
+    on the device reads (``device.layout.Calibration.prefer``)."""
+    return (table[:, A_REFERENCE] > table[:, A_POLICY]).astype(np.int32)
 
 
 @njit(cache=True, nogil=True)
@@ -134,3 +141,25 @@ def keep(keep_meta, keep_tokens, s, start, row, pick, n_pick, reference, n_ref):
         keep_tokens[s, slot, 0, j] = pick[j]
     for j in range(n_ref):
         keep_tokens[s, slot, 1, j] = reference[j]
+
+
+@njit(cache=True, nogil=True)
+def adopt(table, keep_meta, keep_tokens, seqs, arena, offsets, lengths, thr, pairs, tokens):
+    """Drafting on the device arbitrated (``device.draft_ref``): per row ``i``,
+    score sequence ``seqs[i]``'s kept drafts that are final (its tokens
+    ``arena[offsets[i]:offsets[i] + lengths[i]]``), then keep the row's pair
+    of drafts, starting at ``lengths[i]``: ``pairs[i]`` is its cell (-1:
+    none), the pick's length and the reference's, ``tokens[i]`` the pick then
+    the reference.  The pairs come from the device: a cell out of range is
+    no pair, lengths are clipped to the drafts' width."""
+    k = min(keep_tokens.shape[3], tokens.shape[2])
+    for i in range(seqs.shape[0]):
+        s = seqs[i]
+        settle(table, keep_meta, keep_tokens, s, arena, offsets[i], lengths[i], thr)
+        row = pairs[i, 0]
+        if row < 0 or row >= table.shape[0]:
+            continue
+        n_pick = min(max(pairs[i, 1], 0), k)
+        n_ref = min(max(pairs[i, 2], 0), k)
+        keep(keep_meta, keep_tokens, s, lengths[i], row, tokens[i, 0], n_pick, tokens[i, 1],
+             n_ref)

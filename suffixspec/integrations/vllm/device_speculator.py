@@ -48,8 +48,8 @@ except ImportError:  # no vLLM (the device check on a bare GPU machine): the sam
 
 from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_host,
                                       scan_on_host)
-from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
-                                         fused_ref)
+from suffixspec.device.draft_ref import (PAIR_FIELDS, StepOutputs, context_tail, direct_sources,
+                                         draft_step, fused_ref)
 from suffixspec.device.graphs import Replay
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
@@ -113,7 +113,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                                          self.config.spec_factor,
                                          float(self.config.max_spec_offset),
                                          self.config.max_depth,
-                                         self.config.newest_window > 0)
+                                         self.config.newest_window > 0,
+                                         self.config.arbitrate)
         self.calibration.params.copy_(torch.tensor(params))
         packer = Packer(self.payload_spec, trash_slot=self.max_num_reqs,
                         trash_key=self.vocab_size, corpus_tokens=self.corpus.capacity,
@@ -296,7 +297,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         tail = context_tail(rs.all_token_ids.gpu, total.to(torch.int64), k + 1, slots)
         snap[:, S_FIELDS:S_FIELDS + k + 1] = tail.flip(1).clamp(min=-1)
         snap[:, S_FIELDS + k + 1:S_FIELDS + 2 * k + 1] = out.drafts
-        snap[:, S_FIELDS + 2 * k + 1:] = out.buckets
+        snap[:, S_FIELDS + 2 * k + 1:S_FIELDS + 3 * k + 1] = out.buckets
+        pair0 = S_FIELDS + 3 * k + 1
+        snap[:, pair0:pair0 + PAIR_FIELDS] = out.pair
+        snap[:, pair0 + PAIR_FIELDS:] = out.pair_tokens.flatten(1)
 
     def _snapshot(self, batch, n: int) -> None:
         """The staged snapshot to the ring, copied out behind an event, for the feeder."""

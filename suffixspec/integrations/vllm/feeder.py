@@ -8,12 +8,13 @@ copied to pinned memory behind an event.  The feeder, one step behind:
 
 1. waits for the snapshot's event (in this thread), catches each request's
    host tokens up, lets calibration score the device's last draft
-   (``SuffixProposer.adopt_drafts`` then ``extend``), and commits finished
+   (``SuffixProposer.adopt_drafts`` then ``extend``; the arbiter its pairs,
+   ``adopt_pairs``), and commits finished
    requests to the pool;
 2. builds the next windows of the step's requests (``candidate_windows``),
    the one-token paths that changed, and the corpus documents of finished
-   outputs, and packs them with the step's threshold and calibration table
-   into a pinned payload (``device.payload``);
+   outputs, and packs them with the step's threshold, calibration table and
+   the arbiter's choice per cell into a pinned payload (``device.payload``);
 3. publishes it: the worker's next ``propose`` copies it to the device.
 
 The heavy parts are Numba kernels that release the interpreter lock.  If the
@@ -32,22 +33,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from suffixspec.device.draft_ref import PAIR_FIELDS
 from suffixspec.device.layout import Calibration
 from suffixspec.device.payload import Packer, PayloadSpec, views
-from suffixspec.native import calibration as cal
+from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.vllm_suffix import PROMPT_CONTEXT
 
 logger = logging.getLogger("vllm.suffixspec")
 
 # Snapshot columns (int32): then the last ``k + 1`` tokens, the draft's ``k``
-# tokens and their ``k`` calibration buckets.
+# tokens and their ``k`` calibration buckets, the arbiter's pair
+# (``PAIR_FIELDS``, then the pick's ``k`` tokens and the reference's).
 S_SLOT, S_TOTAL, S_SAMPLED, S_CHOICE, S_VALID = range(5)
 S_FIELDS = 5
 
 
 def snapshot_width(k: int) -> int:
-    return S_FIELDS + (k + 1) + 2 * k
+    return S_FIELDS + (k + 1) + 2 * k + PAIR_FIELDS + 2 * k
 
 
 @dataclass
@@ -298,6 +301,9 @@ class WindowFeeder:
             self.proposer.adopt_drafts(live, picked[:, draft0:draft0 + k],
                                        picked[:, draft0 + k:draft0 + 2 * k],
                                        picked[:, S_VALID].astype(np.int64))
+            pair0 = draft0 + 2 * k  # the arbiter scores these pairs at later tokens
+            self.proposer.adopt_pairs(live, picked[:, pair0:pair0 + PAIR_FIELDS],
+                                      picked[:, pair0 + PAIR_FIELDS:].reshape(-1, 2, k))
         self.stats.rows += len(live)
         self._pending_windows = live
 
@@ -333,8 +339,9 @@ class WindowFeeder:
             thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
             v["params"].view(np.float32)[:] = Calibration.host_params(
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
-                prop.max_depth, prop.config.newest_window > 0)
+                prop.max_depth, prop.config.newest_window > 0, prop.config.arbitrate)
             v["table"].view(np.float32)[:] = prop.stats.table
+            v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
         while self._docs and self.packer.put_doc(v, self._docs[0]):
             self._docs.popleft()
             self.stats.docs_sent += 1
