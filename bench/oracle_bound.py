@@ -18,6 +18,11 @@ the accepted prefix of the best of
   policy's own draft;
 * ``windows + vLLM``: those and vLLM's GPU drafter's draft (``vllm-gpu``).
 
+A third bound needs no replay of its own: suffixspec's drafts cut with
+hindsight at their accepted length (``cut``) accept what they did, so its
+replay is suffixspec's and only its est changes, to ``MTS / (1 + 0.03 *
+(MTS - 1))``: what a perfect length cut alone would reach.
+
 Each drafts no token that is rejected, so its est (``MTS / (1 + 0.03 *
 drafted per step)``, as ``replay_bench``) is the most any policy choosing
 among those candidates, and cutting them, could reach.  Beside them, in the
@@ -39,7 +44,7 @@ from suffixspec.draft import Draft
 from suffixspec.native import layout as lay
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
-from suffixspec.replay.harness import replay
+from suffixspec.replay.harness import EST_TOKEN_COST, replay
 from suffixspec.replay.traces import hf_encoder
 
 from bench_common import parser, save_results
@@ -116,6 +121,13 @@ def measure(requests) -> dict:
     return out
 
 
+def cut_est(r: dict) -> float:
+    """est of suffixspec's drafts cut at their accepted length (no replay: the
+    same tokens are accepted, so MTS is the same)."""
+    mts = r["suffixspec"]["mean_tokens_per_step"]
+    return mts / (1 + EST_TOKEN_COST * (mts - 1))
+
+
 def markdown(results: dict, fraction: float) -> str:
     names = list(results)
     rows = ("suffixspec", "arctic f2", "vllm", "oracle: windows", "oracle: windows + vLLM")
@@ -126,13 +138,18 @@ def markdown(results: dict, fraction: float) -> str:
         lines.append(f"| {row} | " + " | ".join(
             f"{results[n][row]['mean_tokens_per_step']:.3f} / {results[n][row]['est']:.3f}"
             for n in names) + " |")
-    for row in ("suffixspec", "oracle: windows", "oracle: windows + vLLM"):
+    lines.append("| suffixspec, its drafts cut with hindsight | " + " | ".join(
+        f"{results[n]['suffixspec']['mean_tokens_per_step']:.3f} / {cut_est(results[n]):.3f}"
+        for n in names) + " |")
+    for row in ("suffixspec", "cut", "oracle: windows", "oracle: windows + vLLM"):
         cells = []
         for n in names:
             r = results[n]
             other = max(r["arctic f2"]["est"], r["vllm"]["est"])
-            cells.append(f"{r[row]['est'] / other:.3f}")
-        lines.append(f"| est of {row} / better of arctic f2 and vLLM | " + " | ".join(cells)
+            est = cut_est(r) if row == "cut" else r[row]["est"]
+            cells.append(f"{est / other:.3f}")
+        label = "suffixspec cut with hindsight" if row == "cut" else row
+        lines.append(f"| est of {label} / better of arctic f2 and vLLM | " + " | ".join(cells)
                      + " |")
     return "\n".join(lines) + "\n"
 
