@@ -166,3 +166,27 @@ def test_the_host_scores_the_devices_pairs_and_ships_its_choice():
     assert p.counts["scan"] >= 1
     off, q = _device_run(False, steps=12)
     assert q.host.pending.arbiter.sum() == 0 and q.counts["scan"] == 0
+
+
+def test_adopt_pairs_keeps_what_is_in_range_and_scores_it_later():
+    """Pairs from the device: a cell out of range is no pair, lengths past the
+    drafts' width are clipped; a kept pair is scored once the context has gone
+    past it, at the cell the device named."""
+    from suffixspec import SuffixProposer
+
+    p = SuffixProposer(max_depth=16, max_spec_tokens=4, draft_cost=0.0)
+    p.start_request("r", [1, 2, 3, 4])
+    pairs = np.array([[arbiter.ARB_ROWS, 2, 2]])
+    tokens = np.array([[[5, 6, 0, 0], [7, 8, 0, 0]]])
+    p.adopt_pairs(["r"], pairs, tokens)
+    assert (p.pending.keep_meta[:, :, arbiter.K_START] < 0).all()
+    p.adopt_pairs(["r"], np.array([[9, 99, 2]]), tokens)
+    row = p.requests.requests["r"][1]
+    kept = p.pending.keep_meta[row]
+    assert ((kept[:, arbiter.K_START] == 4) & (kept[:, arbiter.K_CELL] == 9)
+            & (kept[:, arbiter.K_POLICY] == 4)).sum() == 1
+    p.extend("r", [7, 8, 1, 1, 1])
+    p.adopt_pairs(["r"], np.array([[-1, 0, 0]]), tokens)
+    assert p.pending.arbiter[9].tolist() == [2.0, 0.0, 1.0]  # the reference took both
+    with pytest.raises(ValueError):
+        p.adopt_pairs(["r"], np.zeros((1, 2), np.int64), tokens)
