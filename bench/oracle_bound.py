@@ -131,8 +131,8 @@ def cut_est(r: dict) -> float:
 def markdown(results: dict, fraction: float) -> str:
     names = list(results)
     rows = ("suffixspec", "arctic f2", "vllm", "oracle: windows", "oracle: windows + vLLM")
-    lines = [f"Replay-level upper bounds, one request at a time (slices of `policy_bench` x "
-             f"{fraction}); MTS / est (est = MTS / (1 + 0.03 x drafted per step)).", "",
+    lines = [(f"Replay-level upper bounds, one request at a time (slices of `policy_bench` x "
+              f"{fraction}); MTS / est (est = MTS / (1 + 0.03 x drafted per step))."), "",
              "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for row in rows:
         lines.append(f"| {row} | " + " | ".join(

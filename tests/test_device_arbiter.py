@@ -157,14 +157,14 @@ def test_the_host_scores_the_devices_pairs_and_ships_its_choice():
     """With an empty table the host scores each step's pair once the context
     has gone past it, and the device reads ``arbiter.preferred`` of it; the
     reference's wins ("5 6" accepted, "4" missed) make it drafted."""
-    on, p = _device_run(True, steps=12)
+    _, p = _device_run(True, steps=12)
     table = p.host.pending.arbiter
     scored = table[:, arbiter.A_SCORED].sum()
     assert scored >= 3
     assert (arbiter.preferred(table) == p.calibration.prefer.numpy()).all()
     assert table[:, arbiter.A_REFERENCE].sum() > table[:, arbiter.A_POLICY].sum()
     assert p.counts["scan"] >= 1
-    off, q = _device_run(False, steps=12)
+    _, q = _device_run(False, steps=12)
     assert q.host.pending.arbiter.sum() == 0 and q.counts["scan"] == 0
 
 

@@ -56,9 +56,9 @@ import torch
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native.layout import FROM_ANCHOR
 from suffixspec.device import calib
-from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE, P_THR,
-                                      P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE,
-                                      Calibration, DeviceWindows)
+from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE,
+                                      P_THR, P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD,
+                                      W_LEN, W_MATCH, W_SOURCE, Calibration, DeviceWindows)
 
 #: ``StepOutputs.choice``: drafted from the own-history scan, the pool's device
 #: corpus, the pool's one-token paths; nothing drafted.

@@ -137,7 +137,7 @@ def _fused_kernel(
     choice_ptr,      # *int32  [B]     (out)
     match_ptr,       # *int32  [B]     (out)
     last_ptr,        # *int64  [B]     (out)
-    pair_ptr,        # *int32  [B, 3]  (out) the arbiter's cell (-1: none), the pick's length, the reference's
+    pair_ptr,        # *int32  [B, 3]  (out) the arbiter's cell (-1: none), pick's n, reference's n
     pair_tok_ptr,    # *int64  [B, 2, K] (out) the pick, the reference (-1 past each)
     vocab,
     R: tl.constexpr, W: tl.constexpr, D: tl.constexpr, F: tl.constexpr, X: tl.constexpr,

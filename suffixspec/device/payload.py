@@ -6,10 +6,11 @@ step's cost threshold, calibration and the arbiter's choices, the one-token
 paths that changed, and finished outputs for the device corpus (with their
 hash buckets, computed here).  The worker copies the buffer to the device
 (no wait) and, with tensor parallelism, broadcasts it from rank 0 on the
-tensor-parallel group: every size is fixed, so every rank applies the same bytes the same way.  ``apply``
-writes it into the state with torch ops of fixed shapes: entries a step does
-not use name a trash row, and a window row whose slot was taken by another
-request since (its epoch differs) goes to the trash row too.
+tensor-parallel group: every size is fixed, so every rank applies the same
+bytes the same way.  ``apply`` writes it into the state with torch ops of
+fixed shapes: entries a step does not use name a trash row, and a window row
+whose slot was taken by another request since (its epoch differs) goes to
+the trash row too.
 """
 
 from __future__ import annotations
