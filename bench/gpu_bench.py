@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
                     help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    ap.add_argument("--device-arbiter", action="store_true",
+                    help="drafting on the device arbitrates (SUFFIXSPEC_DEVICE_ARBITER=1)")
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the tables again from an earlier run's gpu.json (no replay).")
     ap.add_argument("--device-check", type=Path, default=None,
@@ -137,6 +139,8 @@ def main():
         for b in levels:
             row = {"trace": name, "concurrency": b, "none": _plain(requests, b)}
             for config, (engine, settings, host, overhead) in CONFIGS.items():
+                if engine == "suffixspec-device" and args.device_arbiter:
+                    settings = dict(settings, arbiter=True)
                 t0 = time.perf_counter()
                 r = run_one(requests, engine, settings, b)
                 row[config] = tokens_per_s(r, host, overhead, measured[b])
@@ -202,6 +206,8 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         cells = [f"{d['mts']:.3f} / {d['drafted']:.2f} / {d['mts'] / (1 + 0.03 * d['drafted']):.3f}"
                  for d in (r[c + " detail"] for c in CONFIGS)]
         drafting.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
+    arbiter = ("  Drafting on the device arbitrates (`--device-arbiter`)."
+               if getattr(args, "device_arbiter", False) else "")
     return "\n".join(out) + (
         f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
         f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's host steps add the "
@@ -209,7 +215,7 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         f"{HIDDEN_MS} ms of vLLM host work their wait exposes.  Device drafting pays an "
         f"estimated device time per step: vLLM's drafter {VLLM_DEVICE_MS} ms, suffixspec's "
         f"the 'device' figure above ({'measured on a GPU' if args.device_check else 'an estimate; no GPU has run it'}).  "
-        f"Slices: policy_bench's times {args.fraction}.\n") + "\n".join(drafting) + (
+        f"Slices: policy_bench's times {args.fraction}.{arbiter}\n") + "\n".join(drafting) + (
         "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
         "the roofline a token below the knee is free, which is why every suffix drafter "
         "here drafts long.\n")

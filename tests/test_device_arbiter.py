@@ -121,8 +121,9 @@ def _device_run(arbitrate: bool, prefer_all: bool = False, steps: int = 10):
     the proposer."""
     from suffixspec.device.replay import DeviceWindowsProposer
 
+    on = {"arbiter": True} if arbitrate else {}  # off: the default
     p = DeviceWindowsProposer(max_depth=16, max_spec_tokens=4, draft_cost=0.0,
-                              arbitrate=arbitrate, corpus_tokens=0)
+                              corpus_tokens=0, **on)
     for i in range(30):
         p.start_request(f"o{i}", [100 + i])
         p.extend(f"o{i}", [7, 1, 2, 3, 4, 8, 9])

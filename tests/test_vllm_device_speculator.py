@@ -100,7 +100,7 @@ def test_drafts_come_from_the_context_and_from_finished_outputs(make):
     assert stats["cross_tokens"] > 0 and stats["lost_requests"] == 0
 
 
-def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make):
+def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make, monkeypatch):
     """Past outputs in the pool went "1 2 3 4"; this request's own "1 2 3" went
     on "5 6", and goes on so: where the device's pick and its own-history
     scan differ, the snapshot carries the pair, the feeder hands it to the
@@ -108,6 +108,7 @@ def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make):
     ``arbiter.preferred`` of the host's table."""
     from suffixspec.native import arbiter
 
+    monkeypatch.setenv("SUFFIXSPEC_DEVICE_ARBITER", "1")
     spec = make()
     engine = Engine(spec)
     for i in range(4):

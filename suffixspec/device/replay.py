@@ -37,7 +37,9 @@ class DeviceWindowsProposer:
 
     ``stale``: steps between building windows and drafting from them (1, as
     serving; 0 drafts from windows of the same step).  ``branch_points``:
-    branch windows per request.  ``scan``: the own-history candidate.  The
+    branch windows per request.  ``scan``: the own-history candidate.
+    ``arbiter``: the device arbitrates as the host (``arbitrate``; off by
+    default, as ``SUFFIXSPEC_DEVICE_ARBITER``).  The
     remaining settings are ``SuffixProposer``'s (the host policy).  A
     ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
     to it on the device (``fit.fit_batch``), as the host proposer does.
@@ -45,7 +47,8 @@ class DeviceWindowsProposer:
 
     def __init__(self, spec: WindowSpec | None = None, stale: int = 1, branch_points: int = 4,
                  scan: bool = True, slots: int = 8, max_len: int = 4096,
-                 corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18, **settings):
+                 corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18,
+                 arbiter: bool = False, **settings):
         self.host = SuffixProposer(**settings)
         warmup(steps=("windows",))
         k = self.host.max_spec_tokens
@@ -57,6 +60,7 @@ class DeviceWindowsProposer:
         self.stale = stale
         self.branch_points = branch_points
         self.use_scan = scan
+        self.arbiter = arbiter
         self.max_spec_tokens = k
         self.calibration = Calibration(dtype=torch.float64)
         self.calibration.table = torch.from_numpy(self.host.stats.table)  # shared, learned here
@@ -184,7 +188,7 @@ class DeviceWindowsProposer:
         self.calibration.params[:] = torch.as_tensor(self.calibration.host_params(
             host.stats.state, max(thr, host.min_token_prob), host.max_spec_factor,
             host.max_spec_offset, host.max_depth, host.config.newest_window > 0,
-            host.config.arbitrate), dtype=torch.float64)
+            self.arbiter and host.config.arbitrate), dtype=torch.float64)
         self.calibration.prefer[:] = torch.from_numpy(arbiter.preferred(host.pending.arbiter))
         slots = np.array([self._slot[r] for r in req_ids], np.int64)
         sampled = torch.as_tensor([self._emitted[r] for r in req_ids], dtype=torch.int64)

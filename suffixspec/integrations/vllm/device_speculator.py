@@ -114,7 +114,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                                          float(self.config.max_spec_offset),
                                          self.config.max_depth,
                                          self.config.newest_window > 0,
-                                         self.config.arbitrate)
+                                         self.config.arbitrate and settings.device_arbiter)
         self.calibration.params.copy_(torch.tensor(params))
         packer = Packer(self.payload_spec, trash_slot=self.max_num_reqs,
                         trash_key=self.vocab_size, corpus_tokens=self.corpus.capacity,
@@ -169,7 +169,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         host = [torch.zeros(self.payload_spec.size, dtype=torch.int32, **pin) for _ in range(3)]
         self._host_payloads = host
         self.feeder = WindowFeeder(self.payload_spec, k, self.vocab_size,
-                                   [b.numpy() for b in host], packer, params)
+                                   [b.numpy() for b in host], packer, params,
+                                   arbiter=settings.device_arbiter)
         self.publisher = Publisher(self.stats)
         self._tokenizer = pool_tokenizer(model, settings, self.config)
         if start:

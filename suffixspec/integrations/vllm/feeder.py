@@ -98,11 +98,14 @@ class WindowFeeder:
     """See the module docstring.  ``buffers``: pinned host payload buffers
     (numpy int32 views, at least 2) the worker copies from; ``k`` the draft
     length; ``packer`` the payload's packer (it keeps the device corpus's ring
-    bookkeeping); ``params`` the payload's initial params (float list)."""
+    bookkeeping); ``params`` the payload's initial params (float list);
+    ``arbiter``: the device arbitrates (``Settings.device_arbiter``)."""
 
     def __init__(self, spec: PayloadSpec, k: int, vocab_size: int, buffers: list[np.ndarray],
-                 packer: Packer, params: list[float], branch_points: int = 4):
+                 packer: Packer, params: list[float], branch_points: int = 4,
+                 arbiter: bool = False):
         self.spec = spec
+        self.arbiter = arbiter
         self.k = k
         self.vocab_size = vocab_size
         self.packer = packer
@@ -339,7 +342,8 @@ class WindowFeeder:
             thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
             v["params"].view(np.float32)[:] = Calibration.host_params(
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
-                prop.max_depth, prop.config.newest_window > 0, prop.config.arbitrate)
+                prop.max_depth, prop.config.newest_window > 0,
+                self.arbiter and prop.config.arbitrate)
             v["table"].view(np.float32)[:] = prop.stats.table
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
         while self._docs and self.packer.put_doc(v, self._docs[0]):
