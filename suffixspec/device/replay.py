@@ -201,7 +201,8 @@ class DeviceWindowsProposer:
                          corpus=corpus_on_host(self.hist, self.total, slots, self.corpus,
                                                self.table, depth, self.spec.k),
                          short=self.short.draft)
-        host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())
+        if self.arbiter:  # else the device keeps no pairs
+            host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())
         if fitted:
             fit_batch(out, host.step_cost)
             self.windows.last_valid[torch.from_numpy(slots)] = out.num_valid

@@ -304,7 +304,8 @@ class WindowFeeder:
             self.proposer.adopt_drafts(live, picked[:, draft0:draft0 + k],
                                        picked[:, draft0 + k:draft0 + 2 * k],
                                        picked[:, S_VALID].astype(np.int64))
-            pair0 = draft0 + 2 * k  # the arbiter scores these pairs at later tokens
+        if live and self.arbiter:  # the arbiter scores the device's pairs at later tokens
+            pair0 = draft0 + 2 * k
             self.proposer.adopt_pairs(live, picked[:, pair0:pair0 + PAIR_FIELDS],
                                       picked[:, pair0 + PAIR_FIELDS:].reshape(-1, 2, k))
         self.stats.rows += len(live)
