@@ -48,13 +48,13 @@ except ImportError:  # no vLLM (the device check on a bare GPU machine): the sam
 
 from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_host,
                                       scan_on_host)
-from suffixspec.device.draft_ref import (PAIR_FIELDS, StepOutputs, context_tail, direct_sources,
-                                         draft_step, fused_ref)
+from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
+                                         fused_ref)
 from suffixspec.device.graphs import Replay
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
 from suffixspec.integrations.vllm import hooks
-from suffixspec.integrations.vllm.feeder import S_FIELDS, WindowFeeder, snapshot_width
+from suffixspec.integrations.vllm.feeder import WindowFeeder, snapshot_columns, snapshot_width
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer,
                                                   proposer_config)
@@ -296,12 +296,12 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         snap[:, 3] = out.choice
         snap[:, 4] = out.num_valid
         tail = context_tail(rs.all_token_ids.gpu, total.to(torch.int64), k + 1, slots)
-        snap[:, S_FIELDS:S_FIELDS + k + 1] = tail.flip(1).clamp(min=-1)
-        snap[:, S_FIELDS + k + 1:S_FIELDS + 2 * k + 1] = out.drafts
-        snap[:, S_FIELDS + 2 * k + 1:S_FIELDS + 3 * k + 1] = out.buckets
-        pair0 = S_FIELDS + 3 * k + 1
-        snap[:, pair0:pair0 + PAIR_FIELDS] = out.pair
-        snap[:, pair0 + PAIR_FIELDS:] = out.pair_tokens.flatten(1)
+        col = snapshot_columns(k)
+        snap[:, col["tail"]] = tail.flip(1).clamp(min=-1)
+        snap[:, col["draft"]] = out.drafts
+        snap[:, col["buckets"]] = out.buckets
+        snap[:, col["pair"]] = out.pair
+        snap[:, col["pair_tokens"]] = out.pair_tokens.flatten(1)
 
     def _snapshot(self, batch, n: int) -> None:
         """The staged snapshot to the ring, copied out behind an event, for the feeder."""

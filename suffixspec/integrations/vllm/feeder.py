@@ -49,8 +49,20 @@ S_SLOT, S_TOTAL, S_SAMPLED, S_CHOICE, S_VALID = range(5)
 S_FIELDS = 5
 
 
+def snapshot_columns(k: int) -> dict[str, slice]:
+    """The snapshot's column ranges after ``S_FIELDS``, by name: what the worker
+    writes (``device_speculator``) and the feeder reads."""
+    widths = {"tail": k + 1, "draft": k, "buckets": k, "pair": PAIR_FIELDS,
+              "pair_tokens": 2 * k}
+    out, at = {}, S_FIELDS
+    for name, width in widths.items():
+        out[name] = slice(at, at + width)
+        at += width
+    return out
+
+
 def snapshot_width(k: int) -> int:
-    return S_FIELDS + (k + 1) + 2 * k + PAIR_FIELDS + 2 * k
+    return snapshot_columns(k)["pair_tokens"].stop
 
 
 @dataclass
@@ -283,15 +295,14 @@ class WindowFeeder:
             event.synchronize()  # this thread waits; the worker and the GPU go on
         k = self.k
         self.stats.snapshots += 1
-        tail0 = S_FIELDS
-        draft0 = tail0 + k + 1
+        col = snapshot_columns(k)
         live, rows_of, gains = [], [], []
         totals, sampled = rows[:, S_TOTAL].tolist(), rows[:, S_SAMPLED].tolist()
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
             if rec is None or sampled[i] == 0:
                 continue  # unknown, or still in prefill
-            if not self._catch_up(req_id, rec, totals[i], rows[i, tail0:draft0], gains):
+            if not self._catch_up(req_id, rec, totals[i], rows[i, col["tail"]], gains):
                 self._lose(req_id)
                 continue
             if rec.started:
@@ -301,13 +312,11 @@ class WindowFeeder:
             self.proposer.extend_batch([r for r, _ in gains], [t for _, t in gains])
         if live:  # calibration scores these drafts at the next tokens
             picked = rows[rows_of]
-            self.proposer.adopt_drafts(live, picked[:, draft0:draft0 + k],
-                                       picked[:, draft0 + k:draft0 + 2 * k],
+            self.proposer.adopt_drafts(live, picked[:, col["draft"]], picked[:, col["buckets"]],
                                        picked[:, S_VALID].astype(np.int64))
         if live and self.arbiter:  # the arbiter scores the device's pairs at later tokens
-            pair0 = draft0 + 2 * k
-            self.proposer.adopt_pairs(live, picked[:, pair0:pair0 + PAIR_FIELDS],
-                                      picked[:, pair0 + PAIR_FIELDS:].reshape(-1, 2, k))
+            self.proposer.adopt_pairs(live, picked[:, col["pair"]],
+                                      picked[:, col["pair_tokens"]].reshape(-1, 2, k))
         self.stats.rows += len(live)
         self._pending_windows = live
 
