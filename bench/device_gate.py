@@ -13,7 +13,9 @@ through:
   step before, the own-history scan, the pool's device corpus and its
   one-token paths (``suffixspec.device``), scored with the same calibration;
 * ``device, windows only``: the same without the corpus and the one-token
-  paths, so the table shows what those tiers add.
+  paths, so the table shows what those tiers add;
+* ``device, no arbiter``: the device without the arbiter
+  (``SUFFIXSPEC_DEVICE_ARBITER=0``), its A/B.
 
 Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
@@ -41,6 +43,7 @@ K16 = dict(max_depth=64, max_spec_tokens=16)
 RUNS = {  # name -> (engine, settings)
     "host": ("suffixspec", K16),
     "device": ("suffixspec-device", K16),
+    "device, no arbiter": ("suffixspec-device", dict(K16, arbiter=False)),
     "device, windows only": ("suffixspec-device", dict(K16, corpus_tokens=0, vocab_size=0)),
 }
 SOURCES = ("window", "scan", "corpus", "short", "none")
@@ -51,7 +54,8 @@ def main():
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
-    ap.add_argument("--runs", nargs="*", choices=list(RUNS), default=list(RUNS))
+    ap.add_argument("--runs", nargs="*", choices=list(RUNS),
+                    default=[r for r in RUNS if r != "device, no arbiter"])
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the table again from an earlier run's device_gate.json.")
     ap.add_argument("--merge", type=Path, default=None,
@@ -95,17 +99,23 @@ def main():
 
 def markdown(rows: list[dict], args) -> str:
     bare = any("device, windows only" in r for r in rows)
+    ab = any("device, no arbiter" in r for r in rows)
     out = ["| trace | in flight | host est | device est | device / host | "
            + ("windows only / host | " if bare else "")
+           + ("device est, no arbiter | the arbiter's change | " if ab else "")
            + "steps from window / scan / corpus / one-token / none |",
-           "|---|---|---|---|---|" + ("---|" if bare else "") + "---|"]
+           "|---|---|---|---|---|" + ("---|" if bare else "") + ("---|---|" if ab else "")
+           + "---|"]
     for r in rows:
         host, dev = r["host"]["est"], r["device"]["est"]
         shares = " / ".join(f"{100 * r['device']['sources'][s]:.0f}%" for s in SOURCES)
         alone = (f" {r['device, windows only']['est'] / host:.3f} |"
                  if "device, windows only" in r else " - |") if bare else ""
+        plain = r.get("device, no arbiter", {}).get("est")
+        versus = ((f" {plain:.4f} | {100 * (dev / plain - 1):+.2f}% |" if plain else " - | - |")
+                  if ab else "")
         out.append(f"| {r['trace']} | {r['concurrency']} | {host:.3f} | {dev:.3f} | "
-                   f"**{dev / host:.3f}** |{alone} {shares} |")
+                   f"**{dev / host:.3f}** |{alone}{versus} {shares} |")
     return "\n".join(out) + (
         f"\n\nk = 16, depth 64, draft cost 0.03 for every run; windows one step old (8 per "
         f"request, 64 tokens).  Slices: policy_bench's times {args.fraction}.  The gate: "

@@ -116,8 +116,9 @@ def main():
     ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
                     help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
-    ap.add_argument("--device-arbiter", action="store_true",
-                    help="drafting on the device arbitrates (SUFFIXSPEC_DEVICE_ARBITER=1)")
+    ap.add_argument("--no-device-arbiter", dest="device_arbiter", action="store_false",
+                    help="drafting on the device does not arbitrate "
+                         "(SUFFIXSPEC_DEVICE_ARBITER=0)")
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the tables again from an earlier run's gpu.json (no replay).")
     ap.add_argument("--device-check", type=Path, default=None,
@@ -139,8 +140,8 @@ def main():
         for b in levels:
             row = {"trace": name, "concurrency": b, "none": _plain(requests, b)}
             for config, (engine, settings, host, overhead) in CONFIGS.items():
-                if engine == "suffixspec-device" and args.device_arbiter:
-                    settings = dict(settings, arbiter=True)
+                if engine == "suffixspec-device":
+                    settings = dict(settings, arbiter=args.device_arbiter)
                 t0 = time.perf_counter()
                 r = run_one(requests, engine, settings, b)
                 row[config] = tokens_per_s(r, host, overhead, measured[b])
@@ -206,8 +207,8 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         cells = [f"{d['mts']:.3f} / {d['drafted']:.2f} / {d['mts'] / (1 + 0.03 * d['drafted']):.3f}"
                  for d in (r[c + " detail"] for c in CONFIGS)]
         drafting.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
-    arbiter = ("  Drafting on the device arbitrates (`--device-arbiter`)."
-               if getattr(args, "device_arbiter", False) else "")
+    arbiter = ("" if getattr(args, "device_arbiter", True)
+               else "  Drafting on the device does not arbitrate (`--no-device-arbiter`).")
     return "\n".join(out) + (
         f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
         f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's host steps add the "

@@ -110,8 +110,8 @@ class ProposerConfig:
         reference's draft at each step, score both once the tokens that
         followed are known, and draft the reference instead where it has
         done better at that pair of match lengths (``native.arbiter``).
-        Drafting on the device (``SUFFIXSPEC_RUNNER=mrv2``) follows it only
-        with ``SUFFIXSPEC_DEVICE_ARBITER=1`` (docs/device.md).
+        Drafting on the device (``SUFFIXSPEC_RUNNER=mrv2``) follows it
+        unless ``SUFFIXSPEC_DEVICE_ARBITER=0`` (docs/device.md).
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.

@@ -9,6 +9,9 @@ says the cell's reference has done better.  The host scores the pairs
 
 from __future__ import annotations
 
+import functools
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -113,6 +116,9 @@ def test_the_device_arbitrates_as_the_host_rule_says(seed):
     assert got.choice.min() >= min(FROM_SHORT, FROM_NOTHING)
 
 
+PRESET_SCORED = arbiter.DEVICE_MIN_SCORED
+
+
 def _device_run(arbitrate: bool, prefer_all: bool = False, steps: int = 10):
     """Replay drafting on the device (windows one step old): 30 past outputs
     in the pool went "1 2 3 4", while this request's own "1 2 3" went on
@@ -121,15 +127,15 @@ def _device_run(arbitrate: bool, prefer_all: bool = False, steps: int = 10):
     the proposer."""
     from suffixspec.device.replay import DeviceWindowsProposer
 
-    on = {"arbiter": True} if arbitrate else {}  # off: the default
     p = DeviceWindowsProposer(max_depth=16, max_spec_tokens=4, draft_cost=0.0,
-                              corpus_tokens=0, **on)
+                              corpus_tokens=0, arbiter=arbitrate)
     for i in range(30):
         p.start_request(f"o{i}", [100 + i])
         p.extend(f"o{i}", [7, 1, 2, 3, 4, 8, 9])
         p.finish_request(f"o{i}")
-    if prefer_all:
+    if prefer_all:  # a lead far past the device's margin, in every cell
         p.host.pending.arbiter[:, arbiter.A_REFERENCE] = 1e6
+        p.host.pending.arbiter[:, arbiter.A_SCORED] = PRESET_SCORED
     p.start_request("r", [300, 1, 2, 3, 5, 6, 301, 1, 2, 3])
     firsts = []
     for i in range(steps):
@@ -150,14 +156,19 @@ def test_drafting_on_the_device_drafts_the_reference_where_the_host_prefers_it()
     swapped = [i for i, (t, src) in enumerate(on) if src == "scan"]
     assert swapped and 0 in swapped
     table = p.host.pending.arbiter
-    assert table[:, arbiter.A_SCORED].sum() >= len(swapped) - 1  # the last waits its tokens
+    scored = table[:, arbiter.A_SCORED].sum() - PRESET_SCORED * arbiter.ARB_ROWS
+    assert scored >= len(swapped) - 1  # the last waits its tokens
     assert p.counts["scan"] == len(swapped)
 
 
-def test_the_host_scores_the_devices_pairs_and_ships_its_choice():
+def test_the_host_scores_the_devices_pairs_and_ships_its_choice(monkeypatch):
     """With an empty table the host scores each step's pair once the context
     has gone past it, and the device reads ``arbiter.preferred`` of it; the
-    reference's wins ("5 6" accepted, "4" missed) make it drafted."""
+    reference's wins ("5 6" accepted, "4" missed) make it drafted.  (The
+    device's margin is set to none here: this slice's cells score one or two
+    pairs each, and the margin has its own test above.)"""
+    monkeypatch.setattr(arbiter, "preferred",
+                        functools.partial(arbiter.preferred, margin=0.0, min_scored=0.0))
     _, p = _device_run(True, steps=12)
     table = p.host.pending.arbiter
     scored = table[:, arbiter.A_SCORED].sum()
@@ -167,6 +178,24 @@ def test_the_host_scores_the_devices_pairs_and_ships_its_choice():
     assert p.counts["scan"] >= 1
     _, q = _device_run(False, steps=12)
     assert q.host.pending.arbiter.sum() == 0 and q.counts["scan"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-50, 50), st.floats(-50, 50), st.integers(0, 40)),
+                min_size=arbiter.ARB_ROWS, max_size=arbiter.ARB_ROWS))
+def test_the_device_swaps_only_where_the_lead_passes_the_margin(rows):
+    """``preferred``: a row is preferred exactly where at least
+    ``DEVICE_MIN_SCORED`` drafts were scored and the reference's value leads
+    by more than ``DEVICE_MARGIN * sqrt(scored)``; with no margin and no
+    minimum it is the host's ``prefers_reference`` of every row."""
+    table = np.array(rows, np.float64)
+    got = arbiter.preferred(table)
+    for r, (ref, pick, scored) in enumerate(rows):
+        lead = ref - pick
+        want = scored >= arbiter.DEVICE_MIN_SCORED and lead > arbiter.DEVICE_MARGIN * math.sqrt(scored)
+        assert got[r] == int(want), (r, ref, pick, scored)
+    host = [int(arbiter.prefers_reference(table, r)) for r in range(arbiter.ARB_ROWS)]
+    assert arbiter.preferred(table, 0.0, 0.0).tolist() == host
 
 
 def test_adopt_pairs_keeps_what_is_in_range_and_scores_it_later():

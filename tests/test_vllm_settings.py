@@ -43,9 +43,9 @@ def test_settings_take_each_field_type_and_proposer_defaults():
     got = s.Settings.from_env({"SUFFIXSPEC_SNAPSHOT_EVERY": "0",
                                "SUFFIXSPEC_REFRESH_INTERVAL": "0.25"})
     assert (got.snapshot_every, got.refresh_interval) == (0, 0.25)
-    # Drafting on the device arbitrates only when asked to.
-    assert not default.device_arbiter
-    assert s.Settings.from_env({"SUFFIXSPEC_DEVICE_ARBITER": "1"}).device_arbiter
+    # Drafting on the device arbitrates unless asked not to.
+    assert default.device_arbiter
+    assert not s.Settings.from_env({"SUFFIXSPEC_DEVICE_ARBITER": "0"}).device_arbiter
     assert (default.cross_tokens, default.namespace) == (
         ProposerConfig.cross_pool_tokens, ProposerConfig.namespace)
 

@@ -38,7 +38,7 @@ class DeviceWindowsProposer:
     ``stale``: steps between building windows and drafting from them (1, as
     serving; 0 drafts from windows of the same step).  ``branch_points``:
     branch windows per request.  ``scan``: the own-history candidate.
-    ``arbiter``: the device arbitrates as the host (``arbitrate``; off by
+    ``arbiter``: the device arbitrates as the host (``arbitrate``; on by
     default, as ``SUFFIXSPEC_DEVICE_ARBITER``).  The
     remaining settings are ``SuffixProposer``'s (the host policy).  A
     ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
@@ -48,7 +48,7 @@ class DeviceWindowsProposer:
     def __init__(self, spec: WindowSpec | None = None, stale: int = 1, branch_points: int = 4,
                  scan: bool = True, slots: int = 8, max_len: int = 4096,
                  corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18,
-                 arbiter: bool = False, **settings):
+                 arbiter: bool = True, **settings):
         self.host = SuffixProposer(**settings)
         warmup(steps=("windows",))
         k = self.host.max_spec_tokens

@@ -26,10 +26,10 @@ over the file.
                                 engine's step times
 ``SUFFIXSPEC_CUDA_GRAPHS``      0: the device's drafting step (``mrv2``) runs
                                 kernel by kernel instead of as CUDA graphs
-``SUFFIXSPEC_DEVICE_ARBITER``   1: drafting on the device (``mrv2``) arbitrates
-                                between its pick and its own-history scan as
-                                the host does (``arbitrate``); off by default
-                                (docs/device.md: it lowered est on sql)
+``SUFFIXSPEC_DEVICE_ARBITER``   0: drafting on the device (``mrv2``) does not
+                                arbitrate between its pick and its
+                                own-history scan as the host does
+                                (``arbitrate``; docs/device.md)
 ==============================  ==============================================
 """
 
@@ -97,7 +97,7 @@ class Settings:
     log_interval: float = 10.0
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
     cuda_graphs: bool = True  # the device's drafting step replayed as graphs (``device.graphs``)
-    device_arbiter: bool = False  # the device arbitrates as the host (``native.arbiter``)
+    device_arbiter: bool = True  # the device arbitrates as the host (``native.arbiter``)
 
     def __post_init__(self):
         for name in ("cross_tokens", "snapshot_every"):
