@@ -38,8 +38,9 @@ class DeviceWindowsProposer:
     ``stale``: steps between building windows and drafting from them (1, as
     serving; 0 drafts from windows of the same step).  ``branch_points``:
     branch windows per request.  ``scan``: the own-history candidate.
-    ``arbiter``: the device arbitrates as the host (``arbitrate``; on by
-    default, as ``SUFFIXSPEC_DEVICE_ARBITER``).  The
+    ``arbiter``: the device arbitrates from the host's table
+    (``arbitrate``, ``arbiter.preferred``; on by default, as
+    ``SUFFIXSPEC_DEVICE_ARBITER``).  The
     remaining settings are ``SuffixProposer``'s (the host policy).  A
     ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
     to it on the device (``fit.fit_batch``), as the host proposer does.

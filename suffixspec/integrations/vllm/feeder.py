@@ -115,7 +115,7 @@ class WindowFeeder:
 
     def __init__(self, spec: PayloadSpec, k: int, vocab_size: int, buffers: list[np.ndarray],
                  packer: Packer, params: list[float], branch_points: int = 4,
-                 arbiter: bool = False):
+                 arbiter: bool = True):
         self.spec = spec
         self.arbiter = arbiter
         self.k = k
