@@ -192,7 +192,8 @@ def test_the_device_swaps_only_where_the_lead_passes_the_margin(rows):
     got = arbiter.preferred(table)
     for r, (ref, pick, scored) in enumerate(rows):
         lead = ref - pick
-        want = scored >= arbiter.DEVICE_MIN_SCORED and lead > arbiter.DEVICE_MARGIN * math.sqrt(scored)
+        want = (scored >= arbiter.DEVICE_MIN_SCORED
+                and lead > arbiter.DEVICE_MARGIN * math.sqrt(scored))
         assert got[r] == int(want), (r, ref, pick, scored)
     host = [int(arbiter.prefers_reference(table, r)) for r in range(arbiter.ARB_ROWS)]
     assert arbiter.preferred(table, 0.0, 0.0).tolist() == host
