@@ -28,7 +28,9 @@ accepted (agreement with the recorded output) plus the bonus token:
 - ``learned``: per cell (suffixspec's match length, the pointer's local match,
   each clipped to 5, and whether the pointer's first token is vLLM's), the
   draft whose value so far leads: accepted tokens, less the threshold per
-  drafted token at a draft cost; no hindsight.  At a draft cost the pointer's
+  drafted token at a draft cost; no hindsight (``--margins``: also with the
+  pointer's lead required to pass a margin times the root of the cell's
+  steps, after 10 steps).  At a draft cost the pointer's
   draft is cut where the running product of its learned per-depth acceptance
   (per local-match length) meets the threshold, as the policy cuts its own;
 - ``hindsight``: the draft whose value (as above) was highest, among
@@ -176,8 +178,13 @@ def replay(requests, drive: str, cost: float) -> dict:
             cell = (min(int(ds.match_len) if len(ds.token_ids) else 0, 5), local, same)
             if drive == "suffixspec":
                 pick = "s"
-            elif drive == "learned":
-                pick = "p" if lengths["p"] and value[cell]["p"] > value[cell]["s"] else "s"
+            elif drive.startswith("learned"):
+                # "learned, margin m": the pointer's lead must pass m x sqrt(steps in the cell)
+                margin = float(drive.split()[-1]) if "margin" in drive else 0.0
+                lead = value[cell]["p"] - value[cell]["s"]
+                pick = ("p" if lengths["p"] and lead > 0 and
+                        (margin == 0 or (value[cell]["steps"] >= 10 and
+                                         lead > margin * value[cell]["steps"] ** 0.5)) else "s")
             else:
                 among = [k for k, name in (("s", "suffixspec"), ("v", "vLLM"), ("p", "pointer"),
                                            ("n", "none")) if name in drive]
@@ -185,6 +192,7 @@ def replay(requests, drive: str, cost: float) -> dict:
             if lengths["p"]:
                 for k in ("s", "p"):
                     value[cell][k] += got[k] - thr * lengths[k]
+                value[cell]["steps"] += 1
             took[pick] += 1
             step = out[i:i + got[pick] + 1]
             s.extend(rid, step)
@@ -214,7 +222,7 @@ def markdown(results: dict, fraction: float) -> str:
              "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for cost, what in ((0.0, "MTS, drafts free"), (DEFAULT_DRAFT_COST, "est, default cost")):
         key = "mts" if cost == 0 else "est"
-        for drive in DRIVES:
+        for drive in dict.fromkeys(d for r in results.values() for d in r.get(f"{cost:g}", {})):
             runs = [results[n].get(f"{cost:g}", {}) for n in names]
             if not any(drive in r for r in runs):
                 continue
@@ -234,14 +242,16 @@ def main():
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--costs", nargs="*", type=float, default=[0.0, DEFAULT_DRAFT_COST])
+    ap.add_argument("--margins", nargs="*", type=float, default=[],
+                    help="also the learned rule with these margins (after 10 steps in a cell)")
     args = ap.parse_args()
+    drives = DRIVES + tuple(f"learned, margin {m:g}" for m in args.margins)
     encode = hf_encoder(args.tokenizer)
     results = {}
     for name in args.only or SLICES:
         requests = load_slice(args.traces, name, encode, args.fraction)
         results[name] = {}
         for cost in args.costs:
-            drives = DRIVES
             results[name][f"{cost:g}"] = {d: replay(requests, d, cost) for d in drives}
             print(f"{name} cost {cost:g}: " + ", ".join(
                 f"{d} {r['mts']:.4f}/{r['est']:.4f}"
