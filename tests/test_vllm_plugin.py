@@ -255,6 +255,21 @@ def test_persistent_pool_warms_the_next_engine(model, prompts, tmp_path):
     assert from_past(second) > from_past(first)
 
 
+def test_requests_join_the_namespaces_they_name_and_outputs_stay_identical(model, prompts,
+                                                                          baseline, tmp_path):
+    pool = str(tmp_path / "pool.lmdb")
+    result, _ = generate(model, prompts, "--modes", "batch", "--namespaces", "even,odd,other",
+                         SUFFIXSPEC_POOL=pool, SUFFIXSPEC_REQUEST_NAMESPACES="even,odd")
+    assert result["batch"] == baseline["batch"]
+    from suffixspec.pools.store import PoolStore
+
+    with PoolStore(pool) as store:
+        stored = {tuple(s.output.tolist()): s.namespace for s in store.sequences()}
+    # "other" is not listed: those requests join the server's namespace.
+    names = ["even", "odd", "default"]
+    assert stored == {tuple(out): names[i % 3] for i, out in enumerate(result["batch"])}
+
+
 def test_two_engines_at_once_share_a_pool_and_outputs_stay_identical(model, prompts, baseline,
                                                                      tmp_path):
     from concurrent.futures import ThreadPoolExecutor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
@@ -22,11 +23,14 @@ class Engine:
         self.rows: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
         self.verified: dict[str, int] = {}
+        self.named: dict[str, object] = {}
 
-    def add(self, req: str, prompt: list[int]) -> None:
+    def add(self, req: str, prompt: list[int], named=None) -> None:
+        """``named``: what the request names as its namespace (its ``vllm_xargs``)."""
         self.rows[req] = list(prompt)
         self.prompt_len[req] = len(prompt)
         self.verified[req] = 0
+        self.named[req] = named
 
     def step(self, service: svc.DraftService, emit: dict[str, list[int]], k: int = 4):
         for req, tokens in emit.items():
@@ -36,7 +40,8 @@ class Engine:
                         totals=np.array([len(self.rows[r]) for r in reqs]),
                         prompt_lens=np.array([self.prompt_len[r] for r in reqs]),
                         verified=np.array([self.verified[r] for r in reqs]),
-                        tokens=lambda i, lo, hi: np.array(self.rows[reqs[i]][lo:hi], np.int32))
+                        tokens=lambda i, lo, hi: np.array(self.rows[reqs[i]][lo:hi], np.int32),
+                        named=lambda i: self.named[reqs[i]])
         drafts = service.step(step, k, budget=1000)
         for req, draft in zip(reqs, drafts):
             self.verified[req] = 0 if draft is None else draft.shape[0]
@@ -44,6 +49,7 @@ class Engine:
 
     def remove(self, service: svc.DraftService, req: str) -> None:
         del self.rows[req]
+        del self.named[req]
         service.removed(req)
 
 
@@ -154,3 +160,52 @@ def test_a_persistent_pool_gets_the_deployment_defaults_and_the_settings(tmp_pat
                                                refresh_interval=0.25), BYTES)
     assert made.cross.snapshot_every is None and made.cross.refresh_interval == 0.25
     made.close()
+
+
+def test_a_request_joins_and_drafts_from_the_namespace_it_names(tmp_path):
+    engine, service = Engine(), new_service(request_namespaces="sql, agent")
+    service.ready(SuffixProposer(max_depth=8, max_spec_tokens=4, draft_cost=0.0,
+                                 pool=tmp_path / "pool", tokenizer=BYTES))
+    engine.add("a", [1, 2, 3], named="sql")
+    engine.step(service, {"a": [40, 41, 42, 43, 44]})
+    engine.remove(service, "a")
+    # The same context in each namespace: only sql's holds what followed it.
+    engine.add("in-sql", [5, 40, 41], named="sql")
+    engine.add("in-agent", [5, 40, 41], named="agent")
+    engine.add("in-default", [5, 40, 41])
+    drafts = engine.step(service, {})
+    assert drafts["in-sql"].tolist()[:3] == [42, 43, 44]
+    assert drafts["in-agent"] is None and drafts["in-default"] is None
+    engine.step(service, {"in-agent": [50], "in-default": [60], "in-sql": [42]})
+    for req in ("in-sql", "in-agent", "in-default"):
+        engine.remove(service, req)
+    service.close()
+    with PoolStore(tmp_path / "pool") as store:
+        stored = {tuple(q.output.tolist()): q.namespace for q in store.sequences()}
+    assert stored == {(40, 41, 42, 43, 44): "sql", (42,): "sql", (50,): "agent",
+                      (60,): "default"}
+
+
+def test_a_namespace_the_server_does_not_list_is_refused_with_one_line(caplog):
+    engine, service = Engine(), new_service(request_namespaces="sql")
+    service.ready(SuffixProposer(max_depth=8, max_spec_tokens=4, draft_cost=0.0))
+    engine.add("a", [1, 2, 3])  # the server's namespace
+    engine.step(service, {"a": [40, 41, 42, 43]})
+    engine.remove(service, "a")
+    with caplog.at_level(logging.WARNING, logger="vllm.suffixspec"):
+        for n, named in enumerate(["other", "other", 7, ["sql"]]):
+            engine.add(f"r{n}", [5, 40, 41], named=named)
+        drafts = engine.step(service, {})
+    # Each drafts from the server's namespace, as if it had named nothing.
+    assert all(drafts[f"r{n}"].tolist()[:2] == [42, 43] for n in range(4))
+    refused = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
+    assert len(refused) == 3 and all("'default'" in m for m in refused)
+
+
+def test_request_namespaces_are_checked_when_read():
+    assert Settings(request_namespaces=" sql,agent ,, ").allowed_namespaces() == {"sql", "agent"}
+    assert Settings().allowed_namespaces() == frozenset()
+    with pytest.raises(ValueError, match="SUFFIXSPEC_REQUEST_NAMESPACES: namespace must be"):
+        Settings(request_namespaces="sql," + "x" * 200)
+    env = {"SUFFIXSPEC_REQUEST_NAMESPACES": "sql,agent"}
+    assert Settings.from_env(env).allowed_namespaces() == {"sql", "agent"}

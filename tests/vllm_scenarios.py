@@ -122,12 +122,15 @@ def main() -> None:
 @click.option("--tp", default=1, help="Tensor-parallel ranks.")
 @click.option("--unknown-runner", is_flag=True,
               help="Make the plugin's runner contract check fail, as on an unknown vLLM.")
+@click.option("--namespaces", default="",
+              help="Comma-separated names given to the prompts in turn as their "
+                   "vllm_xargs suffixspec_namespace.")
 @click.option("--then-wait-for-drafts", default=0.0,
               help="After the modes, wait up to this many seconds for the drafter to be "
                    "ready (kernels compiling), then run the batch again as 'after_ready'.")
 def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_bytes,
              max_num_seqs, block_size, fault_every, no_arctic, tp, unknown_runner,
-             then_wait_for_drafts):
+             namespaces, then_wait_for_drafts):
     """Greedy outputs for the prompts, one at a time and/or as one batch."""
     if no_arctic:
         block_arctic()
@@ -142,10 +145,16 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
     if fault_every:
         inject_faults(llm, fault_every)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    if namespaces:
+        names = namespaces.split(",")
+        params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                 extra_args={"suffixspec_namespace": names[i % len(names)]})
+                  for i in range(len(prompts))]
     result: dict = {}
     for mode in modes.split(","):
         if mode == "single":
-            outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+            outs = [llm.generate([p], params[i] if isinstance(params, list) else params,
+                                 use_tqdm=False)[0] for i, p in enumerate(prompts)]
         else:
             outs = llm.generate(prompts, params, use_tqdm=False)
         result[mode] = [list(o.outputs[0].token_ids) for o in outs]

@@ -14,9 +14,9 @@ from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 from suffixspec.integrations.vllm import runner
 from suffixspec.integrations.vllm.hooks import install_runner_hooks
 from suffixspec.integrations.vllm.prometheus import Publisher
-from suffixspec.integrations.vllm.service import (DraftService, Step, build_proposer,
-                                                  pool_tokenizer, proposer_config,
-                                                  tensor_parallel_group)
+from suffixspec.integrations.vllm.service import (NAMESPACE_ARG, DraftService, Step,
+                                                  build_proposer, pool_tokenizer,
+                                                  proposer_config, tensor_parallel_group)
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 
@@ -117,12 +117,15 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
                               int(batch.num_prompt_tokens[rows[j]]), have, tokens,
                               self.service.max_model_len)
 
+        def named(j: int):
+            return named_namespace(self.runner_requests.get(batch.req_ids[rows[j]]))
+
         return Step(req_ids=[batch.req_ids[i] for i in rows],
                     totals=batch.num_tokens_no_spec[rows],
                     prompt_lens=batch.num_prompt_tokens[rows],
                     verified=[len(spec[i]) for i in rows],
                     tokens=lambda j, lo, hi: token_ids[rows[j], lo:hi],
-                    end=end, decode_only=decode_only)
+                    end=end, decode_only=decode_only, named=named)
 
     def see_requests(self, requests: dict) -> None:
         """The runner's request states, by id (its own dict, read each step)."""
@@ -145,6 +148,14 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
     def stats(self) -> dict:
         """Counters for tests and tools: steps, per-pool drafts and acceptance."""
         return dict(self.service.stats(), leader=self.leader)
+
+
+def named_namespace(state):
+    """What a request named as its namespace: its ``vllm_xargs`` key
+    ``NAMESPACE_ARG`` (``SamplingParams.extra_args``), or None (nothing, or
+    ``state``, the runner's request state, is unknown)."""
+    args = getattr(getattr(state, "sampling_params", None), "extra_args", None)
+    return args.get(NAMESPACE_ARG) if isinstance(args, dict) else None
 
 
 def output_end(state, prompt_len: int, have: int, tokens, max_model_len: int) -> int | None:

@@ -37,6 +37,9 @@ logger = logging.getLogger("vllm.suffixspec")
 #: Most tokens (prompts and outputs) kept while the kernels compile; requests
 #: beyond it are not kept for the pool.
 EARLY_TOKENS = 1 << 22
+#: The key of a request's ``vllm_xargs`` (``SamplingParams.extra_args``) that
+#: names its namespace (one of ``Settings.request_namespaces``).
+NAMESPACE_ARG = "suffixspec_namespace"
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Tracked:
     probs: np.ndarray | None = None  # its tokens' calibrated probabilities
     source: str = ""               # the pool ``draft`` came from
     early: list[np.ndarray] | None = None  # its tokens, kept while there is no proposer
+    namespace: str | None = None   # the namespace it named (None: the server's)
 
 
 @dataclass
@@ -60,7 +64,8 @@ class Step:
     verified this step; ``end(i, have, tokens)`` where its output ends if it
     ends within ``tokens`` (which start at position ``have``), None if not.
     ``decode_only``: no request of the step was prefilling (only such steps
-    time the model's decode step).
+    time the model's decode step).  ``named(i)``: what request ``i`` named as
+    its namespace (``NAMESPACE_ARG``; None: nothing), read when it starts.
     """
 
     req_ids: Sequence[str]
@@ -70,6 +75,7 @@ class Step:
     tokens: Callable[[int, int, int], np.ndarray]
     end: Callable[[int, int, np.ndarray], int | None] = lambda i, have, tokens: None
     decode_only: bool = True
+    named: Callable[[int], object] = lambda i: None
 
 
 def proposer_config(spec_config, settings: Settings) -> tuple[ProposerConfig, bool]:
@@ -141,6 +147,8 @@ class DraftService:
         self.step_cost = None
         self._step_end = None  # when the last step's drafts were handed over
         self._warned = False
+        self.allowed_namespaces = settings.allowed_namespaces()
+        self._refused_names: set = set()  # names refused so far (each logged once)
 
     # ------------------------------------------------------------ lifecycle
     def ready(self, proposer) -> None:
@@ -221,6 +229,24 @@ class DraftService:
         self.metrics.maybe_log(logger)
         return drafts
 
+    def namespace(self, named) -> str | None:
+        """The namespace of a request that named ``named``: it, where
+        ``Settings.request_namespaces`` lists it; else None (the server's),
+        and a name refused is logged once (at most 64 names)."""
+        if named is None:
+            return None
+        if isinstance(named, str) and named in self.allowed_namespaces:
+            return named
+        key = repr(named)[:100]
+        if key not in self._refused_names and len(self._refused_names) < 64:
+            self._refused_names.add(key)
+            logger.warning("suffixspec: a request names namespace %s (vllm_xargs %r), which "
+                           "SUFFIXSPEC_REQUEST_NAMESPACES does not list (%s); it joins and "
+                           "drafts from the server's namespace %r", key, NAMESPACE_ARG,
+                           ", ".join(sorted(self.allowed_namespaces)) or "empty",
+                           self.settings.namespace)
+        return None
+
     def _catch_up(self, step: Step, i: int) -> tuple[Tracked, np.ndarray, bool]:
         """Request ``i``'s record, its tokens since the last step, and whether it starts over
         (seen for the first time, or tokens were taken back)."""
@@ -230,7 +256,8 @@ class DraftService:
         fresh = rec is None or rec.indexed > total
         if fresh:
             prompt_len = int(step.prompt_lens[i])
-            rec = self.requests[req] = Tracked(indexed=prompt_len, prompt_len=prompt_len)
+            rec = self.requests[req] = Tracked(indexed=prompt_len, prompt_len=prompt_len,
+                                               namespace=self.namespace(step.named(i)))
         tokens = step.tokens(i, rec.indexed, total) if total > rec.indexed else _NONE
         return rec, tokens, fresh
 
@@ -244,7 +271,8 @@ class DraftService:
             if fresh:
                 if known is not None:
                     prop.abort_request(req)
-                prop.start_request(req, step.tokens(i, 0, rec.prompt_len))
+                prop.start_request(req, step.tokens(i, 0, rec.prompt_len),
+                                   namespace=rec.namespace)
             have, rec.indexed = rec.indexed, rec.indexed + tokens.shape[0]
             if tokens.shape[0]:
                 self.metrics.emitted(rec, tokens, int(step.verified[i]))
@@ -306,7 +334,7 @@ class DraftService:
         try:
             for n, rec in enumerate(done):
                 req = f"early-{n}"
-                prop.start_request(req, rec.early[0])
+                prop.start_request(req, rec.early[0], namespace=rec.namespace)
                 output = np.concatenate(rec.early[1:]) if len(rec.early) > 1 else _NONE
                 if output.shape[0]:
                     prop.extend(req, output)

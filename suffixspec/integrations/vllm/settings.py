@@ -7,30 +7,36 @@ named by ``SUFFIXSPEC_CONFIG`` whose keys are the lower-case names below
 without the prefix (``{"pool": "/var/lib/pools/sql.lmdb"}``); a variable wins
 over the file.
 
-==============================  ==============================================
-``SUFFIXSPEC_ENABLE``           1: serve ``method: "suffix"`` with suffixspec;
-                                0: never; unset: when arctic-inference (the
-                                library vLLM's own suffix method needs) is
-                                not installed
-``SUFFIXSPEC_CONFIG``           JSON file with any of the settings below
-``SUFFIXSPEC_POOL``             persistent cross-request pool (LMDB file)
-``SUFFIXSPEC_TOKENIZER``        tokenizer.json (or its folder) that the pool
-                                is checked against; default: the model's
-``SUFFIXSPEC_NAMESPACE``        namespace finished outputs join
-``SUFFIXSPEC_SHARED_NAMESPACE`` a namespace every request also drafts from
-``SUFFIXSPEC_CROSS_TOKENS``     token budget of the cross-request pool
-``SUFFIXSPEC_SNAPSHOT_EVERY``   re-snapshot the pool after this many tokens
-``SUFFIXSPEC_LOG_INTERVAL``     seconds between metric log lines (0: never)
-``SUFFIXSPEC_DRAFT_COST``       verification cost of one drafted token, as a
-                                share of a step; unset: measured from the
-                                engine's step times
-``SUFFIXSPEC_CUDA_GRAPHS``      0: the device's drafting step (``mrv2``) runs
-                                kernel by kernel instead of as CUDA graphs
-``SUFFIXSPEC_DEVICE_ARBITER``   0: drafting on the device (``mrv2``) does not
-                                arbitrate between its pick and its
-                                own-history scan as the host does
-                                (``arbitrate``; docs/device.md)
-==============================  ==============================================
+==================================  ==============================================
+``SUFFIXSPEC_ENABLE``               1: serve ``method: "suffix"`` with suffixspec;
+                                    0: never; unset: when arctic-inference (the
+                                    library vLLM's own suffix method needs) is
+                                    not installed
+``SUFFIXSPEC_CONFIG``               JSON file with any of the settings below
+``SUFFIXSPEC_POOL``                 persistent cross-request pool (LMDB file)
+``SUFFIXSPEC_TOKENIZER``            tokenizer.json (or its folder) that the pool
+                                    is checked against; default: the model's
+``SUFFIXSPEC_NAMESPACE``            namespace finished outputs join
+``SUFFIXSPEC_SHARED_NAMESPACE``     a namespace every request also drafts from
+``SUFFIXSPEC_REQUEST_NAMESPACES``   namespaces a request may name for itself,
+                                    comma-separated (``sql,agent``): its output
+                                    joins and it drafts from the one its
+                                    ``vllm_xargs`` key ``suffixspec_namespace``
+                                    names; any other name, or none, gets
+                                    ``SUFFIXSPEC_NAMESPACE``
+``SUFFIXSPEC_CROSS_TOKENS``         token budget of the cross-request pool
+``SUFFIXSPEC_SNAPSHOT_EVERY``       re-snapshot the pool after this many tokens
+``SUFFIXSPEC_LOG_INTERVAL``         seconds between metric log lines (0: never)
+``SUFFIXSPEC_DRAFT_COST``           verification cost of one drafted token, as a
+                                    share of a step; unset: measured from the
+                                    engine's step times
+``SUFFIXSPEC_CUDA_GRAPHS``          0: the device's drafting step (``mrv2``) runs
+                                    kernel by kernel instead of as CUDA graphs
+``SUFFIXSPEC_DEVICE_ARBITER``       0: drafting on the device (``mrv2``) does not
+                                    arbitrate between its pick and its
+                                    own-history scan as the host does
+                                    (``arbitrate``; docs/device.md)
+==================================  ==============================================
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import get_type_hints
 from pathlib import Path
 
 from suffixspec.config import (ARCTIC_MIN_TOKEN_PROB, ARCTIC_SPEC_FACTOR, REFRESH_INTERVAL,
-                               REMOVED, ProposerConfig, check_range)
+                               REMOVED, ProposerConfig, check_namespace, check_range)
 
 PREFIX = "SUFFIXSPEC_"
 TRUE = {"1", "true", "yes", "on"}
@@ -91,6 +97,7 @@ class Settings:
     tokenizer: str | None = None
     namespace: str = ProposerConfig.namespace
     shared_namespace: str | None = None
+    request_namespaces: str = ""  # comma-separated: the namespaces a request may name
     cross_tokens: int = ProposerConfig.cross_pool_tokens
     snapshot_every: int = SNAPSHOT_EVERY  # 0: never (the in-memory part only grows)
     refresh_interval: float = REFRESH_INTERVAL
@@ -105,6 +112,15 @@ class Settings:
         for name in ("refresh_interval", "log_interval"):
             check_range(PREFIX + name.upper(), getattr(self, name), high=1e9)
         check_range(PREFIX + "DRAFT_COST", self.draft_cost, high=0.999, allow_none=True)
+        for name in self.allowed_namespaces():
+            try:
+                check_namespace(name)
+            except ValueError as e:
+                raise ValueError(f"{PREFIX}REQUEST_NAMESPACES: {e}") from None
+
+    def allowed_namespaces(self) -> frozenset[str]:
+        """The namespaces a request may name (``request_namespaces``)."""
+        return frozenset(n.strip() for n in self.request_namespaces.split(",") if n.strip())
 
     @classmethod
     def from_env(cls, environ=os.environ) -> Settings:
