@@ -15,15 +15,17 @@ emitted tokens) under:
 
 - ``alone``: each slice replayed by a proposer of its own (what ``replay_bench``
   measures);
-- ``one proposer, a namespace each``: one proposer; each workload's outputs
+- ``one proposer, one namespace``: every output joins one namespace and one
+  calibration table serves all, as a vLLM server does unless its requests
+  name namespaces (``SUFFIXSPEC_REQUEST_NAMESPACES``);
+- ``one proposer, a namespace each, one table``: each workload's outputs
   join and draft from a namespace of its own (``start_request(namespace=)``),
-  and one calibration table, arbiter table and threshold serve all;
-- ``one proposer, one namespace``: as the vLLM plugin serves, whose namespace
-  is per server: the pools mix too;
-- ``a table each, one threshold``: a proposer per workload whose threshold
-  state (running means of emitted and drafted tokens, ``Stats.state``) is
-  one, shared: what a calibration and arbiter table per workload would give
-  a server whose threshold stays one for its whole batch.
+  with one calibration table for all (``namespace_tables=0``);
+- ``one proposer, a namespace each``: the same with the defaults, a
+  calibration table per namespace (``namespace_tables``);
+- ``a proposer each, one threshold``: a proposer per workload (calibration
+  and arbiter tables of its own) whose threshold state (running means of
+  emitted and drafted tokens, ``Stats.state``) is one, shared.
 
 Writes ``mixed.json`` and ``mixed.md`` into ``--out``.
 """
@@ -42,8 +44,8 @@ from suffixspec.replay.traces import hf_encoder
 from bench_common import parser, save_results
 from policy_bench import SLICES, load_slice
 
-RUNS = ("alone", "one proposer, a namespace each", "one proposer, one namespace",
-        "a table each, one threshold")
+RUNS = ("alone", "one proposer, one namespace", "one proposer, a namespace each, one table",
+        "one proposer, a namespace each", "a proposer each, one threshold")
 
 
 class Tally:
@@ -161,8 +163,8 @@ def main():
     workload_of = {r.req_id: name for name, reqs in slices.items() for r in reqs}
     stream = merged(slices)
 
-    def fresh(reqs):
-        return make_proposer("suffixspec", reqs, cross_pool_tokens=None)
+    def fresh(reqs, **settings):
+        return make_proposer("suffixspec", reqs, cross_pool_tokens=None, **settings)
 
     results = {"alone": {}}
     alone_tally = Tally(None, workload_of, False)
@@ -173,9 +175,10 @@ def main():
             getattr(alone_tally, c).update(getattr(tally, c))
     results["alone"] = alone_tally.figures()
     for run, tally in (
-            (RUNS[1], Tally(fresh(stream), workload_of, True)),
-            (RUNS[2], Tally(fresh(stream), workload_of, False)),
-            (RUNS[3], Tally(PerWorkload({n: fresh(r) for n, r in slices.items()},
+            (RUNS[1], Tally(fresh(stream), workload_of, False)),
+            (RUNS[2], Tally(fresh(stream, namespace_tables=0), workload_of, True)),
+            (RUNS[3], Tally(fresh(stream), workload_of, True)),
+            (RUNS[4], Tally(PerWorkload({n: fresh(r) for n, r in slices.items()},
                                         workload_of), workload_of, False))):
         replay(stream, tally)
         results[run] = tally.figures()

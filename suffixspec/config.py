@@ -44,6 +44,9 @@ DEFAULT_NEWEST_WINDOW = 4096
 
 #: Tokens of finished requests' own tries kept for a conversation's next turn.
 DEFAULT_REUSE_TOKENS = 1 << 20
+#: Namespaces besides the proposer's with a calibration table of their own
+#: (``ProposerConfig.namespace_tables``): 1.95 MB each.
+DEFAULT_NAMESPACE_TABLES = 16
 
 
 def check_range(name: str, value, low: float = 0.0, high: float = float("inf"),
@@ -122,6 +125,13 @@ class ProposerConfig:
         Where finished outputs go, and what requests draw from by default.
     shared_namespace:
         A namespace every request also draws from (None: none).
+    namespace_tables:
+        Most namespaces besides ``namespace`` whose requests' drafts are
+        calibrated by a table of their own, learned from them alone; the
+        requests of any other namespace share ``namespace``'s (0: one table
+        for all).  Workloads served together accept drafts differently
+        (``bench/mixed_bench.py``).  Only ``namespace``'s table is kept in a
+        persistent pool.
     reuse_tokens:
         Finished requests' own tries kept for the next turn of a conversation
         (the latest 64 requests, at most this many tokens in all; 0: none).
@@ -148,6 +158,7 @@ class ProposerConfig:
     namespace: str = DEFAULT_NAMESPACE
     shared_namespace: str | None = None
     reuse_tokens: int = DEFAULT_REUSE_TOKENS
+    namespace_tables: int = DEFAULT_NAMESPACE_TABLES
 
     def __post_init__(self):
         if not 2 <= self.max_depth <= 1024:
@@ -172,6 +183,10 @@ class ProposerConfig:
             raise ValueError(f"arbitrate must be True or False, got {self.arbitrate!r}")
         check_range("cross_pool_tokens", self.cross_pool_tokens, allow_none=True)
         check_range("cross_pool_requests", self.cross_pool_requests, allow_none=True)
+        if not isinstance(self.namespace_tables, int) or isinstance(self.namespace_tables, bool):
+            raise ValueError(f"namespace_tables must be a whole number, got "
+                             f"{self.namespace_tables!r}")
+        check_range("namespace_tables", self.namespace_tables, 0, 1024)
         check_namespace(self.namespace)
         if self.shared_namespace is not None:
             check_namespace(self.shared_namespace)

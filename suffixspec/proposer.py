@@ -79,7 +79,12 @@ class SuffixProposer:
                                self.min_token_prob, self.tree, bool(config.anchors),
                                int(config.newest_window), bool(config.arbitrate))
         self.stats = cal.new_stats(float(config.draft_cost))
-        self._stats_flat = tuple(self.stats)
+        # Calibration tables: the proposer's namespace's (``stats.table``) and
+        # up to ``namespace_tables`` more, one per namespace, each with the
+        # one threshold state; per table the (table, state) tuple the kernels take.
+        self._table_index = {self.namespace: 0}
+        self._stats_flats = [tuple(self.stats)]
+        self._table_of: dict[Hashable, int] = {}  # req_id -> its table
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
         # set, each step's draft cost follows it and the size of the batch.
         self.step_cost = None
@@ -166,6 +171,7 @@ class SuffixProposer:
         self._pending.recent[seq] = cal.RECENT_NONE
         self._pending.keep_meta[seq, :, arbiter.K_START] = -1  # no kept drafts of another
         self._draw_from[req_id] = draw
+        self._table_of[req_id] = self._table_for(own)
         if self.cross is not None:
             self._cross_seq[req_id] = self.cross.begin(
                 own, start_anchors(prompt) if anchors is None else _anchors(anchors))
@@ -180,8 +186,8 @@ class SuffixProposer:
         seqs, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
-        cal.learn(self._stats_flat, self._pending_flat, seqs, tokens, offsets,
-                  *self._learn_scratch)
+        stats = self._stats_flats[self._table_of[req_id] if len(self._stats_flats) > 1 else 0]
+        cal.learn(stats, self._pending_flat, seqs, tokens, offsets, *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
@@ -212,8 +218,11 @@ class SuffixProposer:
         offsets = np.fromiter(accumulate((len(t) for t in token_ids), initial=0), np.int64, b + 1)
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = rows[1]
-        cal.learn(self._stats_flat, self._pending_flat, seqs, tokens, offsets,
-                  *self._learn_scratch)
+        table, groups = self._tables_of(req_ids)
+        for t, picked in ([(table, None)] if groups is None else groups):
+            mine = seqs if picked is None else np.where(picked, seqs, -1)  # -1: skipped
+            cal.learn(self._stats_flats[t], self._pending_flat, mine, tokens, offsets,
+                      *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.index.extend_many(rows[2], tokens, offsets)
@@ -311,6 +320,7 @@ class SuffixProposer:
         else:
             self.requests.drop(req_id)
         self._draw_from.pop(req_id)
+        self._table_of.pop(req_id)
         return self._cross_seq.pop(req_id, None)
 
     @locked
@@ -345,7 +355,9 @@ class SuffixProposer:
     @locked
     def propose(self, req_ids: Sequence[Hashable],
                 max_spec_tokens: int | Sequence[int] | None = None) -> list[Draft]:
-        """One draft per request, computed in one native call.
+        """One draft per request, computed in one native call (one per
+        calibration table where the requests' namespaces have tables of their
+        own, ``namespace_tables``).
 
         ``max_spec_tokens`` lowers the draft limit, for all requests (an int)
         or per request (a sequence as long as ``req_ids``); engines use it for
@@ -375,9 +387,22 @@ class SuffixProposer:
                 b, self.stats.state[cal.ST_DRAFTED])
         # Records as plain tuples (see ``native.layout``): typed faster per call.
         batch = (rows[1], rows[0], rows[2], limits, cross_roots)
-        propose_batch(local.read_only_arrays(), local.roots, view.table, delta, batch,
-                      self._knobs_flat, self._stats_flat, self._out_flat, self._pending_flat,
-                      self._work_flat)
+        arrays = local.read_only_arrays()
+        table, groups = self._tables_of(req_ids)
+        if groups is None:
+            propose_batch(arrays, local.roots, view.table, delta, batch, self._knobs_flat,
+                          self._stats_flats[table], self._out_flat, self._pending_flat,
+                          self._work_flat)
+        else:  # one call per calibration table, the rows put back in order
+            out = lay.outputs(b, self.max_spec_tokens)
+            for t, picked in groups:
+                rows_t = np.flatnonzero(picked)
+                propose_batch(arrays, local.roots, view.table, delta,
+                              tuple(f[rows_t] for f in batch), self._knobs_flat,
+                              self._stats_flats[t], self._out_flat, self._pending_flat,
+                              self._work_flat)
+                for whole, part in zip(out, self._out):
+                    whole[rows_t] = part[:rows_t.shape[0]]
         tokens, parents, probs, n, score, match, source = out[:7]
         if self.vocab_size is not None:
             _stop_outside(tokens[:b], probs[:b], n[:b], score[:b], self.vocab_size)
@@ -419,10 +444,23 @@ class SuffixProposer:
         rows = _fields(self._row(r) for r in req_ids)
         view, delta, cross_roots = self._cross_args(req_ids)
         batch = (rows[1], rows[0], rows[2], self._limits(None, b), cross_roots)
-        return build_windows(self.requests.index.read_only_arrays(), self.requests.index.roots,
-                             view.table, delta, batch, self._knobs_flat, self._stats_flat,
-                             self._pending_flat, self._work_flat, tuple(windows),
-                             int(branch_points))
+        arrays, roots = self.requests.index.read_only_arrays(), self.requests.index.roots
+        table, groups = self._tables_of(req_ids)
+        if groups is None:
+            return build_windows(arrays, roots, view.table, delta, batch, self._knobs_flat,
+                                 self._stats_flats[table], self._pending_flat, self._work_flat,
+                                 tuple(windows), int(branch_points))
+        counts = np.zeros(b, np.int64)
+        for t, picked in groups:  # one call per calibration table, rows put back in order
+            rows_t = np.flatnonzero(picked)
+            part = tuple(np.ascontiguousarray(a[rows_t]) for a in windows)
+            counts[rows_t] = build_windows(arrays, roots, view.table, delta,
+                                           tuple(f[rows_t] for f in batch), self._knobs_flat,
+                                           self._stats_flats[t], self._pending_flat,
+                                           self._work_flat, part, int(branch_points))
+            for whole, a in zip(windows, part):
+                whole[rows_t] = a
+        return counts
 
     @locked
     def one_token_paths(self, width: int, vocab_size: int, tokens=None,
@@ -575,6 +613,39 @@ class SuffixProposer:
             raise ValueError(f"unknown request {req_id!r}: not started, or already finished") from None
         handle = self._cross_seq.get(req_id)
         return tree, seq, -1 if handle is None else self.cross.seq_of(handle)
+
+    @locked
+    def calibration_table(self, namespace: str | None = None) -> np.ndarray:
+        """The calibration table (``native.calibration``) that drafts of
+        ``namespace``'s requests (default: the proposer's) are scored by and
+        learn in; a namespace that has none yet is the proposer's."""
+        ns = self.namespace if namespace is None else check_namespace(namespace)
+        return self._stats_flats[self._table_index.get(ns, 0)][0]
+
+    def _table_for(self, namespace: str) -> int:
+        """The calibration table of ``namespace``'s requests: its own, made
+        empty on first use while fewer than ``namespace_tables`` namespaces
+        have one, else the proposer's namespace's."""
+        t = self._table_index.get(namespace)
+        if t is None:
+            if len(self._stats_flats) > self.config.namespace_tables:
+                return 0
+            t = self._table_index[namespace] = len(self._stats_flats)
+            self._stats_flats.append((cal.new_table(), self.stats.state))
+        return t
+
+    def _tables_of(self, req_ids) -> tuple[int, list | None]:
+        """``(table, None)`` when every request of ``req_ids`` drafts with one
+        calibration table (the usual case), else ``(-1, [(table, mask), ...])``."""
+        if len(self._stats_flats) == 1:
+            return 0, None
+        of = self._table_of
+        tables = [of[r] for r in req_ids]
+        first = tables[0]
+        if all(t == first for t in tables):
+            return first, None
+        tables = np.array(tables)
+        return -1, [(int(t), tables == t) for t in np.unique(tables)]
 
     def _limits(self, max_spec_tokens, b: int) -> np.ndarray:
         if max_spec_tokens is None:

@@ -383,3 +383,88 @@ def test_adopted_drafts_are_pending_row_by_row_and_the_rest_untouched():
     with pytest.raises(ValueError, match="unknown request"):
         prop.adopt_drafts(["r0", "nobody"], tokens[:2], buckets[:2], np.array([1, 1]))
     assert pend.n.tolist() == snapshot.tolist()
+
+
+def _serve(p: SuffixProposer, outputs: dict, namespaces: dict, batched: bool,
+           order=None) -> list:
+    """Run requests to their recorded ``outputs`` as an engine would, all in
+    flight together, in one batch or one at a time (in ``order``, a sort
+    key); returns every step's drafts (token lists) by (step, request)."""
+    for req in outputs:
+        p.start_request(req, outputs[req][:4], namespace=namespaces[req])
+    at = dict.fromkeys(outputs, 4)
+    seen = {}
+    step = 0
+    while at:
+        step += 1
+        reqs = list(at) if order is None else sorted(at, key=order)
+        drafts = (p.propose(reqs) if batched else [p.propose([r])[0] for r in reqs])
+        emitted = []
+        for req, d in zip(reqs, drafts):
+            truth = outputs[req][at[req]:]
+            ok = 0
+            while ok < min(len(d), len(truth) - 1) and d.token_ids[ok] == truth[ok]:
+                ok += 1
+            emitted.append(truth[:ok + 1])
+            seen[step, req] = d.token_ids.tolist()
+        if batched:
+            p.extend_batch(reqs, emitted)
+        else:
+            for req, e in zip(reqs, emitted):
+                p.extend(req, e)
+        for req, e in zip(reqs, emitted):
+            at[req] += len(e)
+            if at[req] >= len(outputs[req]):
+                p.finish_request(req)
+                del at[req]
+    return seen
+
+
+def _outputs(seed: int, n: int) -> dict:
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(1, 30, size=6).tolist() for _ in range(5)]
+    return {f"r{seed}-{i}": sum((phrases[j] for j in rng.integers(0, 5, size=8)), [])
+            for i in range(n)}
+
+
+def test_each_namespace_learns_a_calibration_table_of_its_own():
+    p = make()
+    outputs = _outputs(1, 3)
+    _serve(p, outputs, dict.fromkeys(outputs, "a"), batched=True)
+    a, default = p.calibration_table("a"), p.calibration_table()
+    assert a is not default and a[:, 1].sum() > 0 and default[:, 1].sum() == 0
+    assert p.calibration_table("not-seen") is default
+    one = make(namespace_tables=0)  # one table for all, as before
+    _serve(one, outputs, dict.fromkeys(outputs, "a"), batched=True)
+    assert one.calibration_table("a") is one.calibration_table()
+    np.testing.assert_array_equal(one.calibration_table(), a)
+
+
+def test_namespaces_past_the_table_limit_share_the_proposers_table():
+    p = make(namespace_tables=1)
+    outputs = _outputs(2, 3)
+    _serve(p, outputs, dict(zip(outputs, ["a", "b", "a"])), batched=True)
+    assert p.calibration_table("a") is not p.calibration_table()
+    assert p.calibration_table("b") is p.calibration_table()
+    assert p.calibration_table()[:, 1].sum() > 0  # b's drafts learned in it
+    with pytest.raises(ValueError, match="namespace_tables"):
+        make(namespace_tables=-1)
+
+
+def test_a_batch_across_tables_drafts_and_learns_as_its_requests_one_at_a_time():
+    outputs = {**_outputs(3, 3), **_outputs(4, 3)}
+    names = dict(zip(outputs, ["a", "b", None, "a", "b", None]))
+    together, apart = make(draft_cost=0.01), make(draft_cost=0.01)
+    # A batch is drafted and learned table by table (the proposer's first,
+    # then in the order namespaces got one): the same order one at a time.
+    by_table = {None: 0, "a": 1, "b": 2}
+    for rounds in range(2):  # the second round drafts with what the first learned
+        got = _serve(together, outputs, names, batched=True)
+        one_by_one = _serve(apart, outputs, names, batched=False,
+                            order=lambda r, names=names: by_table[names[r]])
+        assert got == one_by_one
+        outputs = {f"{k}+": v for k, v in outputs.items()}
+        names = {f"{k}+": v for k, v in names.items()}
+    assert sum(len(d) for d in got.values()) > 0
+    for ns in ("a", "b", None):
+        np.testing.assert_array_equal(together.calibration_table(ns), apart.calibration_table(ns))
