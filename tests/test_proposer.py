@@ -468,3 +468,22 @@ def test_a_batch_across_tables_drafts_and_learns_as_its_requests_one_at_a_time()
     assert sum(len(d) for d in got.values()) > 0
     for ns in ("a", "b", None):
         np.testing.assert_array_equal(together.calibration_table(ns), apart.calibration_table(ns))
+
+
+def test_candidate_windows_across_tables_are_each_requests_own():
+    from suffixspec.native import layout as lay
+
+    p = make(draft_cost=0.01)
+    outputs = _outputs(5, 4)
+    names = dict(zip(outputs, ["a", None, "a", None]))
+    _serve(p, outputs, names, batched=True)  # each table learns from its namespace
+    for (req, ns), output in zip((("x", "a"), ("y", None), ("z", "a")), outputs.values()):
+        p.start_request(req, output[:10], namespace=ns)
+    together = lay.windows(3, 8, 16)
+    counts = p.candidate_windows(["x", "y", "z"], together)
+    assert counts.sum() > 0
+    for i, req in enumerate(["x", "y", "z"]):
+        alone = lay.windows(1, 8, 16)
+        assert p.candidate_windows([req], alone).tolist() == [counts[i]]
+        for whole, one in zip(together, alone):
+            np.testing.assert_array_equal(whole[i], one[0])
