@@ -186,8 +186,8 @@ class SuffixProposer:
         seqs, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
-        stats = self._stats_flats[self._table_of[req_id] if len(self._stats_flats) > 1 else 0]
-        cal.learn(stats, self._pending_flat, seqs, tokens, offsets, *self._learn_scratch)
+        cal.learn(self._stats_flats[self._table_of[req_id]], self._pending_flat, seqs, tokens,
+                  offsets, *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
