@@ -26,10 +26,13 @@ after each part (a run stopped at its limit keeps what it did):
    6.5 ms forward, the host one step ahead with 0.3 ms of emulated host work,
    a real proposer over the sql trace when ``--traces`` names it) with no
    drafter, the synchronous speculator and the device speculator kernel by
-   kernel and as graphs: step period p50 / p99, tokens per step, and for the
-   device the feeder's CPU per step, how old the windows were when used
-   (steps) and how often the one bounded wait ran out.  All speculators draft
-   from the first step (the kernels are compiled first).
+   kernel and as graphs: step period p50 / p99, tokens per step, the worker's
+   time in ``propose``, and for the device the feeder's CPU per step (waiting
+   for a snapshot's event included: CUDA spins), how old the windows were when
+   used (steps), how often the one bounded wait ran out and how long the
+   worker waited.  ``device_idle`` (not run by default) tells the feeder
+   nothing: the device's part of a step without the host's.  All speculators
+   draft from the first step (the kernels are compiled first).
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 K = 16
+#: The device speculator's loop variants: as served, kernel by kernel (no CUDA
+#: graphs), and with its feeder told nothing (the device's part of a step alone).
+DEVICE_VARIANTS = ("device", "device_eager", "device_idle")
 FORWARD_S = 6.5e-3
 HOST_S = 0.3e-3
 
@@ -401,11 +407,14 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
     states = States(max_reqs, max_len, device)
     config = _config(max_reqs, max_len)
     spec = None
-    if variant in ("device", "device_eager"):  # device_eager: no CUDA graphs
+    if variant in DEVICE_VARIANTS:  # device_eager: no CUDA graphs
         graphs = "0" if variant == "device_eager" else "1"
         with mock.patch.dict(os.environ, SUFFIXSPEC_CUDA_GRAPHS=graphs):
             spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
         spec.start(wait=True)
+        if variant == "device_idle":  # the feeder hears of nothing: no host work, no windows
+            for name in ("add", "snapshot", "finished", "take"):
+                setattr(spec.feeder, name, lambda *args, **kwargs: None)
     elif variant == "sync":
         spec = SuffixSpecSpeculator(config, device, states)
     drafts = torch.zeros(max_reqs, K, dtype=torch.int64, device=device)
@@ -439,6 +448,7 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
     seen = torch.zeros(max_reqs, dtype=torch.int64, pin_memory=pin)
     last_event = None
     periods, t_prev = [], None
+    proposing = []  # the worker's seconds in ``propose`` per step
     made = torch.zeros((), dtype=torch.int64, device=device)  # tokens emitted, on the device
     k_range = torch.arange(K, device=device)
     for step in range(steps):
@@ -491,9 +501,11 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
         if spec is not None:
             num_sampled = sampled[slots]
             num_rejected = torch.zeros(len(ids), dtype=torch.int32, device=device)
+            began = time.perf_counter()
             with _sync_errors(check_sync):
                 d = spec.propose(batch, None, None, None, None, num_sampled, num_rejected,
                                  None, None, None, None)
+            proposing.append(time.perf_counter() - began)
             drafts[slots] = d.to(torch.int64)
         # The step's output to the host, behind an event: -1 where a request finished.
         flag = torch.where(left - emit <= 0, -1, emit)
@@ -508,7 +520,10 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
               "period_p50_ms": round(1e3 * float(np.percentile(periods, 50)), 3),
               "period_p99_ms": round(1e3 * float(np.percentile(periods, 99)), 3)}
     result["tokens_per_request_step"] = round(int(made) / max(len(periods) + 1, 1) / b, 3)
-    if variant in ("device", "device_eager") and spec is not None:
+    if proposing:
+        result["propose_ms_p50"] = round(1e3 * float(np.percentile(proposing, 50)), 3)
+        result["propose_ms_mean"] = round(1e3 * float(np.mean(proposing)), 3)
+    if variant in DEVICE_VARIANTS and spec is not None:
         result["feeder"] = spec.feeder.lag()
         result["graphs"] = spec._draft_graphs.recorded + spec._apply_graph.recorded
         failed = spec._draft_graphs.failed or spec._apply_graph.failed
@@ -548,12 +563,19 @@ def main():
     ap.add_argument("--levels", nargs="*", type=int, default=None,
                     help="requests in flight in the loop (default 1 8 32 64; 8 64 on the CPU)")
     ap.add_argument("--variants", nargs="*", default=None,
-                    choices=["none", "sync", "device_eager", "device"])
+                    choices=["none", "sync", *DEVICE_VARIANTS])
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval for the loop (seconds; Python's default 0.005): "
                          "how long a thread holding the interpreter lock keeps it from one "
                          "waiting for it")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds the device speculator waits, at most, for the feeder's work "
+                         "on the previous step (device_speculator.DEADLINE)")
     args = ap.parse_args()
+    if args.deadline is not None:
+        from suffixspec.integrations.vllm import device_speculator
+
+        device_speculator.DEADLINE = args.deadline
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     device = torch.device(args.device)
@@ -596,6 +618,9 @@ def main():
         report["loop"] = {}
         levels = args.levels or ((8, 64) if small else (1, 8, 32, 64))
         report["switch_interval"] = sys.getswitchinterval()
+        from suffixspec.integrations.vllm.device_speculator import DEADLINE
+
+        report["deadline_s"] = DEADLINE
         for b in levels:
             for variant in args.variants or ("none", "sync", "device_eager", "device"):
                 got = loop(device, variant, b, 40 if small else 400, requests, 4096)

@@ -279,3 +279,14 @@ def test_a_late_update_never_lands_on_a_reused_slot(make):
     v["epochs"][0] = old_epoch + 1
     apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
     assert spec.windows.meta[slot, 0].tolist() == [0, 3, 2, 6, 4]
+
+
+def test_the_workers_wait_for_the_feeder_is_bounded_and_counted(make):
+    spec = make()
+    feeder = spec.feeder
+    before = feeder.lag()["waits_timed_out"]
+    feeder.take(feeder._done_step + 5, 0.05)  # a step whose previous snapshot never came
+    lag = feeder.lag()
+    assert lag["waits_timed_out"] == before + 1
+    assert 0.05 <= feeder.stats.wait_seconds < 1.0
+    assert lag["wait_ms_per_take"] >= 50 / max(lag["taken"], 1) - 1e-3

@@ -100,6 +100,7 @@ class FeederStats:
     published: int = 0
     taken: int = 0
     waits_timed_out: int = 0
+    wait_seconds: float = 0.0  # the worker's, in ``take``, for the previous step's payload
     lost_requests: int = 0  # gaps in a request's tokens: its windows stop
     seconds: float = 0.0      # wall time handling jobs
     cpu_seconds: float = 0.0  # this thread's CPU time doing it
@@ -178,13 +179,15 @@ class WindowFeeder:
         the previous step's snapshot to be handled."""
         with self._cond:
             if self._done_step < step - 1 and deadline > 0:
-                end = time.perf_counter() + deadline
+                began = time.perf_counter()
+                end = began + deadline
                 while self._done_step < step - 1 and not self._stop:
                     left = end - time.perf_counter()
                     if left <= 0:
                         self.stats.waits_timed_out += 1
                         break
                     self._cond.wait(left)
+                self.stats.wait_seconds += time.perf_counter() - began
             ready, self._ready = self._ready, None
         if ready is None:
             return None
@@ -407,8 +410,11 @@ class WindowFeeder:
 
     def lag(self) -> dict:
         """Window age (steps between the snapshot a payload was built from and
-        the step that used it), p50 and p99, and how often a wait timed out."""
-        ages = np.asarray(self.stats.ages) if self.stats.ages else np.zeros(1)
+        the step that used it), p50 and p99, how often a wait timed out, and the
+        worker's milliseconds waiting per payload taken."""
+        st = self.stats
+        ages = np.asarray(st.ages) if st.ages else np.zeros(1)
         return {"age_p50": float(np.percentile(ages, 50)),
                 "age_p99": float(np.percentile(ages, 99)),
-                "waits_timed_out": self.stats.waits_timed_out, "taken": self.stats.taken}
+                "waits_timed_out": st.waits_timed_out, "taken": st.taken,
+                "wait_ms_per_take": round(1e3 * st.wait_seconds / max(st.taken, 1), 3)}
