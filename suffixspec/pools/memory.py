@@ -44,8 +44,8 @@ class RequestPool:
         self.keep_tokens = keep_tokens
         # req_id -> (tree, seq)
         self.requests: dict[Hashable, tuple[int, int]] = {}
-        # Finished requests' trees, oldest first: seq -> (tree, tokens)
-        self.finished: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # Finished requests' trees, oldest first: seq -> (tree, tokens, last token)
+        self.finished: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
         self._finished_tokens = 0
 
     def start(self, req_id: Hashable, prompt: np.ndarray) -> int:
@@ -58,7 +58,7 @@ class RequestPool:
             have = 0
         else:
             seq, have = reused
-            tree, _ = self.finished.pop(seq)
+            tree = self.finished.pop(seq)[0]
             self._finished_tokens -= have
         self.index.extend(seq, prompt[have:])
         self.requests[req_id] = (tree, seq)
@@ -78,24 +78,25 @@ class RequestPool:
         if n > self.keep_tokens:
             self.index.drop_tree(tree)
             return
-        self.finished[seq] = (tree, n)
+        self.finished[seq] = (tree, n, int(self.index.view(seq)[n - 1]) if n else -1)
         self._finished_tokens += n
         while (self._finished_tokens > self.keep_tokens
                or len(self.finished) > KEEP_REQUESTS):
-            _, (old_tree, old_n) = self.finished.popitem(last=False)
+            _, (old_tree, old_n, _) = self.finished.popitem(last=False)
             self._finished_tokens -= old_n
             self.index.drop_tree(old_tree)
 
     def _continued(self, prompt: np.ndarray) -> tuple[int, int] | None:
-        """(seq, length) of the longest finished sequence ``prompt`` starts with."""
+        """(seq, length) of the longest finished sequence ``prompt`` starts with.
+
+        Most are told apart by the token at their end, kept with them: only
+        those whose last token the prompt has there are compared whole."""
         best = None
         size = prompt.shape[0]
-        for seq, (_, n) in self.finished.items():
-            if 0 < n <= size and (best is None or n > best[1]):
-                tokens = self.index.view(seq)
-                if (tokens[n - 1] == prompt[n - 1] and tokens[0] == prompt[0]
-                        and np.array_equal(tokens, prompt[:n])):
-                    best = (seq, n)
+        for seq, (_, n, last) in self.finished.items():
+            if (0 < n <= size and (best is None or n > best[1]) and prompt[n - 1] == last
+                    and np.array_equal(self.index.view(seq), prompt[:n])):
+                best = (seq, n)
         return best
 
 
