@@ -28,7 +28,8 @@ after each part (a run stopped at its limit keeps what it did):
    drafter, the synchronous speculator and the device speculator kernel by
    kernel and as graphs: step period p50 / p99, tokens per step, the worker's
    time in ``propose``, and for the device the feeder's CPU per step (waiting
-   for a snapshot's event included: CUDA spins), how old the windows were when
+   for a snapshot's event included: CUDA spins) and its split by phase
+   (``feeder.PHASES``, the wait apart), how old the windows were when
    used (steps), how often the one bounded wait ran out and how long the
    worker waited.  ``device_idle`` (not run by default) tells the feeder
    nothing: the device's part of a step without the host's.  All speculators
@@ -531,6 +532,7 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
         stats = spec.feeder.stats
         result["feeder_ms_per_step"] = round(1e3 * stats.seconds / max(step, 1), 3)
         result["feeder_cpu_ms_per_step"] = round(1e3 * stats.cpu_seconds / max(step, 1), 3)
+        result["feeder_phase_cpu_ms_per_step"] = spec.feeder.phases(step)
         spec.close()
     elif spec is not None:
         result["service"] = spec.service.metrics.as_dict()

@@ -101,6 +101,56 @@ def test_the_device_corpus_drafts_as_its_numba_twin(data):
         assert (c[0, g_n:] == 0).all()
 
 
+@FAST
+@given(st.data())
+def test_documents_packed_on_the_host_index_the_device_corpus_as_its_numba_twin(data):
+    """``Packer.put_doc`` (its entries made by ``vllm_suffix.pack_doc``), applied by
+    ``DeviceCorpus.put`` step by step, equals ``vllm_suffix.ingest`` of each
+    document's newest tokens that a section holds; one too long for a
+    section is cut, not left to block those after it."""
+    from suffixspec.device.payload import Packer, PayloadSpec, views
+
+    capacity = data.draw(st.sampled_from([16, 40, 200]))
+    section = 24
+    docs = data.draw(st.lists(st.lists(st.integers(0, 3), max_size=40), max_size=12))
+    corpus = DeviceCorpus(capacity)
+    spec = PayloadSpec(WindowSpec(k=4), rows=1, paths=1, doc_tokens=section)
+    packer = Packer(spec, trash_slot=1, trash_key=8, corpus_tokens=capacity,
+                    corpus_buckets=corpus.buckets)
+    buffer = np.zeros(spec.size, np.int32)
+    v, t = views(buffer, spec), views(torch.from_numpy(buffer), spec)
+    ring = np.full(capacity, -1, np.int32)
+    table = np.full((2, gpu.buckets_for(capacity), gpu.SLOTS), -1, np.int64)
+    state = np.zeros(2, np.int64)
+    waiting = [np.asarray(d, np.int32) for d in docs]
+    for d in waiting:
+        keep = d[max(d.shape[0] - (min(capacity, section) - 1), 0):]
+        gpu.ingest(ring, table, state, keep, 0, keep.shape[0])
+    for _ in range(len(docs)):  # each step takes at least one document
+        if not waiting:
+            break
+        packer.clear(v)
+        while waiting and packer.put_doc(v, waiting[0]):
+            waiting.pop(0)
+        corpus.put(t["doc_pos"], t["doc_tok"], t["doc_b4"], t["doc_b2"], t["doc_seq"],
+                   t["doc_keys"])
+    assert not waiting
+    assert corpus.tokens[:capacity].numpy().tolist() == ring.tolist()
+    assert corpus.table.numpy().tolist() == table.tolist()
+    assert (packer.head, packer.docs) == (state[0], state[1])
+
+
+def test_pack_doc_refuses_outputs_it_cannot_fill():
+    doc = np.arange(5, dtype=np.int32)
+    outs = [np.zeros(6, np.int32) for _ in range(6)]
+    assert gpu.pack_doc(doc, 0, 0, 16, *outs)
+    assert outs[1].tolist() == [0, 1, 2, 3, 4, -1]
+    short = [np.zeros(6, np.int32) for _ in range(5)] + [np.zeros(5, np.int32)]
+    assert not gpu.pack_doc(doc, 0, 0, 16, *short)
+    assert not any(o.any() for o in short)
+    assert not gpu.pack_doc(doc, 0, 0, 12, *outs)  # not a power of two
+
+
 def _random_windows(data, rows: int, width: int, vocab: int):
     windows = []
     for _ in range(rows):

@@ -23,7 +23,7 @@ import torch
 from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
 from suffixspec.device.layout import PARAMS, W_FIELDS, Calibration, DeviceWindows, WindowSpec
 from suffixspec.native import arbiter, calibration as cal
-from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
+from suffixspec.native.vllm_suffix import SLOTS, pack_doc
 
 
 @dataclass(frozen=True)
@@ -93,45 +93,27 @@ class Packer:
 
     def put_doc(self, v: dict, doc: np.ndarray) -> bool:
         """Add one finished output to the step's corpus section; False when the
-        section is full (it waits for the next step)."""
+        section is full (it waits for the next step).  Only its newest tokens
+        that the ring and an empty section hold are kept, so that a long
+        output never blocks those after it."""
         used = int(v["header"][3])
         cap = self.capacity
-        doc = doc[max(doc.shape[0] - (cap - 1), 0):]
+        room = min(cap, self.spec.doc_tokens) - 1
+        doc = doc[max(doc.shape[0] - room, 0):]
         n = doc.shape[0]
         if cap <= 1 or used + n + 1 > self.spec.doc_tokens:
             return cap <= 1
         if self.head + n + 1 > cap:
             self.head = 0
         at = slice(used, used + n + 1)
-        v["doc_pos"][at] = self.head + np.arange(n + 1)
-        v["doc_tok"][at] = np.append(doc, -1)
-        b4, b2 = _buckets(doc.astype(np.int64), self.buckets)
-        v["doc_b4"][at] = np.append(b4, 0)
-        v["doc_b2"][at] = np.append(b2, 0)
-        v["doc_seq"][at] = self.docs
-        keys = np.zeros(n + 1, np.int32)
-        j = np.arange(n)
-        keys[:n] = (j >= 4).astype(np.int32) | ((j >= 2).astype(np.int32) << 1)
-        v["doc_keys"][at] = keys
+        if not pack_doc(np.ascontiguousarray(doc, np.int32), self.head, self.docs, self.buckets,
+                        v["doc_pos"][at], v["doc_tok"][at], v["doc_b4"][at], v["doc_b2"][at],
+                        v["doc_seq"][at], v["doc_keys"][at]):
+            raise ValueError(f"the corpus section cannot take a document of {n} tokens")
         v["header"][3] = used + n + 1
         self.head += n + 1
         self.docs += 1
         return True
-
-
-def _buckets(doc: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """The 4- and 2-token hash buckets of each position of ``doc`` (``vllm_suffix.ingest``)."""
-    n = doc.shape[0]
-    hv = np.zeros(n, np.int64)
-    out = {}
-    with np.errstate(over="ignore"):
-        for d in range(4):
-            j = np.arange(n) - 1 - d
-            t = np.where(j >= 0, doc[np.maximum(j, 0)], 0)
-            hv = (hv ^ t) * HASH_MUL
-            if d in (1, 3):
-                out[d] = (((hv >> 29) ^ hv) & (buckets - 1)).astype(np.int32)
-    return out[3], out[1]
 
 
 def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,

@@ -86,6 +86,45 @@ def ingest(corpus, table, state, row, start, end):
 
 
 @njit(cache=True, nogil=True)
+def pack_doc(doc, head, seq, n_buckets, pos, tok, b4, b2, seqs, keys):
+    """A document's entries for the device corpus (``device.payload.Packer``):
+    per token of ``doc`` and then its end marker (token -1), its ring position
+    from ``head``, token, 4- and 2-token hash buckets (``ingest``'s keys),
+    document number ``seq`` and which keys index it (bit 0: 4 tokens, bit 1:
+    2).  Writes ``len(doc) + 1`` entries of each output; False, writing
+    nothing, when one is shorter or ``n_buckets`` is not a power of two."""
+    n = doc.shape[0]
+    for out in (pos, tok, b4, b2, seqs, keys):
+        if out.shape[0] < n + 1:
+            return False
+    if n_buckets <= 0 or n_buckets & (n_buckets - 1) != 0:
+        return False
+    for j in range(n):
+        hv = np.int64(0)
+        bucket2 = np.int64(0)
+        for d in range(4):
+            t = np.int64(0)
+            if j - 1 - d >= 0:
+                t = np.int64(doc[j - 1 - d])
+            hv = (hv ^ t) * HASH_MUL
+            if d == 1:
+                bucket2 = _bucket(hv, n_buckets)
+        pos[j] = head + j
+        tok[j] = doc[j]
+        b4[j] = _bucket(hv, n_buckets)
+        b2[j] = bucket2
+        seqs[j] = seq
+        keys[j] = (1 if j >= 4 else 0) | (2 if j >= 2 else 0)
+    pos[n] = head + n
+    tok[n] = -1
+    b4[n] = 0
+    b2[n] = 0
+    seqs[n] = seq
+    keys[n] = 0
+    return True
+
+
+@njit(cache=True, nogil=True)
 def local_match(row, seq_len, depth):
     """``(length, end)``: the longest suffix of ``row[:seq_len]`` (at most ``depth``
     tokens) that also ends at an earlier position ``end`` (the newest of equals);

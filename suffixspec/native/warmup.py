@@ -15,7 +15,7 @@ import numpy as np
 from numba.core import event
 
 from . import calibration as cal, layout as lay, ngram, partition, propose, query, trie, union
-from . import windows
+from . import vllm_suffix, windows
 from . import tokens as token_checks
 from .cache import drop_cache, record_cache_files
 
@@ -127,6 +127,8 @@ def _windows(ix, root):
                             np.zeros(0, np.int64), np.zeros(8, np.bool_), np.zeros(8, np.int32),
                             np.zeros((8, w), np.int32), np.zeros((8, w), np.int32),
                             np.zeros((8, w), np.int32))
+    entries = np.zeros((6, 16), np.int32)  # a finished output for the device corpus
+    vllm_suffix.pack_doc(TOKENS, 0, 0, 16, *entries)
 
 
 def _learning(ix, root):
@@ -225,4 +227,4 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn, windows.build_batch, windows.one_token_paths,
-           ngram.ngram_propose, token_checks.first_bad_token)
+           ngram.ngram_propose, token_checks.first_bad_token, vllm_suffix.pack_doc)

@@ -90,6 +90,16 @@ class Followed:
         self.length += n
 
 
+#: The feeder's work by phase (``FeederStats.phase_cpu``): waiting for a
+#: snapshot's or tail's copy (CUDA spins, so it costs CPU), following requests
+#: that start (indexing the prompt), catching each row's tokens up, indexing
+#: them (one native call per pool), scoring the device's drafts and pairs,
+#: committing finished requests, then packing: windows, one-token paths,
+#: calibration (params, table, arbiter's choice) and corpus documents.
+PHASES = ("wait", "add", "catch_up", "index", "score", "finish", "windows", "paths",
+          "calibration", "docs")
+
+
 @dataclass
 class FeederStats:
     snapshots: int = 0
@@ -104,6 +114,7 @@ class FeederStats:
     lost_requests: int = 0  # gaps in a request's tokens: its windows stop
     seconds: float = 0.0      # wall time handling jobs
     cpu_seconds: float = 0.0  # this thread's CPU time doing it
+    phase_cpu: dict = field(default_factory=dict)  # that CPU time by ``PHASES``
     ages: deque = field(default_factory=lambda: deque(maxlen=4096))  # steps, per taken payload
 
 
@@ -141,6 +152,7 @@ class WindowFeeder:
         self._docs: deque = deque()
         self._pending_windows: list[str] = []  # the requests of the last snapshot
         self._turn = 0
+        self._lap_at = 0.0
         self._warned = False
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="suffixspec-feeder", daemon=True)
@@ -216,23 +228,39 @@ class WindowFeeder:
                     return
                 jobs = list(self._jobs)
                 self._jobs.clear()
-            start, cpu = time.perf_counter(), time.thread_time()
-            last_step = None
-            try:
-                for job in jobs:
-                    if job[0] == "snapshot":
-                        last_step = job[1]
-                    getattr(self, "_on_" + job[0])(*job[1:])
-                if last_step is not None:
-                    self._publish(last_step)
-            except Exception as exc:  # the feeder must never stop serving
-                self._failed(exc)
-            self.stats.seconds += time.perf_counter() - start
-            self.stats.cpu_seconds += time.thread_time() - cpu
+            last_step = self.handle(jobs)
             if last_step is not None:
                 with self._cond:
                     self._done_step = max(self._done_step, last_step)
                     self._cond.notify_all()
+
+    def handle(self, jobs: list) -> int | None:
+        """Do ``jobs`` (as queued by the worker's calls), then publish a payload
+        if a snapshot was among them; returns the newest snapshot's step.  The
+        feeder thread's work, callable in any one thread (``bench/feeder_bench.py``
+        replays recorded jobs through it)."""
+        start = time.perf_counter()
+        self._lap_at = cpu = time.thread_time()
+        last_step = None
+        try:
+            for job in jobs:
+                if job[0] == "snapshot":
+                    last_step = job[1]
+                getattr(self, "_on_" + job[0])(*job[1:])
+            if last_step is not None:
+                self._publish(last_step)
+        except Exception as exc:  # the feeder must never stop serving
+            self._failed(exc)
+        self.stats.seconds += time.perf_counter() - start
+        self.stats.cpu_seconds += time.thread_time() - cpu
+        return last_step
+
+    def _lap(self, phase: str) -> None:
+        """This thread's CPU since the last lap goes to ``phase``."""
+        now = time.thread_time()
+        cpu = self.stats.phase_cpu
+        cpu[phase] = cpu.get(phase, 0.0) + now - self._lap_at
+        self._lap_at = now
 
     def _failed(self, exc: Exception) -> None:
         if not self._warned:
@@ -245,6 +273,7 @@ class WindowFeeder:
         self.proposer = proposer
         for req_id, rec in self.requests.items():
             self._start(req_id, rec)
+        self._lap("add")
 
     def _start(self, req_id: str, rec: Followed) -> None:
         prop = self.proposer
@@ -263,6 +292,7 @@ class WindowFeeder:
         rec.append(tokens)
         self.requests[req_id] = rec
         self._start(req_id, rec)
+        self._lap("add")
 
     def _catch_up(self, req_id: str, rec: Followed, total: int, tail: np.ndarray,
                   gains: list | None = None) -> bool:
@@ -296,6 +326,7 @@ class WindowFeeder:
     def _on_snapshot(self, step, rows, req_ids, event) -> None:
         if event is not None:
             event.synchronize()  # this thread waits; the worker and the GPU go on
+        self._lap("wait")
         k = self.k
         self.stats.snapshots += 1
         col = snapshot_columns(k)
@@ -311,8 +342,10 @@ class WindowFeeder:
             if rec.started:
                 live.append(req_id)
                 rows_of.append(i)
+        self._lap("catch_up")
         if gains:  # one native call per pool for the whole step
             self.proposer.extend_batch([r for r, _ in gains], [t for _, t in gains])
+        self._lap("index")
         if live:  # calibration scores these drafts at the next tokens
             picked = rows[rows_of]
             self.proposer.adopt_drafts(live, picked[:, col["draft"]], picked[:, col["buckets"]],
@@ -322,10 +355,12 @@ class WindowFeeder:
                                       picked[:, col["pair_tokens"]].reshape(-1, 2, k))
         self.stats.rows += len(live)
         self._pending_windows = live
+        self._lap("score")
 
     def _on_finish(self, req_ids, tails, event) -> None:
         if event is not None:
             event.synchronize()
+        self._lap("wait")
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
             if rec is None:
@@ -337,6 +372,7 @@ class WindowFeeder:
             if rec.started:
                 self.proposer.finish_request(req_id)
             self._docs.append(rec.all()[max(rec.prompt_len - PROMPT_CONTEXT, 0):])
+        self._lap("finish")
 
     def _publish(self, step: int) -> None:
         """Pack the next payload into a free buffer and offer it to the worker."""
@@ -344,6 +380,7 @@ class WindowFeeder:
         event = self._sent[b]
         if event is not None:
             event.synchronize()  # its last copy to the device is done
+        self._lap("wait")
         v = self.buffers[b]
         self.packer.clear(v)
         v["header"][0] = step
@@ -351,7 +388,9 @@ class WindowFeeder:
         live, self._pending_windows = self._pending_windows, []
         if prop is not None:
             self._pack_windows(v, live)
+            self._lap("windows")
             self._pack_paths(v)
+            self._lap("paths")
             thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
             v["params"].view(np.float32)[:] = Calibration.host_params(
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
@@ -359,9 +398,11 @@ class WindowFeeder:
                 self.arbiter and prop.config.arbitrate)
             v["table"].view(np.float32)[:] = prop.stats.table
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
+            self._lap("calibration")
         while self._docs and self.packer.put_doc(v, self._docs[0]):
             self._docs.popleft()
             self.stats.docs_sent += 1
+        self._lap("docs")
         with self._cond:
             self._ready = (b, step)
             self._next = (b + 1) % len(self.buffers)
@@ -418,3 +459,8 @@ class WindowFeeder:
                 "age_p99": float(np.percentile(ages, 99)),
                 "waits_timed_out": st.waits_timed_out, "taken": st.taken,
                 "wait_ms_per_take": round(1e3 * st.wait_seconds / max(st.taken, 1), 3)}
+
+    def phases(self, steps: int) -> dict[str, float]:
+        """This thread's CPU milliseconds per step by phase (``PHASES``)."""
+        return {p: round(1e3 * self.stats.phase_cpu.get(p, 0.0) / max(steps, 1), 3)
+                for p in PHASES}

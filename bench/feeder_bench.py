@@ -1,0 +1,170 @@
+"""The window feeder's host work per step, replayed from recorded jobs.
+
+    PYTHONPATH=.:bench python bench/feeder_bench.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen [--jobs bench/cache/feeder_jobs_b64.pkl]
+
+On a GPU the feeder's Python runs beside the worker's and holds the
+interpreter lock while it does (at 64 in flight it cost the step 0.9-1.8 ms,
+``docs/device.md``).  This measures that work alone, on the CPU:
+
+1. record (once, or when ``--jobs`` does not exist): ``device_check``'s
+   synthetic MRV2 loop on CPU tensors, with the device speculator at
+   ``--level`` requests in flight over the sql trace, keeping a copy of every
+   job the worker hands the feeder (requests added, step snapshots, finished
+   requests' tails);
+2. replay ``--repeats`` times (after one not counted): the same jobs, a step at a time, into a fresh
+   speculator's feeder (``WindowFeeder.handle``) in this thread, with nothing
+   else running.  Per repeat: the feeder's CPU per step, by phase
+   (``feeder.PHASES``), and a digest of every payload it published.
+
+Prints the minimum over repeats per phase and in all, and the digest: two
+versions of the code that publish the same payloads from the same jobs have
+the same digest, so a trim of the feeder is timed against its parent on
+one jobs file and checked to change nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import device_check as dc  # noqa: E402
+
+JOBS_FORMAT = 1
+#: sql requests the recorded loop serves (some 270 steps at 64 in flight).
+REQUESTS = 1000
+
+
+def record(traces: str, tokenizer: str, level: int, steps: int) -> list[list[tuple]]:
+    """The loop's jobs for the feeder, grouped by step (each group ends with the
+    step's snapshot); arrays are copies (the loop's ring buffers are reused)."""
+    from suffixspec.integrations.vllm.feeder import WindowFeeder
+
+    jobs: list[tuple] = []
+    real = {name: getattr(WindowFeeder, name) for name in ("add", "snapshot", "finished")}
+
+    def add(self, req_id, slot, epoch, tokens, prompt_len):
+        jobs.append(("add", req_id, slot, epoch, np.asarray(tokens, np.int32).copy(),
+                     prompt_len))
+        real["add"](self, req_id, slot, epoch, tokens, prompt_len)
+
+    def snapshot(self, step, rows, req_ids, event):
+        jobs.append(("snapshot", step, np.array(rows), list(req_ids), None))
+        real["snapshot"](self, step, rows, req_ids, event)
+
+    def finished(self, req_ids, tails, event):
+        jobs.append(("finish", list(req_ids), np.array(tails), None))
+        real["finished"](self, req_ids, tails, event)
+
+    requests = dc._requests(traces, tokenizer, REQUESTS, np.random.default_rng(3))
+    with mock.patch.multiple(WindowFeeder, add=add, snapshot=snapshot, finished=finished):
+        dc.loop(torch.device("cpu"), "device", level, steps, requests, 4096)
+    steps_of, group = [], []
+    for job in jobs:
+        group.append(job)
+        if job[0] == "snapshot":
+            steps_of.append(group)
+            group = []
+    return steps_of
+
+
+def replay(steps: list[list[tuple]], level: int) -> dict:
+    """One replay into a fresh feeder: its CPU per step by phase, and the digest."""
+    from suffixspec.integrations.vllm import device_speculator as ds
+    from suffixspec.integrations.vllm.feeder import PHASES
+
+    max_reqs = max(level, 8)
+    spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
+                                     dc.States(max_reqs, 4096, torch.device("cpu")),
+                                     start=False)
+    spec.start(wait=True)
+    feeder = spec.feeder
+    while feeder.stats.seconds == 0.0:  # the ready job runs on the feeder's own thread
+        time.sleep(0.01)
+    feeder.stats = type(feeder.stats)()  # this thread's work only, from here
+    payloads = [b.numpy() for b in spec._host_payloads]
+    digest = hashlib.blake2b(digest_size=8)
+    cpu = wall = 0.0
+    for n, group in enumerate(steps, start=1):
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        feeder.handle(group)
+        cpu, wall = cpu + time.thread_time() - cpu0, wall + time.perf_counter() - wall0
+        b = feeder.take(n + 1, 0.0)
+        if b is not None:
+            digest.update(payloads[b].tobytes())
+    out = {"cpu_ms_per_step": round(1e3 * cpu / len(steps), 3),
+           "wall_ms_per_step": round(1e3 * wall / len(steps), 3),
+           "phases": feeder.phases(len(steps)), "digest": digest.hexdigest(),
+           "published": feeder.stats.published, "windows_built": feeder.stats.windows_built,
+           "lost_requests": feeder.stats.lost_requests}
+    assert set(out["phases"]) == set(PHASES)
+    spec.close()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--level", type=int, default=64, help="requests in flight")
+    ap.add_argument("--steps", type=int, default=400, help="loop steps recorded")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--jobs", default=None,
+                    help="recorded jobs (made when missing; default "
+                         "bench/cache/feeder_jobs_b<level>.pkl)")
+    ap.add_argument("--out", default=None, help="a JSON file for the figures")
+    args = ap.parse_args()
+    os.environ.setdefault("SUFFIXSPEC_LOG_INTERVAL", "0")
+    os.environ.setdefault("SUFFIXSPEC_DRAFT_COST", "0.03")
+    tokenizer = str(Path(args.tokenizer) / "tokenizer.json"
+                    if Path(args.tokenizer).is_dir() else args.tokenizer)
+    from suffixspec.kernels import compile_on_two_cores
+    from suffixspec.native.warmup import DEVICE, STEPS
+
+    compile_on_two_cores(STEPS + DEVICE)
+    path = Path(args.jobs or ROOT / "bench" / "cache" / f"feeder_jobs_b{args.level}.pkl")
+    if path.is_file():
+        with path.open("rb") as f:
+            saved = pickle.load(f)
+        if saved.get("format") != JOBS_FORMAT or saved.get("level") != args.level:
+            sys.exit(f"{path}: recorded in another format or at another level; remove it")
+        steps = saved["steps"]
+    else:
+        steps = record(args.traces, tokenizer, args.level, args.steps)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump({"format": JOBS_FORMAT, "level": args.level, "steps": steps}, f)
+    replay(steps, args.level)  # first: anything compiled or loaded on first use
+    runs = [replay(steps, args.level) for _ in range(args.repeats)]
+    digests = {r["digest"] for r in runs}
+    best = {"cpu_ms_per_step": min(r["cpu_ms_per_step"] for r in runs),
+            "wall_ms_per_step": min(r["wall_ms_per_step"] for r in runs),
+            "phases": {p: min(r["phases"][p] for r in runs) for p in runs[0]["phases"]}}
+    report = {"jobs": str(path), "steps": len(steps), "level": args.level,
+              "repeats": args.repeats, "min": best,
+              "cpu_ms_per_step_all": [r["cpu_ms_per_step"] for r in runs],
+              "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),
+              "published": runs[0]["published"], "windows_built": runs[0]["windows_built"],
+              "lost_requests": runs[0]["lost_requests"]}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
