@@ -208,7 +208,7 @@ class SuffixProposer:
                 self.extend(req_ids[0], token_ids[0])
             return
         _distinct(req_ids)
-        rows = _fields(self._row(r) for r in req_ids)
+        rows = self._rows(req_ids)
         # One check of all the tokens at once: per-array checks cost more than the indexing.
         arrays = [t if isinstance(t, np.ndarray) else np.asarray(t) for t in token_ids]
         for a in arrays:
@@ -370,7 +370,7 @@ class SuffixProposer:
             _distinct(req_ids)
         if self.cross is not None:
             self.cross.refresh()  # first: a reload moves outputs to other delta sequences
-        rows = _fields(self._row(r) for r in req_ids)
+        rows = self._rows(req_ids)
         limits = self._limits(max_spec_tokens, b)
         if self._out.n.shape[0] < b:
             self.outputs = lay.outputs(max(b, 2 * self._out.n.shape[0]), self.max_spec_tokens)
@@ -441,7 +441,7 @@ class SuffixProposer:
             raise ValueError(f"windows have {windows.tokens.shape[0]} rows for {b} requests")
         if self.cross is not None:
             self.cross.refresh()
-        rows = _fields(self._row(r) for r in req_ids)
+        rows = self._rows(req_ids)
         view, delta, cross_roots = self._cross_args(req_ids)
         batch = (rows[1], rows[0], rows[2], self._limits(None, b), cross_roots)
         arrays, roots = self.requests.index.read_only_arrays(), self.requests.index.roots
@@ -502,7 +502,7 @@ class SuffixProposer:
         b = len(req_ids)
         if b == 0:
             return
-        seqs = np.fromiter((self._row(r)[1] for r in req_ids), np.int64, b)
+        seqs = self._rows(req_ids)[1]
         w = min(k, tokens.shape[1], buckets.shape[1])
         m = np.minimum(np.asarray(n, np.int64)[:b], w)
         keep = np.arange(w)[None, :] < m[:, None]  # each row's first m: the rest as it was
@@ -530,7 +530,7 @@ class SuffixProposer:
         if pairs.ndim != 2 or pairs.shape[1] < 3 or tokens.ndim != 3 or tokens.shape[1] != 2:
             raise ValueError(f"pairs {pairs.shape} and tokens {tokens.shape} do not hold a "
                              f"cell and two lengths, and two drafts, per request")
-        seqs = np.fromiter((self._row(r)[1] for r in req_ids), np.int64, b)
+        seqs = self._rows(req_ids)[1]
         index = self.requests.index
         offsets = index.seqs[seqs, lay.SEQ_OFF].astype(np.int64)
         lengths = index.seqs[seqs, lay.SEQ_LEN].astype(np.int64)
@@ -614,6 +614,28 @@ class SuffixProposer:
         handle = self._cross_seq.get(req_id)
         return tree, seq, -1 if handle is None else self.cross.seq_of(handle)
 
+    def _rows(self, req_ids: Sequence[Hashable]) -> np.ndarray:
+        """``_row`` of each request, in one pass: ``(3, b)`` int64, each field
+        contiguous (a column of a ``(b, 3)`` array is strided, which Numba types
+        apart from a single request's contiguous one: kernels would compile a
+        second time at the first step with two requests)."""
+        own = self.requests.requests
+        try:
+            pairs = [own[r] for r in req_ids]
+        except (KeyError, TypeError):
+            for r in req_ids:
+                self._row(r)  # raises, naming the request
+            raise
+        out = np.empty((3, len(pairs)), np.int64)
+        out[:2] = np.array(pairs, np.int64).reshape(-1, 2).T
+        handles = self._cross_seq
+        if handles:
+            seq_of = self.cross.seq_of
+            out[2] = [-1 if (h := handles.get(r)) is None else seq_of(h) for r in req_ids]
+        else:
+            out[2] = -1
+        return out
+
     @locked
     def calibration_table(self, namespace: str | None = None) -> np.ndarray:
         """The calibration table (``native.calibration``) that drafts of
@@ -663,16 +685,6 @@ class SuffixProposer:
         if b and limits.min() < 0:
             raise ValueError("max_spec_tokens must not be negative")
         return np.minimum(limits, self.max_spec_tokens).astype(np.int64)
-
-
-def _fields(rows) -> np.ndarray:
-    """Per-request ``(tree, seq, cross seq)`` rows as one contiguous array per field.
-
-    A column of a ``(b, 3)`` array is strided, which Numba types apart from a
-    single request's (contiguous) one: kernels would compile a second time
-    at the first step with two requests.
-    """
-    return np.array(list(rows), np.int64).reshape(-1, 3).T.copy()
 
 
 def _stop_outside(tokens, probs, n, score, vocab_size: int) -> None:

@@ -311,10 +311,11 @@ class WindowFeeder:
                 self.proposer.extend(req_id, new)
             else:
                 gains.append((req_id, new))
-        # The output grows in the pool: the one-token paths of its last tokens change.
-        self._changed.append(rec.buffer[max(rec.length - self.k, 0):rec.length].copy())
-        self._changed.append(new)
+        before = max(rec.length - self.k, 0)
         rec.append(new)
+        # The output grows in the pool: the one-token paths of its last tokens
+        # change (a view: appending never writes over what it holds).
+        self._changed.append(rec.buffer[before:rec.length])
         return True
 
     def _lose(self, req_id: str) -> None:
