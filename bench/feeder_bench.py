@@ -49,9 +49,11 @@ JOBS_FORMAT = 1
 REQUESTS = 1000
 
 
-def record(traces: str, tokenizer: str, level: int, steps: int) -> list[list[tuple]]:
+def record(traces: str | None, tokenizer: str | None, level: int,
+           steps: int) -> list[list[tuple]]:
     """The loop's jobs for the feeder, grouped by step (each group ends with the
-    step's snapshot); arrays are copies (the loop's ring buffers are reused)."""
+    step's snapshot); arrays are copies (the loop's ring buffers are reused).
+    Without ``traces``, ``device_check``'s synthetic requests."""
     from suffixspec.integrations.vllm.feeder import WindowFeeder
 
     jobs: list[tuple] = []
@@ -154,7 +156,9 @@ def main():
     best = {"cpu_ms_per_step": min(r["cpu_ms_per_step"] for r in runs),
             "wall_ms_per_step": min(r["wall_ms_per_step"] for r in runs),
             "phases": {p: min(r["phases"][p] for r in runs) for p in runs[0]["phases"]}}
-    report = {"jobs": str(path), "steps": len(steps), "level": args.level,
+    shown = path.resolve()
+    shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+    report = {"jobs": str(shown), "steps": len(steps), "level": args.level,
               "repeats": args.repeats, "min": best,
               "cpu_ms_per_step_all": [r["cpu_ms_per_step"] for r in runs],
               "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),

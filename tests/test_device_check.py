@@ -15,6 +15,8 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from suffixspec.integrations.vllm.feeder import PHASES  # noqa: E402
+
 
 @pytest.mark.slow
 def test_the_device_check_runs_on_the_cpu(tmp_path):
@@ -34,3 +36,23 @@ def test_the_device_check_runs_on_the_cpu(tmp_path):
         device = loop[f"device_b{b}"]
         assert device["tokens_per_request_step"] > 1.0  # its drafts are accepted
         assert device["feeder"]["taken"] > 0
+        phases = device["feeder_phase_cpu_ms_per_step"]
+        assert set(phases) == set(PHASES) and phases["windows"] > 0
+
+
+@pytest.mark.slow
+def test_the_feeder_replays_recorded_jobs_to_the_same_payloads(monkeypatch):
+    """``bench/feeder_bench.py``: a replay of the loop's jobs is deterministic
+    (its A/B timings compare equal work), publishes a payload per step and
+    accounts its CPU by phase."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.setenv("SUFFIXSPEC_LOG_INTERVAL", "0")
+    import feeder_bench
+
+    steps = feeder_bench.record(None, None, level=8, steps=30)
+    assert len(steps) >= 20 and all(group[-1][0] == "snapshot" for group in steps)
+    first, second = feeder_bench.replay(steps, 8), feeder_bench.replay(steps, 8)
+    assert first["digest"] == second["digest"]
+    assert first["published"] == len(steps) and first["windows_built"] > 0
+    assert first["lost_requests"] == 0
+    assert set(first["phases"]) == set(PHASES) and first["phases"]["add"] > 0
