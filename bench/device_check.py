@@ -60,6 +60,9 @@ K = 16
 #: graphs), and with its feeder told nothing (the device's part of a step alone).
 DEVICE_VARIANTS = ("device", "device_eager", "device_idle")
 FORWARD_S = 6.5e-3
+#: Requests the loop serves: on the sql trace some 240 steps at 64 in flight
+#: (400 gave about 105, too few for a steady p50).
+LOOP_REQUESTS = 1000
 HOST_S = 0.3e-3
 
 
@@ -588,7 +591,7 @@ def main():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     _calibrate_sleep(device)
     rng = np.random.default_rng(3)
-    requests = _requests(args.traces, args.tokenizer, 400, rng)
+    requests = _requests(args.traces, args.tokenizer, LOOP_REQUESTS, rng)
     report = {"device": str(device), "name": (torch.cuda.get_device_name(device)
                                               if device.type == "cuda" else "cpu"),
               "torch": torch.__version__}

@@ -45,8 +45,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 import device_check as dc  # noqa: E402
 
 JOBS_FORMAT = 1
-#: sql requests the recorded loop serves (some 270 steps at 64 in flight).
-REQUESTS = 1000
 
 
 def record(traces: str | None, tokenizer: str | None, level: int,
@@ -72,7 +70,7 @@ def record(traces: str | None, tokenizer: str | None, level: int,
         jobs.append(("finish", list(req_ids), np.array(tails), None))
         real["finished"](self, req_ids, tails, event)
 
-    requests = dc._requests(traces, tokenizer, REQUESTS, np.random.default_rng(3))
+    requests = dc._requests(traces, tokenizer, dc.LOOP_REQUESTS, np.random.default_rng(3))
     with mock.patch.multiple(WindowFeeder, add=add, snapshot=snapshot, finished=finished):
         dc.loop(torch.device("cpu"), "device", level, steps, requests, 4096)
     steps_of, group = [], []

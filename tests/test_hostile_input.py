@@ -186,12 +186,20 @@ print(ready, p.propose(["r"])[0].token_ids.tolist())
 """
 
 
+@pytest.fixture(scope="module")
+def warm_kernel_cache(tmp_path_factory):
+    """A kernel cache ``warmup()`` filled, made once for the tests that damage copies of it."""
+    cache = tmp_path_factory.mktemp("kernels") / "cache"
+    subprocess.run([sys.executable, "-c", "from suffixspec.native import warmup; warmup()"],
+                   env=dict(os.environ, NUMBA_CACHE_DIR=str(cache)), check=True, timeout=600)
+    return cache
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, damage", [("nbi", "cut"), ("nbc", "flip")])
-def test_a_damaged_kernel_cache_is_compiled_again(tmp_path, kind, damage):
+def test_a_damaged_kernel_cache_is_compiled_again(tmp_path, warm_kernel_cache, kind, damage):
+    shutil.copytree(warm_kernel_cache, tmp_path / "cache")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, "-c", "from suffixspec.native import warmup; warmup()"],
-                   env=env, check=True, timeout=600)
     subprocess.run([sys.executable, "-c", DAMAGE, str(tmp_path / "cache"), kind, damage],
                    check=True, timeout=60)
     proc = subprocess.run([sys.executable, "-c", USE_CACHE], env=env, capture_output=True,
