@@ -47,6 +47,22 @@ def _bucket(hv, n_buckets):
     return ((hv >> 29) ^ hv) & (n_buckets - 1)
 
 
+@njit(cache=True, inline="always")
+def _key_buckets(row, end, n_buckets):
+    """The 4- and 2-token key buckets of the tokens before ``row[end]`` (0 for
+    those before the row's start), as ``ingest`` keys each position."""
+    hv = np.int64(0)
+    b2 = np.int64(0)
+    for d in range(4):
+        t = np.int64(0)
+        if end - 1 - d >= 0:
+            t = np.int64(row[end - 1 - d])
+        hv = (hv ^ t) * HASH_MUL
+        if d == 1:
+            b2 = _bucket(hv, n_buckets)
+    return _bucket(hv, n_buckets), b2
+
+
 @njit(cache=True, nogil=True)
 def ingest(corpus, table, state, row, start, end):
     """Append document ``row[start:end]`` (the newest ``cap - 1`` tokens of it) to
@@ -100,19 +116,9 @@ def pack_doc(doc, head, seq, n_buckets, pos, tok, b4, b2, seqs, keys):
     if n_buckets <= 0 or n_buckets & (n_buckets - 1) != 0:
         return False
     for j in range(n):
-        hv = np.int64(0)
-        bucket2 = np.int64(0)
-        for d in range(4):
-            t = np.int64(0)
-            if j - 1 - d >= 0:
-                t = np.int64(doc[j - 1 - d])
-            hv = (hv ^ t) * HASH_MUL
-            if d == 1:
-                bucket2 = _bucket(hv, n_buckets)
+        b4[j], b2[j] = _key_buckets(doc, j, n_buckets)
         pos[j] = head + j
         tok[j] = doc[j]
-        b4[j] = _bucket(hv, n_buckets)
-        b2[j] = bucket2
         seqs[j] = seq
         keys[j] = (1 if j >= 4 else 0) | (2 if j >= 2 else 0)
     pos[n] = head + n
@@ -150,16 +156,7 @@ def corpus_draft(row, seq_len, corpus, table, depth, k, chain, votes):
     cap = corpus.shape[0]
     nb = table.shape[1]
     c = 2 * SLOTS
-    hv = np.int64(0)
-    b2 = np.int64(0)
-    for d in range(4):
-        t = np.int64(0)
-        if seq_len - 1 - d >= 0:
-            t = np.int64(row[seq_len - 1 - d])
-        hv = (hv ^ t) * HASH_MUL
-        if d == 1:
-            b2 = _bucket(hv, nb)
-    b4 = _bucket(hv, nb)
+    b4, b2 = _key_buckets(row, seq_len, nb)
     vals = np.empty(c, np.int64)
     key_len = np.empty(c, np.int64)
     for i in range(SLOTS):
