@@ -400,8 +400,11 @@ class WindowFeeder:
             v["table"].view(np.float32)[:] = prop.stats.table
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
             self._lap("calibration")
-        while self._docs and self.packer.put_doc(v, self._docs[0]):
-            self._docs.popleft()
+        while self._docs:  # taken first: a document the packer refuses is not retried
+            doc = self._docs.popleft()
+            if not self.packer.put_doc(v, doc):  # the section is full: next step
+                self._docs.appendleft(doc)
+                break
             self.stats.docs_sent += 1
         self._lap("docs")
         with self._cond:
