@@ -92,3 +92,24 @@ def test_a_process_starting_while_another_saves_a_kernel_does_not_drop_the_cache
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", SAVE_BEFORE_LISTING], env=env, check=True)
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}
+
+
+def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(tmp_path):
+    # Inodes vouch for a file only in the folder they were listed in: in a copy
+    # (an image build, a restored backup) each listed file is read.
+    import shutil
+
+    first, intact, damaged = tmp_path / "first", tmp_path / "intact", tmp_path / "damaged"
+    assert _probe(first) == {"hits": 0, "misses": 1}
+    shutil.copytree(first, intact)
+    shutil.copytree(first, damaged)
+    assert _probe(intact) == {"hits": 1, "misses": 0}
+    victim = next(damaged.rglob("tokens.first_bad_token-*.nbc"))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(damaged))
+    run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
+    assert run.stderr.count("has a damaged file") == 1

@@ -15,6 +15,9 @@ listed file that differs in place drops the cache at import, before anything
 loads from it.  Numba saves a file whole, by rename, so a file with another
 inode is a save by another process since the listing, not damage: it is left
 alone, and a process starting while another saves does not drop everything.
+Inodes mean that only in the folder they were listed in: the listing names
+its folder (device and inode), and in a copied folder (an image build, a
+restored backup) every listed file is checked by content.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def record_cache_files() -> None:
         try:
             listed = {p.name: _file_stamp(p) for p in _cache_files(folder)}
             tmp = folder / f"{MANIFEST}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(listed))
+            tmp.write_text(json.dumps({"folder": _folder_id(folder), "files": listed}))
             tmp.replace(folder / MANIFEST)
         except OSError:
             pass  # a cache folder we cannot write: Numba does not cache there either
@@ -152,14 +155,21 @@ def _file_stamp(path: Path) -> list:
     return [len(data), xxhash.xxh3_64_intdigest(data), inode]
 
 
-def _damaged(path: Path, listed: list) -> bool:
-    """Whether a listed cache file changed in place since it was listed.
+def _folder_id(folder: Path) -> list:
+    """Device and inode of a folder: which folder a listing's inodes belong to."""
+    st = os.stat(folder)
+    return [st.st_dev, st.st_ino]
 
-    A file replaced since (another inode) was saved whole by Numba, by rename:
-    it is not read.
+
+def _damaged(path: Path, listed: list, same_folder: bool) -> bool:
+    """Whether a listed cache file differs from its listing.
+
+    In the folder it was listed in, a file replaced since (another inode) was
+    saved whole by Numba, by rename: it is not read.  Elsewhere (a copy of
+    the folder) every file has another inode, and each is read.
     """
     with open(path, "rb") as f:
-        if len(listed) > 2 and os.fstat(f.fileno()).st_ino != listed[2]:
+        if same_folder and len(listed) > 2 and os.fstat(f.fileno()).st_ino != listed[2]:
             return False
         data = f.read()
     return [len(data), xxhash.xxh3_64_intdigest(data)] != listed[:2]
@@ -168,14 +178,23 @@ def _damaged(path: Path, listed: list) -> bool:
 def _whole(folder: Path) -> bool:
     """Whether every listed cache file is as listed (files written since are not listed)."""
     try:
-        listed = json.loads((folder / MANIFEST).read_text())
+        listing = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return True  # no list yet: nothing to check against
+    if not isinstance(listing, dict):
+        return False
+    # A listing written before listings named their folder is checked by content.
+    listed, listed_in = (listing.get("files"), listing.get("folder")) if "files" in listing \
+        else (listing, None)
     if not isinstance(listed, dict):
+        return False
+    try:
+        same_folder = listed_in == _folder_id(folder)
+    except OSError:
         return False
     for name, stamp in listed.items():
         try:
-            if not isinstance(stamp, list) or _damaged(folder / name, stamp):
+            if not isinstance(stamp, list) or _damaged(folder / name, stamp, same_folder):
                 return False
         except FileNotFoundError:
             continue  # replaced since (a recompile): nothing of it is loaded
