@@ -113,3 +113,25 @@ def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
                          check=True)
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
     assert run.stderr.count("has a damaged file") == 1
+
+
+def test_a_lost_or_damaged_list_of_cache_files_drops_the_cache(tmp_path):
+    # The list is what vouches for the files: without it nothing loads unchecked.
+    import shutil
+
+    from suffixspec.native.cache import MANIFEST
+
+    first = tmp_path / "first"
+    assert _probe(first) == {"hits": 0, "misses": 1}
+    for name, damage, said in (("lost", lambda f: f.unlink(), "lost its list of files"),
+                               ("cut", lambda f: f.write_text(f.read_text()[:9]),
+                                "has a damaged file")):
+        cache = tmp_path / name
+        shutil.copytree(first, cache)
+        damage(next(cache.rglob(MANIFEST)))
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+        run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                             text=True, check=True)
+        assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
+        assert run.stderr.count(said) == 1
+        assert _probe(cache) == {"hits": 1, "misses": 0}  # listed again as it was saved

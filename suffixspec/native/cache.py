@@ -17,7 +17,9 @@ inode is a save by another process since the listing, not damage: it is left
 alone, and a process starting while another saves does not drop everything.
 Inodes mean that only in the folder they were listed in: the listing names
 its folder (device and inode), and in a copied folder (an image build, a
-restored backup) every listed file is checked by content.
+restored backup) every listed file is checked by content.  A listing that
+cannot be read, or is gone while cache files are there, drops the cache too:
+nothing loads unchecked because its list was lost.
 """
 
 from __future__ import annotations
@@ -76,14 +78,14 @@ def drop_stale_cache() -> bool:
     folders = {Path(k._cache._cache_path) for k in kernels}
     digest = source_digest()
     stamps = {f: _read(f / STAMP) for f in folders}
-    stale = [f for f in folders if stamps[f] != digest or not _whole(f)]
+    problems = {f: _problem(f) for f in folders if stamps[f] == digest}
+    stale = [f for f in folders if stamps[f] != digest or problems[f] is not None]
     if not stale:
         return False
     for folder in sorted(stale):
         if stamps[folder] is None:  # a first use
             continue
-        why = ("was written for other kernel sources" if stamps[folder] != digest
-               else "has a damaged file")
+        why = problems.get(folder) or "was written for other kernel sources"
         logger.warning("suffixspec: the kernel cache in %s %s; its kernels compile afresh",
                        folder, why)
     for k in kernels:
@@ -104,8 +106,7 @@ def drop_cache() -> None:
     """Forget every cached kernel of this package: each compiles afresh on next use."""
     for k in cached_kernels():
         k._cache.flush()
-    for folder in {Path(k._cache._cache_path) for k in cached_kernels()}:
-        (folder / MANIFEST).unlink(missing_ok=True)
+    record_cache_files()  # what is left (emptied indexes) is listed as it is now
 
 
 def record_cache_files() -> None:
@@ -175,32 +176,40 @@ def _damaged(path: Path, listed: list, same_folder: bool) -> bool:
     return [len(data), xxhash.xxh3_64_intdigest(data)] != listed[:2]
 
 
-def _whole(folder: Path) -> bool:
-    """Whether every listed cache file is as listed (files written since are not listed)."""
+def _problem(folder: Path) -> str | None:
+    """Why the cache files in ``folder`` cannot be trusted, or None: every
+    listed file is as listed (files written since are not listed)."""
+    damaged = "has a damaged file"
     try:
         listing = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        # Each save is listed at once, and emptying the cache lists what is left.
+        try:
+            return "lost its list of files" if _cache_files(folder) else None
+        except OSError:
+            return None  # no folder: nothing cached
     except (OSError, ValueError):
-        return True  # no list yet: nothing to check against
+        return damaged
     if not isinstance(listing, dict):
-        return False
+        return damaged
     # A listing written before listings named their folder is checked by content.
     listed, listed_in = (listing.get("files"), listing.get("folder")) if "files" in listing \
         else (listing, None)
     if not isinstance(listed, dict):
-        return False
+        return damaged
     try:
         same_folder = listed_in == _folder_id(folder)
     except OSError:
-        return False
+        return damaged
     for name, stamp in listed.items():
         try:
             if not isinstance(stamp, list) or _damaged(folder / name, stamp, same_folder):
-                return False
+                return damaged
         except FileNotFoundError:
             continue  # replaced since (a recompile): nothing of it is loaded
         except OSError:
-            return False
-    return True
+            return damaged
+    return None
 
 
 def _read(path: Path) -> str | None:
