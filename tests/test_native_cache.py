@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROBE = """
 import json
 import numpy as np
@@ -94,7 +96,9 @@ def test_a_process_starting_while_another_saves_a_kernel_does_not_drop_the_cache
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}
 
 
-def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(tmp_path):
+@pytest.mark.parametrize("kind, damage", [("nbi", "cut"), ("nbc", "flip")])
+def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
+        tmp_path, kind, damage):
     # Inodes vouch for a file only in the folder they were listed in: in a copy
     # (an image build, a restored backup) each listed file is read.
     import shutil
@@ -104,9 +108,12 @@ def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
     shutil.copytree(first, intact)
     shutil.copytree(first, damaged)
     assert _probe(intact) == {"hits": 1, "misses": 0}
-    victim = next(damaged.rglob("tokens.first_bad_token-*.nbc"))
+    victim = next(damaged.rglob(f"tokens.first_bad_token-*.{kind}"))
     data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    if damage == "cut":
+        del data[len(data) // 2:]
+    else:
+        data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
     env = dict(os.environ, NUMBA_CACHE_DIR=str(damaged))
     run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
