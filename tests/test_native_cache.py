@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -101,8 +102,6 @@ def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
         tmp_path, kind, damage):
     # Inodes vouch for a file only in the folder they were listed in: in a copy
     # (an image build, a restored backup) each listed file is read.
-    import shutil
-
     first, intact, damaged = tmp_path / "first", tmp_path / "intact", tmp_path / "damaged"
     assert _probe(first) == {"hits": 0, "misses": 1}
     shutil.copytree(first, intact)
@@ -124,8 +123,6 @@ def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
 
 def test_a_lost_or_damaged_list_of_cache_files_drops_the_cache(tmp_path):
     # The list is what vouches for the files: without it nothing loads unchecked.
-    import shutil
-
     from suffixspec.native.cache import MANIFEST
 
     first = tmp_path / "first"

@@ -193,8 +193,7 @@ def _problem(folder: Path) -> str | None:
     if not isinstance(listing, dict):
         return damaged
     # A listing written before listings named their folder is checked by content.
-    listed, listed_in = (listing.get("files"), listing.get("folder")) if "files" in listing \
-        else (listing, None)
+    listed, listed_in = listing.get("files", listing), listing.get("folder")
     if not isinstance(listed, dict):
         return damaged
     try:
