@@ -1,0 +1,250 @@
+"""Could a richer learner choose among the policy's candidates?  A probe.
+
+Usage (from the repository root; needs scikit-learn):
+
+    python bench/chooser_probe.py --traces ../shared/data/traces \\
+        --tokenizer ../shared/tokenizers/qwen --only agent code gorilla
+
+``oracle_bound`` chooses among the candidates the policy enumerates
+(``SuffixProposer.candidate_windows``, and the policy's own draft) with
+hindsight.  This probe chooses among the same candidates without it: a
+gradient-boosted classifier (scikit-learn's ``HistGradientBoostingClassifier``)
+estimates each candidate token's chance of acceptance given that the tokens
+before it were accepted, from many more features than the calibration
+table's buckets:
+
+* the candidate's source, match length and whether it is a branch window
+  (its index among the windows);
+* the token's depth, its counts ``(c, n)`` and ratio;
+* how many other candidates hold the same prefix up to and including it;
+* whether the policy's draft holds that prefix, and the policy's own
+  probability for it there;
+* the policy draft's length, the request's last step (tokens drafted and
+  accepted) and the output position.
+
+A candidate's running product of those chances, cut where the net gain
+``sum(p - thr)`` is largest (``thr`` the policy's rule, from running means of
+tokens emitted and drafted), is its value; the best value is drafted, or
+nothing where none is positive.
+
+Each slice is replayed one request at a time.  Its first half of requests
+drafts the policy's drafts and records every candidate token whose prefix
+the recorded output agrees with (the label: the token is right too); the
+classifier is fitted once on that; the second half drafts the classifier's
+choices, and its drafts drive the replay.  A second replay drafts the
+policy's drafts throughout.  MTS, drafted per step and est are over the
+second half's requests in both, so their ratio is what the richer choice
+would add where it had learned from the first half.  Writes nothing;
+prints one line per slice.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from suffixspec.draft import Draft
+from suffixspec.native import layout as lay
+from suffixspec.native import warmup
+from suffixspec.native.windows import W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE
+from suffixspec.replay.engines import make_proposer
+from suffixspec.replay.harness import EST_TOKEN_COST, replay
+from suffixspec.replay.traces import hf_encoder
+
+from bench_common import parser
+from policy_bench import SLICES, load_slice
+
+K = 16
+POLICY = 9            # source code of the policy's own draft as a candidate
+MAX_ROWS = 2_000_000  # training rows kept (a random subset beyond)
+EMA = 0.01
+
+
+def _prefix_equal(a: np.ndarray, b: np.ndarray, j: int) -> bool:
+    return a.shape[0] > j and b.shape[0] > j and bool(np.array_equal(a[:j + 1], b[:j + 1]))
+
+
+def _labels(toks: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per token of a candidate: 1 right, 0 wrong, -1 not reached (a token
+    before it was wrong, or the output ended)."""
+    out = np.full(toks.shape[0], -1, np.int64)
+    for j in range(min(toks.shape[0], truth.shape[0])):
+        out[j] = int(toks[j] == truth[j])
+        if not out[j]:
+            break
+    return out
+
+
+class Chooser:
+    """Drafts the policy's drafts while ``learning``, the classifier's choice
+    after; keeps its own counts of the requests in ``scored``."""
+
+    def __init__(self, requests, scored: set, use_model: bool):
+        self.truth = {r.req_id: r.output for r in requests}
+        self.policy = make_proposer("suffixspec", cross_pool_tokens=None)
+        self.windows = lay.windows(1, 8, 64)
+        self.scored, self.use_model = scored, use_model
+        self.model = None
+        self.at: dict = {}
+        self.context: dict = {}
+        self.last: dict = {}
+        self.rows_x: list = []
+        self.rows_y: list = []
+        self.emitted, self.drafted_ema = 2.0, 4.0
+        self.steps = self.tokens = self.drafted = 0
+        self.max_spec_tokens = K
+
+    # -- the proposer protocol, as the replay calls it
+    def start_request(self, req_id, prompt, anchors=None) -> None:
+        self.policy.start_request(req_id, prompt)
+        self.at[req_id] = 0
+        self.context[req_id] = int(np.asarray(prompt).shape[0])
+        self.last[req_id] = (0, 0)
+
+    def extend(self, req_id, tokens) -> None:
+        self.policy.extend(req_id, tokens)
+        n = int(np.asarray(tokens).shape[0])
+        self.at[req_id] += n
+        self.context[req_id] += n
+        if req_id in self.scored:
+            self.tokens += n
+        self.emitted += EMA * (n - self.emitted)
+
+    def finish_request(self, req_id) -> None:
+        self.policy.finish_request(req_id)
+        for d in (self.at, self.context, self.last):
+            del d[req_id]
+
+    def propose(self, req_ids, max_spec_tokens=None) -> list[Draft]:
+        return [self._one(rid) for rid in req_ids]
+
+    # -- candidates and their features
+    def _candidates(self, rid, draft: Draft):
+        count = int(self.policy.candidate_windows([rid], self.windows)[0])
+        out = []
+        ctx = self.context[rid]
+        for r in range(count):
+            head, length, at = (int(self.windows.meta[0, r, f]) for f in (W_HEAD, W_LEN, W_AT))
+            start = head - (at - ctx)
+            if length <= 0 or start < 0 or start >= length:
+                continue
+            end = min(length, start + K)
+            out.append((int(self.windows.meta[0, r, W_SOURCE]),
+                        int(self.windows.meta[0, r, W_MATCH]), r,
+                        self.windows.tokens[0, r, start:end].astype(np.int64),
+                        self.windows.c[0, r, start:end].astype(np.float64),
+                        self.windows.n[0, r, start:end].astype(np.float64)))
+        mine = draft.token_ids.astype(np.int64)
+        if mine.shape[0] and not any(_prefix_equal(c[3], mine, mine.shape[0] - 1) for c in out):
+            z = np.full(mine.shape[0], -1.0)
+            out.append((POLICY, int(draft.match_len), 8, mine, z, z))
+        return out
+
+    def _features(self, rid, draft: Draft, cands):
+        mine = draft.token_ids.astype(np.int64)
+        probs = draft.probs.astype(np.float64)
+        drafted_last, accepted_last = self.last[rid]
+        rows = []
+        for src, match, r, toks, c, n in cands:
+            for j in range(toks.shape[0]):
+                agree = sum(1 for o in cands if o[3] is not toks and _prefix_equal(o[3], toks, j))
+                on_policy = _prefix_equal(mine, toks, j)
+                rows.append((src, match, r, j, c[j], n[j], c[j] / n[j] if n[j] > 0 else -1.0,
+                             agree, len(cands), on_policy,
+                             probs[j] / (probs[j - 1] if j > 0 else 1.0) if on_policy else -1.0,
+                             mine.shape[0], drafted_last, accepted_last,
+                             min(self.at[rid], 4096)))
+        return np.asarray(rows, np.float64)
+
+    def _one(self, rid) -> Draft:
+        draft = self.policy.propose([rid])[0]
+        truth = self.truth[rid][self.at[rid]:]
+        if self.model is None and self.use_model:
+            cands = self._candidates(rid, draft)
+            if cands:
+                self.rows_x.append(self._features(rid, draft, cands))
+                self.rows_y.append(np.concatenate([_labels(c[3], truth) for c in cands]))
+        chosen = draft if self.model is None else self._choose(rid, draft)
+        n = len(chosen)
+        k = min(n, truth.shape[0])
+        miss = np.flatnonzero(chosen.token_ids[:k] != truth[:k])
+        acc = int(miss[0]) if miss.size else k
+        self.last[rid] = (n, acc)
+        self.drafted_ema += EMA * (n - self.drafted_ema)
+        if rid in self.scored:
+            self.steps += 1
+            self.drafted += n
+        return chosen
+
+    def _choose(self, rid, draft: Draft) -> Draft:
+        cands = self._candidates(rid, draft)
+        if not cands:
+            return Draft()
+        x = self._features(rid, draft, cands)
+        q = self.model.predict_proba(x)[:, 1]
+        thr = EST_TOKEN_COST * self.emitted / (1.0 + EST_TOKEN_COST * self.drafted_ema)
+        best, best_gain, at = None, 0.0, 0
+        for _, match, _, toks, _, _ in cands:
+            p = np.cumprod(q[at:at + toks.shape[0]])
+            at += toks.shape[0]
+            gain = np.cumsum(p - thr)
+            j = int(np.argmax(gain))
+            if gain[j] > best_gain:
+                best_gain, best = float(gain[j]), (toks[:j + 1], p[:j + 1], match)
+        if best is None:
+            return Draft()
+        toks, p, match = best
+        return Draft(toks.astype(np.int32), np.arange(-1, toks.shape[0] - 1, dtype=np.int32),
+                     p.astype(np.float32), float(p.sum()), match, "chooser")
+
+    def fit(self) -> None:
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        x = np.concatenate(self.rows_x)
+        y = np.concatenate(self.rows_y)
+        x, y = x[y >= 0], y[y >= 0]
+        if x.shape[0] > MAX_ROWS:
+            pick = np.random.default_rng(0).choice(x.shape[0], MAX_ROWS, replace=False)
+            x, y = x[pick], y[pick]
+        self.model = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.1,
+                                                    max_leaf_nodes=63,
+                                                    categorical_features=[0, 2],
+                                                    random_state=0).fit(x, y)
+        print(f"    fitted on {x.shape[0]:,} candidate tokens ({y.mean():.3f} right)",
+              file=sys.stderr, flush=True)
+        self.rows_x, self.rows_y = [], []
+
+
+def run(requests, use_model: bool) -> dict:
+    half = len(requests) // 2
+    scored = {r.req_id for r in requests[half:]}
+    chooser = Chooser(requests, scored, use_model)
+    replay(requests[:half], chooser)
+    if use_model:
+        chooser.fit()
+    replay(requests[half:], chooser)
+    mts = chooser.tokens / max(chooser.steps, 1)
+    drafted = chooser.drafted / max(chooser.steps, 1)
+    return {"mts": mts, "drafted": drafted, "est": mts / (1 + EST_TOKEN_COST * drafted)}
+
+
+def main():
+    ap = parser(__doc__)
+    ap.add_argument("--only", nargs="*", choices=list(SLICES), default=list(SLICES))
+    ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    args = ap.parse_args()
+    warmup()
+    encode = hf_encoder(args.tokenizer)
+    for name in args.only:
+        requests = load_slice(args.traces, name, encode, args.fraction)
+        policy = run(requests, use_model=False)
+        learned = run(requests, use_model=True)
+        print(f"{name:8s} second half: policy MTS {policy['mts']:.3f} est {policy['est']:.3f} "
+              f"drafted {policy['drafted']:.2f} | chooser MTS {learned['mts']:.3f} "
+              f"est {learned['est']:.3f} drafted {learned['drafted']:.2f} | "
+              f"est ratio {learned['est'] / policy['est']:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
