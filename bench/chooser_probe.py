@@ -35,7 +35,11 @@ choices, and its drafts drive the replay.  A second replay drafts the
 policy's drafts throughout.  MTS, drafted per step and est are over the
 second half's requests in both, so their ratio is what the richer choice
 would add where it had learned from the first half.  Writes nothing;
-prints one line per slice.
+prints one line per slice.  ``--drop`` names features to leave out;
+``--with-vllm`` adds vLLM's drafter's draft (``vllm-gpu``: the newest
+occurrence of the longest match, in the request's history or its corpus)
+as one more candidate; ``--refits N`` fits again N times over the second
+half, on every candidate token recorded so far (the newest ``MAX_ROWS``).
 """
 
 from __future__ import annotations
@@ -53,11 +57,16 @@ from suffixspec.replay.harness import EST_TOKEN_COST, replay
 from suffixspec.replay.traces import hf_encoder
 
 from bench_common import parser
+from loss_analysis import K, accepted
 from policy_bench import SLICES, load_slice
 
-K = 16
 POLICY = 9            # source code of the policy's own draft as a candidate
-MAX_ROWS = 2_000_000  # training rows kept (a random subset beyond)
+VLLM = 10             # and of vLLM's drafter's (+1 from its corpus), with --with-vllm
+MAX_ROWS = 2_000_000  # training rows of a fit (the newest)
+#: The classifier's features, in ``Chooser._features``' order (``--drop`` leaves some out).
+FEATURES = ("source", "match", "window", "depth", "c", "n", "ratio", "agree", "candidates",
+            "on_policy", "policy_prob", "policy_len", "last_drafted", "last_accepted",
+            "position")
 EMA = 0.01
 
 
@@ -80,30 +89,39 @@ class Chooser:
     """Drafts the policy's drafts while ``learning``, the classifier's choice
     after; keeps its own counts of the requests in ``scored``."""
 
-    def __init__(self, requests, scored: set, use_model: bool):
+    def __init__(self, requests, scored: set, use_model: bool, drop=(), with_vllm=False):
         self.truth = {r.req_id: r.output for r in requests}
         self.policy = make_proposer("suffixspec", cross_pool_tokens=None)
+        self.vllm = make_proposer("vllm-gpu", max_spec_tokens=K) if with_vllm else None
         self.windows = lay.windows(1, 8, 64)
         self.scored, self.use_model = scored, use_model
+        self.keep = [i for i, f in enumerate(FEATURES) if f not in drop]
         self.model = None
         self.at: dict = {}
         self.context: dict = {}
         self.last: dict = {}
-        self.rows_x: list = []
+        self.rows_x: list = []  # since the last fit
         self.rows_y: list = []
+        self.seen_x: list = []  # every fit's
+        self.seen_y: list = []
         self.emitted, self.drafted_ema = 2.0, 4.0
         self.steps = self.tokens = self.drafted = 0
         self.max_spec_tokens = K
 
     # -- the proposer protocol, as the replay calls it
+    def _each(self):
+        return (self.policy,) if self.vllm is None else (self.policy, self.vllm)
+
     def start_request(self, req_id, prompt, anchors=None) -> None:
-        self.policy.start_request(req_id, prompt)
+        for p in self._each():
+            p.start_request(req_id, prompt)
         self.at[req_id] = 0
         self.context[req_id] = int(np.asarray(prompt).shape[0])
         self.last[req_id] = (0, 0)
 
     def extend(self, req_id, tokens) -> None:
-        self.policy.extend(req_id, tokens)
+        for p in self._each():
+            p.extend(req_id, tokens)
         n = int(np.asarray(tokens).shape[0])
         self.at[req_id] += n
         self.context[req_id] += n
@@ -112,7 +130,8 @@ class Chooser:
         self.emitted += EMA * (n - self.emitted)
 
     def finish_request(self, req_id) -> None:
-        self.policy.finish_request(req_id)
+        for p in self._each():
+            p.finish_request(req_id)
         for d in (self.at, self.context, self.last):
             del d[req_id]
 
@@ -139,6 +158,13 @@ class Chooser:
         if mine.shape[0] and not any(_prefix_equal(c[3], mine, mine.shape[0] - 1) for c in out):
             z = np.full(mine.shape[0], -1.0)
             out.append((POLICY, int(draft.match_len), 8, mine, z, z))
+        if self.vllm is not None:
+            theirs = self.vllm.propose([rid])[0]
+            toks = theirs.token_ids.astype(np.int64)
+            if toks.shape[0]:
+                z = np.full(toks.shape[0], -1.0)
+                out.append((VLLM + (theirs.source == "cross"), int(theirs.match_len), 9, toks,
+                            z, z))
         return out
 
     def _features(self, rid, draft: Draft, cands):
@@ -155,7 +181,7 @@ class Chooser:
                              probs[j] / (probs[j - 1] if j > 0 else 1.0) if on_policy else -1.0,
                              mine.shape[0], drafted_last, accepted_last,
                              min(self.at[rid], 4096)))
-        return np.asarray(rows, np.float64)
+        return np.asarray(rows, np.float64)[:, self.keep]
 
     def _one(self, rid) -> Draft:
         draft = self.policy.propose([rid])[0]
@@ -163,25 +189,27 @@ class Chooser:
         if self.model is None and self.use_model:
             cands = self._candidates(rid, draft)
             if cands:
-                self.rows_x.append(self._features(rid, draft, cands))
-                self.rows_y.append(np.concatenate([_labels(c[3], truth) for c in cands]))
-        chosen = draft if self.model is None else self._choose(rid, draft)
+                self._record(self._features(rid, draft, cands), cands, truth)
+        chosen = draft if self.model is None else self._choose(rid, draft, truth)
         n = len(chosen)
-        k = min(n, truth.shape[0])
-        miss = np.flatnonzero(chosen.token_ids[:k] != truth[:k])
-        acc = int(miss[0]) if miss.size else k
-        self.last[rid] = (n, acc)
+        self.last[rid] = (n, accepted(chosen.token_ids, truth))
         self.drafted_ema += EMA * (n - self.drafted_ema)
         if rid in self.scored:
             self.steps += 1
             self.drafted += n
         return chosen
 
-    def _choose(self, rid, draft: Draft) -> Draft:
+    def _record(self, x, cands, truth) -> None:
+        """Keep a step's candidate tokens and their labels for the next fit."""
+        self.rows_x.append(x)
+        self.rows_y.append(np.concatenate([_labels(c[3], truth) for c in cands]))
+
+    def _choose(self, rid, draft: Draft, truth) -> Draft:
         cands = self._candidates(rid, draft)
         if not cands:
             return Draft()
         x = self._features(rid, draft, cands)
+        self._record(x, cands, truth)  # learned from only at a later fit (--refits)
         q = self.model.predict_proba(x)[:, 1]
         thr = EST_TOKEN_COST * self.emitted / (1.0 + EST_TOKEN_COST * self.drafted_ema)
         best, best_gain, at = None, 0.0, 0
@@ -201,29 +229,35 @@ class Chooser:
     def fit(self) -> None:
         from sklearn.ensemble import HistGradientBoostingClassifier
 
-        x = np.concatenate(self.rows_x)
-        y = np.concatenate(self.rows_y)
-        x, y = x[y >= 0], y[y >= 0]
-        if x.shape[0] > MAX_ROWS:
-            pick = np.random.default_rng(0).choice(x.shape[0], MAX_ROWS, replace=False)
-            x, y = x[pick], y[pick]
+        if self.rows_x:
+            x, y = np.concatenate(self.rows_x), np.concatenate(self.rows_y)
+            self.seen_x.append(x[y >= 0])
+            self.seen_y.append(y[y >= 0])
+        x, y = np.concatenate(self.seen_x), np.concatenate(self.seen_y)
+        if x.shape[0] > MAX_ROWS:  # the newest rows
+            x, y = x[-MAX_ROWS:], y[-MAX_ROWS:]
         self.model = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.1,
                                                     max_leaf_nodes=63,
-                                                    categorical_features=[0, 2],
+                                                    categorical_features=[
+                                                        self.keep.index(i) for i in (0, 2)
+                                                        if i in self.keep],
                                                     random_state=0).fit(x, y)
         print(f"    fitted on {x.shape[0]:,} candidate tokens ({y.mean():.3f} right)",
               file=sys.stderr, flush=True)
         self.rows_x, self.rows_y = [], []
 
 
-def run(requests, use_model: bool) -> dict:
+def run(requests, use_model: bool, drop=(), with_vllm=False, refits=0) -> dict:
     half = len(requests) // 2
     scored = {r.req_id for r in requests[half:]}
-    chooser = Chooser(requests, scored, use_model)
+    chooser = Chooser(requests, scored, use_model, drop, with_vllm)
     replay(requests[:half], chooser)
-    if use_model:
-        chooser.fit()
-    replay(requests[half:], chooser)
+    # The second half in refits + 1 parts, fitting again on every row so far before each.
+    cuts = np.linspace(half, len(requests), refits + 2).astype(int)
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        if use_model:
+            chooser.fit()
+        replay(requests[lo:hi], chooser)
     mts = chooser.tokens / max(chooser.steps, 1)
     drafted = chooser.drafted / max(chooser.steps, 1)
     return {"mts": mts, "drafted": drafted, "est": mts / (1 + EST_TOKEN_COST * drafted)}
@@ -233,13 +267,20 @@ def main():
     ap = parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=list(SLICES), default=list(SLICES))
     ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    ap.add_argument("--drop", nargs="*", choices=FEATURES, default=[],
+                    help="features the classifier goes without")
+    ap.add_argument("--with-vllm", action="store_true",
+                    help="vLLM's drafter's draft (vllm-gpu) is one more candidate")
+    ap.add_argument("--refits", type=int, default=0,
+                    help="fit again this many times in the second half, on every row so far")
     args = ap.parse_args()
     warmup()
     encode = hf_encoder(args.tokenizer)
     for name in args.only:
         requests = load_slice(args.traces, name, encode, args.fraction)
         policy = run(requests, use_model=False)
-        learned = run(requests, use_model=True)
+        learned = run(requests, use_model=True, drop=args.drop, with_vllm=args.with_vllm,
+                      refits=args.refits)
         print(f"{name:8s} second half: policy MTS {policy['mts']:.3f} est {policy['est']:.3f} "
               f"drafted {policy['drafted']:.2f} | chooser MTS {learned['mts']:.3f} "
               f"est {learned['est']:.3f} drafted {learned['drafted']:.2f} | "
