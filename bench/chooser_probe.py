@@ -86,8 +86,9 @@ def _labels(toks: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 class Chooser:
-    """Drafts the policy's drafts while ``learning``, the classifier's choice
-    after; keeps its own counts of the requests in ``scored``."""
+    """Drafts the policy's drafts until the classifier is fitted (always,
+    without ``use_model``), the classifier's choice after; keeps its own
+    counts of the requests in ``scored``."""
 
     def __init__(self, requests, scored: set, use_model: bool, drop=(), with_vllm=False):
         self.truth = {r.req_id: r.output for r in requests}
