@@ -49,15 +49,14 @@ import sys
 import numpy as np
 
 from suffixspec.draft import Draft
-from suffixspec.native import layout as lay
 from suffixspec.native import warmup
 from suffixspec.native.windows import W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE
-from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import EST_TOKEN_COST, replay
 from suffixspec.replay.traces import hf_encoder
 
 from bench_common import parser
 from loss_analysis import K, accepted
+from oracle_bound import Oracle
 from policy_bench import SLICES, load_slice
 
 POLICY = 9            # source code of the policy's own draft as a candidate
@@ -85,21 +84,17 @@ def _labels(toks: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return out
 
 
-class Chooser:
+class Chooser(Oracle):
     """Drafts the policy's drafts until the classifier is fitted (always,
     without ``use_model``), the classifier's choice after; keeps its own
-    counts of the requests in ``scored``."""
+    counts of the requests in ``scored``.  The policy (and vLLM's drafter,
+    ``with_vllm``) run alongside as in ``oracle_bound.Oracle``."""
 
     def __init__(self, requests, scored: set, use_model: bool, drop=(), with_vllm=False):
-        self.truth = {r.req_id: r.output for r in requests}
-        self.policy = make_proposer("suffixspec", cross_pool_tokens=None)
-        self.vllm = make_proposer("vllm-gpu", max_spec_tokens=K) if with_vllm else None
-        self.windows = lay.windows(1, 8, 64)
+        super().__init__(requests, with_vllm)
         self.scored, self.use_model = scored, use_model
         self.keep = [i for i, f in enumerate(FEATURES) if f not in drop]
         self.model = None
-        self.at: dict = {}
-        self.context: dict = {}
         self.last: dict = {}
         self.rows_x: list = []  # since the last fit
         self.rows_y: list = []
@@ -107,34 +102,21 @@ class Chooser:
         self.seen_y: list = []
         self.emitted, self.drafted_ema = 2.0, 4.0
         self.steps = self.tokens = self.drafted = 0
-        self.max_spec_tokens = K
-
-    # -- the proposer protocol, as the replay calls it
-    def _each(self):
-        return (self.policy,) if self.vllm is None else (self.policy, self.vllm)
 
     def start_request(self, req_id, prompt, anchors=None) -> None:
-        for p in self._each():
-            p.start_request(req_id, prompt)
-        self.at[req_id] = 0
-        self.context[req_id] = int(np.asarray(prompt).shape[0])
+        super().start_request(req_id, prompt)
         self.last[req_id] = (0, 0)
 
     def extend(self, req_id, tokens) -> None:
-        for p in self._each():
-            p.extend(req_id, tokens)
+        super().extend(req_id, tokens)
         n = int(np.asarray(tokens).shape[0])
-        self.at[req_id] += n
-        self.context[req_id] += n
         if req_id in self.scored:
             self.tokens += n
         self.emitted += EMA * (n - self.emitted)
 
     def finish_request(self, req_id) -> None:
-        for p in self._each():
-            p.finish_request(req_id)
-        for d in (self.at, self.context, self.last):
-            del d[req_id]
+        super().finish_request(req_id)
+        del self.last[req_id]
 
     def propose(self, req_ids, max_spec_tokens=None) -> list[Draft]:
         return [self._one(rid) for rid in req_ids]
