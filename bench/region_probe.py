@@ -8,8 +8,9 @@ Usage (from the repository root):
 The agent trace's outputs are a model's thoughts followed by a shell command
 in a fenced block.  The agent slice of ``policy_bench`` (times
 ``--fraction``) is replayed one request at a time by suffixspec at its
-defaults and by arctic at its cost-aware setting (f2, as ``loss_analysis``);
-each step counts in the region of the output position it starts at:
+defaults, by arctic at its cost-aware setting (f2, as ``loss_analysis``) and
+by ``oracle_bound``'s hindsight choice among the policy's candidates (each
+drafts exactly what it would have had accepted); each step counts in the region of the output position it starts at:
 *command* inside a fenced block (the fences included), *prose* elsewhere.
 Per region and drafter: the share of output tokens and of steps, MTS,
 drafted per step, first-token misses and est (``MTS / (1 + 0.03 x drafted
@@ -27,6 +28,7 @@ from suffixspec.replay.harness import EST_TOKEN_COST, accepted_length, replay
 
 from bench_common import parser
 from loss_analysis import ARCTIC
+from oracle_bound import Oracle
 from policy_bench import load_slice
 
 REGIONS = ("prose", "command")
@@ -94,9 +96,12 @@ def main():
     total = sum(r.output.shape[0] for r in requests)
     lines = ["| drafter | region | tokens | steps | MTS | drafted/step | first-token miss | est |",
              "|---|---|---|---|---|---|---|---|"]
-    for name, engine, options in (("suffixspec", "suffixspec", {"cross_pool_tokens": None}),
-                                  ("arctic f2", "arctic", ARCTIC)):
-        counting = Counting(make_proposer(engine, requests, **options), requests, masks)
+    drafters = {"suffixspec": lambda: make_proposer("suffixspec", requests,
+                                                    cross_pool_tokens=None),
+                "arctic f2": lambda: make_proposer("arctic", requests, **ARCTIC),
+                "oracle: windows": lambda: Oracle(requests, with_vllm=False)}
+    for name, make in drafters.items():
+        counting = Counting(make(), requests, masks)
         replay(requests, counting)
         steps = sum(c[0] for c in counting.counts.values())
         for region, (n, tokens, drafted, misses) in counting.counts.items():
