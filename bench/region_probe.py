@@ -9,9 +9,10 @@ The agent trace's outputs are a model's thoughts followed by a shell command
 in a fenced block.  The agent slice of ``policy_bench`` (times
 ``--fraction``) is replayed one request at a time by suffixspec at its
 defaults, by arctic at its cost-aware setting (f2, as ``loss_analysis``) and
-by ``oracle_bound``'s hindsight choice among the policy's candidates (each
-drafts exactly what it would have had accepted); each step counts in the region of the output position it starts at:
-*command* inside a fenced block (the fences included), *prose* elsewhere.
+by ``oracle_bound``'s hindsight choice among the policy's candidates (it
+drafts exactly what would be accepted); each step counts in the region of
+the output position it starts at: *command* inside a fenced block (the
+fences included), *prose* elsewhere.
 Per region and drafter: the share of output tokens and of steps, MTS,
 drafted per step, first-token misses and est (``MTS / (1 + 0.03 x drafted
 per step)``).  Prints a Markdown table; writes nothing.
