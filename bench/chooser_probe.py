@@ -77,10 +77,10 @@ def _labels(toks: np.ndarray, truth: np.ndarray) -> np.ndarray:
     """Per token of a candidate: 1 right, 0 wrong, -1 not reached (a token
     before it was wrong, or the output ended)."""
     out = np.full(toks.shape[0], -1, np.int64)
-    for j in range(min(toks.shape[0], truth.shape[0])):
-        out[j] = int(toks[j] == truth[j])
-        if not out[j]:
-            break
+    got = accepted(toks, truth)
+    out[:got] = 1
+    if got < min(toks.shape[0], truth.shape[0]):
+        out[got] = 0
     return out
 
 
