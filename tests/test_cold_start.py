@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # Serving as engines do it, after ``warmup`` of the serving steps: batches of one and several
-# requests, read-only and int64 token arrays, paths and trees, a cross pool in
+# requests, read-only, writeable int32 and int64 token arrays, paths and trees, a cross pool in
 # memory and a persistent pool with a snapshot.  Prints the kernels that
 # gained a specialization (compiled, or loaded from Numba's cache) meanwhile.
 SERVE = """
@@ -33,9 +33,9 @@ def serve(prop, rounds=3):
         ids = [f"{r}-{i}" for i in range(r + 1)]  # batches of 1, 2 and 3
         for i, rid in enumerate(ids):
             prompt = text[i:i + 40]
-            if i % 2:
+            if i:  # int32 arrays as engines pass them: read-only (i == 1), writeable (i == 2)
                 prompt = prompt.astype(np.int32)
-                prompt.setflags(write=False)
+                prompt.setflags(write=i == 2)
             prop.start_request(rid, prompt)
         for step in range(6):
             prop.propose(ids)
@@ -67,6 +67,50 @@ def test_serving_after_warmup_compiles_no_kernel_again():
                          check=True).stdout
     grew = json.loads(out.strip().splitlines()[-1])
     assert grew == {}, f"kernels specialized again while serving: {grew}"
+
+
+# Drafting on the device, as its feeder and speculator call the host (in the
+# replay of that path, which calls the same kernels on CPU tensors): windows,
+# one-token paths, the arbiter's pairs adopted, the threshold, the own-history
+# scan and the corpus lookup, over requests that finish into the corpus.
+DEVICE_SERVE = """
+import json
+import numpy as np
+from suffixspec.native.cache import cached_kernels
+from suffixspec.native.warmup import DEVICE, SERVING, warmup
+
+warmup(steps=SERVING + DEVICE)
+before = {k: len(k.signatures) for k in cached_kernels()}
+
+from suffixspec.device.replay import DeviceWindowsProposer
+
+text = np.random.default_rng(0).integers(0, 50, 400)
+for stale in (0, 1):
+    p = DeviceWindowsProposer(stale=stale, max_spec_tokens=4, corpus_tokens=1 << 12,
+                              vocab_size=64)
+    for r in range(3):
+        ids = [f"{r}-{i}" for i in range(r + 1)]
+        for i, rid in enumerate(ids):
+            p.start_request(rid, text[i:i + 40])
+        for step in range(6):
+            p.propose(ids)
+            for rid in ids:
+                p.extend(rid, text[40 + 3 * step:43 + 3 * step])
+        for rid in ids[:-1]:
+            p.finish_request(rid)
+        p.abort_request(ids[-1])
+grew = {f"{k.py_func.__module__}.{k.__name__}": len(k.signatures) - n
+        for k, n in before.items() if len(k.signatures) > n}
+print(json.dumps(grew))
+"""
+
+
+def test_drafting_on_the_device_after_warmup_compiles_no_kernel_again():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-c", DEVICE_SERVE], capture_output=True, text=True,
+                         check=True).stdout
+    grew = json.loads(out.strip().splitlines()[-1])
+    assert grew == {}, f"kernels specialized again while drafting on the device: {grew}"
 
 
 def _replay(cache) -> dict:

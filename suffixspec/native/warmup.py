@@ -14,8 +14,8 @@ from contextlib import nullcontext
 import numpy as np
 from numba.core import event
 
-from . import calibration as cal, layout as lay, ngram, partition, propose, query, trie, union
-from . import vllm_suffix, windows
+from . import arbiter, calibration as cal, layout as lay, ngram, partition, propose, query
+from . import trie, union, vllm_suffix, windows
 from . import tokens as token_checks
 from .cache import drop_cache, record_cache_files
 
@@ -67,6 +67,9 @@ TOKENS = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
 
 
 def _indexing(ix, root):
+    # The range check of the engine's own token arrays (``suffixspec.tokens``:
+    # writeable int32 only) that precedes indexing them.
+    token_checks.first_bad_token(TOKENS.copy())
     flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
     trie.extend(flat, 0, TOKENS)  # writeable tokens only (see ``SuffixIndex.extend``)
     trie.extend_batch(flat, np.zeros(1, np.int64), TOKENS[:2], np.array([0, 2], np.int64),
@@ -129,6 +132,21 @@ def _windows(ix, root):
                             np.zeros((8, w), np.int32))
     entries = np.zeros((6, 16), np.int32)  # a finished output for the device corpus
     vllm_suffix.pack_doc(TOKENS, 0, 0, 16, *entries)
+    # The host's part of each device step: the threshold shipped with the
+    # windows, and the device's pairs of drafts adopted (none in range here).
+    pending = lay.pending(b, K)
+    cal.threshold(cal.new_stats(0.0).state)
+    arbiter.adopt(pending.arbiter, pending.keep_meta, pending.keep_tokens,
+                  np.zeros(b, np.int64), ix.arena, np.zeros(b, np.int64), np.zeros(b, np.int64),
+                  0.0, np.full((b, 3), -1, np.int64), np.zeros((b, 2, K), np.int64))
+    # The Numba twins of the device's scan and corpus (drafting on CPU tensors,
+    # and ``device.replay``), over a small corpus ring.
+    ring, state = np.full(64, -1, np.int32), np.zeros(2, np.int64)
+    table = np.full((2, vllm_suffix.buckets_for(ring.shape[0]), vllm_suffix.SLOTS), -1, np.int64)
+    vllm_suffix.ingest(ring, table, state, TOKENS, 0, TOKENS.shape[0])
+    vllm_suffix.local_match(TOKENS, TOKENS.shape[0], DEPTH)
+    vllm_suffix.corpus_draft(TOKENS, TOKENS.shape[0], ring, table, DEPTH, K,
+                             np.zeros(K, np.int64), np.zeros((K, 2), np.int64))
 
 
 def _learning(ix, root):
@@ -162,7 +180,6 @@ def _checks(ix, root):
     flat = tuple(ix)
     trie.extend(flat, 0, TOKENS)
     assert trie.check_integrity(flat) == 0
-    token_checks.first_bad_token(TOKENS)  # writeable int32 only (see ``suffixspec.tokens``)
     ngram.ngram_propose(TOKENS, TOKENS.shape[0], 1, 3, K, np.empty(4, np.int32),
                         np.empty(K, np.int32))
 
@@ -178,8 +195,8 @@ DEVICE = ("windows",)
 STEPS = tuple(name for name in _STEPS if name not in DEVICE)
 
 #: What serving (``SuffixProposer``, the CLI's replay) calls; the rest (the
-#: index's query API, integrity and input checks, the prompt-lookup baseline,
-#: the device's windows) compiles on first use.
+#: index's query API, integrity checks, the prompt-lookup baseline) compiles
+#: on first use, and ``DEVICE`` when drafting on the device starts.
 SERVING = ("indexing", "drafting", "learning", "maintenance")
 
 
