@@ -10,17 +10,9 @@ import pytest
 
 # Serving as engines do it, after ``warmup`` of the serving steps: batches of one and several
 # requests, read-only, writeable int32 and int64 token arrays, paths and trees, a cross pool in
-# memory and a persistent pool with a snapshot.  Prints the kernels that
-# gained a specialization (compiled, or loaded from Numba's cache) meanwhile.
+# memory and a persistent pool with a snapshot.
 SERVE = """
-import json, sys, tempfile
-import numpy as np
-from suffixspec.native.cache import cached_kernels
-from suffixspec.native.warmup import SERVING, warmup
-
-warmup(steps=SERVING)
-before = {k: len(k.signatures) for k in cached_kernels()}
-
+import tempfile
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.persistent import PersistentPool
@@ -56,16 +48,27 @@ for day in range(2):
     pool.write_snapshot()
     prop.save_calibration()
     pool.close()
-grew = {f"{k.py_func.__module__}.{k.__name__}": len(k.signatures) - n
-        for k, n in before.items() if len(k.signatures) > n}
-print(json.dumps(grew))
 """
 
 
+def _grown_after_warmup(steps: str, script: str) -> dict:
+    """Run ``script`` in a fresh process after ``warmup(steps=<steps>)``; the
+    kernels that gained a specialization (compiled, or loaded from Numba's
+    cache) meanwhile, with how many."""
+    watch = ("import json\nimport numpy as np\n"
+             "from suffixspec.native.cache import cached_kernels\n"
+             "from suffixspec.native.warmup import DEVICE, SERVING, warmup\n"
+             f"warmup(steps={steps})\n"
+             "before = {k: len(k.signatures) for k in cached_kernels()}\n")
+    report = ("\nprint(json.dumps({f'{k.py_func.__module__}.{k.__name__}': len(k.signatures) - n"
+              " for k, n in before.items() if len(k.signatures) > n}))\n")
+    out = subprocess.run([sys.executable, "-c", watch + script + report], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_serving_after_warmup_compiles_no_kernel_again():
-    out = subprocess.run([sys.executable, "-c", SERVE], capture_output=True, text=True,
-                         check=True).stdout
-    grew = json.loads(out.strip().splitlines()[-1])
+    grew = _grown_after_warmup("SERVING", SERVE)
     assert grew == {}, f"kernels specialized again while serving: {grew}"
 
 
@@ -74,14 +77,6 @@ def test_serving_after_warmup_compiles_no_kernel_again():
 # one-token paths, the arbiter's pairs adopted, the threshold, the own-history
 # scan and the corpus lookup, over requests that finish into the corpus.
 DEVICE_SERVE = """
-import json
-import numpy as np
-from suffixspec.native.cache import cached_kernels
-from suffixspec.native.warmup import DEVICE, SERVING, warmup
-
-warmup(steps=SERVING + DEVICE)
-before = {k: len(k.signatures) for k in cached_kernels()}
-
 from suffixspec.device.replay import DeviceWindowsProposer
 
 text = np.random.default_rng(0).integers(0, 50, 400)
@@ -99,17 +94,12 @@ for stale in (0, 1):
         for rid in ids[:-1]:
             p.finish_request(rid)
         p.abort_request(ids[-1])
-grew = {f"{k.py_func.__module__}.{k.__name__}": len(k.signatures) - n
-        for k, n in before.items() if len(k.signatures) > n}
-print(json.dumps(grew))
 """
 
 
 def test_drafting_on_the_device_after_warmup_compiles_no_kernel_again():
     pytest.importorskip("torch")
-    out = subprocess.run([sys.executable, "-c", DEVICE_SERVE], capture_output=True, text=True,
-                         check=True).stdout
-    grew = json.loads(out.strip().splitlines()[-1])
+    grew = _grown_after_warmup("SERVING + DEVICE", DEVICE_SERVE)
     assert grew == {}, f"kernels specialized again while drafting on the device: {grew}"
 
 
