@@ -290,3 +290,17 @@ def test_the_workers_wait_for_the_feeder_is_bounded_and_counted(make):
     assert lag["waits_timed_out"] == before + 1
     assert 0.05 <= feeder.stats.wait_seconds < 1.0
     assert lag["wait_ms_per_take"] >= 50 / max(lag["taken"], 1) - 1e-3
+
+
+def test_a_start_whose_device_kernels_are_not_cached_builds_in_the_background(make, monkeypatch):
+    """With the host's kernels in Numba's cache and the device's not, the
+    engine does not wait for the device's to compile: the proposer is built
+    beside it, and the device drafts from its own tiers meanwhile."""
+    from suffixspec.integrations.vllm import device_speculator as ds
+    from suffixspec.native.warmup import DEVICE
+
+    monkeypatch.setattr(ds, "from_cache", lambda steps: not set(DEVICE) & set(steps))
+    spec = make(start=False)
+    spec.start()
+    assert spec._start is not None  # a BackgroundStart, not a build in this thread
+    assert spec._start.join(timeout=120)

@@ -179,15 +179,15 @@ class DeviceSuffixSpeculator(BaseSpeculator):
     def start(self, wait: bool = False) -> None:
         """Build the proposer (the kernels compile in the background on a cold
         cache, unless ``wait``; until then the device drafts from its own tiers)."""
-        def build():
-            from suffixspec.native.warmup import warmup
+        from suffixspec.native.warmup import DEVICE, STEPS, warmup
 
+        def build():
             proposer = build_proposer(self.config, self.settings, self._tokenizer)
             proposer.vocab_size = self.vocab_size
-            warmup(steps=("windows",))
+            warmup(steps=DEVICE)
             return proposer
 
-        if wait or from_cache():
+        if wait or from_cache(STEPS + DEVICE):  # the device's kernels too, else in the background
             self.feeder.ready(build())
         else:
             self._start = BackgroundStart(lambda s: self.feeder.ready(build()), logger).start()
