@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +28,25 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         pytest.skip(f"shared traces not found at {TRACES}")
     return TRACES
+
+
+def _replay(cache: Path) -> dict:
+    """``suffixspec replay --json`` on its embedded default with Numba's cache
+    at ``cache``: the row's drafts, not its timings."""
+    cli = str(Path(sys.executable).with_name("suffixspec"))
+    out = subprocess.run([cli, "replay", "--json"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    return {k: v for k, v in row.items() if "_us_" not in k}
+
+
+@pytest.fixture(scope="session")
+def first_run_kernel_cache(tmp_path_factory):
+    """A kernel cache a first run filled (``suffixspec replay`` on an empty
+    cache: the drafting kernel compiles in a child process), that run's row,
+    and ``replay(cache)`` to run it again.  Tests copy the cache to change it."""
+    cache = tmp_path_factory.mktemp("first-run") / "cache"
+    return SimpleNamespace(path=cache, row=_replay(cache), replay=_replay)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -103,19 +102,13 @@ def test_drafting_on_the_device_after_warmup_compiles_no_kernel_again():
     assert grew == {}, f"kernels specialized again while drafting on the device: {grew}"
 
 
-def _replay(cache) -> dict:
-    cli = str(Path(sys.executable).with_name("suffixspec"))
-    out = subprocess.run([cli, "replay", "--json"], env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
-                         capture_output=True, text=True, check=True).stdout
-    row = json.loads(out.strip().splitlines()[-1])
-    return {k: v for k, v in row.items() if "_us_" not in k}  # drafts, not timings
-
 @pytest.mark.slow
-def test_a_first_run_compiles_on_two_cores_and_fills_the_cache_for_the_next(tmp_path):
-    cold = _replay(tmp_path)  # empty cache: the drafting kernel compiles in a child process
+def test_a_first_run_compiles_on_two_cores_and_fills_the_cache_for_the_next(
+        first_run_kernel_cache):
+    first = first_run_kernel_cache  # empty cache: the drafting kernel compiled in a child
     probe = ("from suffixspec.kernels import from_cache; from suffixspec.native.warmup import "
              "SERVING; print(from_cache(SERVING))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=True)
+                            env={**os.environ, "NUMBA_CACHE_DIR": str(first.path)}, check=True)
     assert loaded.stdout.strip() == "True"  # every serving kernel is in the cache now
-    assert _replay(tmp_path) == cold
+    assert first.replay(first.path) == first.row

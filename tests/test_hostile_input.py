@@ -174,40 +174,34 @@ victim.write_bytes(bytes(data))
 """
 
 USE_CACHE = r"""
-from suffixspec.kernels import from_cache
+from suffixspec.kernels import compile_on_two_cores, from_cache
 from suffixspec import SuffixProposer
-ready = from_cache()
+from suffixspec.native.warmup import SERVING
+ready = from_cache(SERVING)
+compile_on_two_cores(SERVING)  # as a first run compiles them (an engine: in the background)
 p = SuffixProposer(max_depth=8)
 p.start_request("r", [1, 2, 3, 1, 2])
 print(ready, p.propose(["r"])[0].token_ids.tolist())
 """
 
 
-@pytest.fixture(scope="module")
-def warm_kernel_cache(tmp_path_factory):
-    """A kernel cache ``warmup()`` filled."""
-    cache = tmp_path_factory.mktemp("kernels") / "cache"
-    subprocess.run([sys.executable, "-c", "from suffixspec.native import warmup; warmup()"],
-                   env=dict(os.environ, NUMBA_CACHE_DIR=str(cache)), check=True, timeout=600)
-    return cache
-
-
 @pytest.mark.slow
-def test_a_damaged_kernel_cache_is_compiled_again(tmp_path, warm_kernel_cache):
+def test_a_damaged_kernel_cache_is_compiled_again(tmp_path, first_run_kernel_cache):
     # Machine code of the drafting kernel, damaged in a copied cache; damaged
     # indexes and other kernels: test_native_cache.py.
-    shutil.copytree(warm_kernel_cache, tmp_path / "cache")
+    shutil.copytree(first_run_kernel_cache.path, tmp_path / "cache")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     loads = subprocess.run([sys.executable, "-c", "from suffixspec.kernels import from_cache; "
-                            "print(from_cache())"], env=env, capture_output=True, text=True,
-                           timeout=600)
+                            "from suffixspec.native.warmup import SERVING; "
+                            "print(from_cache(SERVING))"], env=env, capture_output=True,
+                           text=True, timeout=600)
     assert loads.stdout.split() == ["True"], loads.stderr  # undamaged, the copy loads whole
     subprocess.run([sys.executable, "-c", DAMAGE, str(tmp_path / "cache")],
                    check=True, timeout=60)
     proc = subprocess.run([sys.executable, "-c", USE_CACHE], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    # Not loaded from the damaged cache (an engine compiles in the background), then drafted.
+    # Not loaded from the damaged cache, compiled again, then drafted.
     assert proc.stdout.split(None, 1) == ["False", "[3, 1, 2]\n"]
 
 
