@@ -69,7 +69,7 @@ TOKENS = np.array([1, 2, 3, 1, 2, 4, 1, 2], np.int32)
 def _indexing(ix, root):
     # The range check of the engine's own token arrays (``suffixspec.tokens``:
     # writeable int32 only) that precedes indexing them.
-    token_checks.first_bad_token(TOKENS.copy())
+    token_checks.first_bad_token(TOKENS)
     flat = tuple(ix)  # kernels that change an index take it plain (see ``layout``)
     trie.extend(flat, 0, TOKENS)  # writeable tokens only (see ``SuffixIndex.extend``)
     trie.extend_batch(flat, np.zeros(1, np.int64), TOKENS[:2], np.array([0, 2], np.int64),
