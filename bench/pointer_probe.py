@@ -98,42 +98,61 @@ def newest_place(whole: np.ndarray, n: int, m: int) -> int:
 class Pointer:
     """One request's copy pointer over ``whole`` (prompt and recorded output)."""
 
-    def __init__(self, whole: np.ndarray, n: int):
-        self.whole, self.n = whole, n
+    label = "pointer"
+
+    def __init__(self, req):
+        self.whole = np.concatenate([req.prompt, req.output]).astype(np.int64)
+        self.n = req.prompt.shape[0]
         self.expected = -1  # where the next token is expected; -1: no pointer
         self.idle = 0
+        self.place = self.local = -1  # of the last draft
 
-    def draft(self) -> tuple[np.ndarray, int, int]:
-        """``(tokens, local match, place)``: the pointer's draft (empty: none)."""
+    def draft(self) -> tuple[np.ndarray, int]:
+        """``(tokens, local match)``: the pointer's draft (empty: none)."""
         e, n = self.expected, self.n
+        self.place = self.local = -1
         if e <= 0:
-            return np.zeros(0, np.int64), -1, -1
+            return np.zeros(0, np.int64), -1
         places = np.arange(max(1, e - WINDOW), min(n - 1, e + WINDOW) + 1)
         if not places.size:
-            return np.zeros(0, np.int64), -1, -1
+            return np.zeros(0, np.int64), -1
         lengths = local_matches(self.whole, n, places)
         best = int(lengths.max())
         tied = places[lengths == best]
         place = int(tied[np.argmin(np.abs(tied - e))]) if best > 0 else e
         if place >= n:
-            return np.zeros(0, np.int64), -1, -1
-        return self.whole[place:min(n, place + K)], best, place
+            return np.zeros(0, np.int64), -1
+        self.place, self.local = place, best
+        return self.whole[place:min(n, place + K)], best
 
-    def advance(self, step: int, drafted: tuple, got: int, vllm_match: int, vllm_source: str):
-        """After ``step`` tokens were emitted: follow the copy, or restart at vLLM's match."""
-        tokens, local, place = drafted
-        if tokens.shape[0] and (got > 0 or (local > 0 and self.idle < PATIENCE)):
+    @staticmethod
+    def agrees(tokens: np.ndarray, ds, dv) -> bool:
+        """The cell's flag: the pointer's first token is vLLM's."""
+        return bool(tokens.shape[0] and len(dv.token_ids) and tokens[0] == dv.token_ids[0])
+
+    def advance(self, step: np.ndarray, drafted: np.ndarray, got: int, dv) -> None:
+        """After ``step`` was emitted: follow the copy, or restart at vLLM's match."""
+        vllm_match = int(dv.match_len) if len(dv.token_ids) else 0
+        local = self.local
+        if drafted.shape[0] and (got > 0 or (local > 0 and self.idle < PATIENCE)):
             self.idle = 0 if got > 0 else self.idle + 1
-            self.expected = place + step
+            self.expected = self.place + step.shape[0]
         else:
             self.idle = 0
             found = (newest_place(self.whole, self.n, vllm_match)
-                     if vllm_match >= 2 and vllm_source != "cross" else -1)
-            self.expected = found + step if found >= 0 else -1
-        self.n += step
+                     if vllm_match >= 2 and dv.source != "cross" else -1)
+            self.expected = found + step.shape[0] if found >= 0 else -1
+        self.n += step.shape[0]
 
 
-def replay(requests, drive: str, cost: float) -> dict:
+def replay(requests, drive: str, cost: float, third=Pointer) -> dict:
+    """One replay driven by ``drive`` over suffixspec's, vLLM's and ``third``'s drafts.
+
+    ``third(req)`` makes a request's extra drafter: ``draft()`` gives its
+    tokens and local match, ``agrees(tokens, ds, dv)`` the flag of its
+    learned cell, ``advance(step, drafted, accepted, dv)`` follows the
+    emitted tokens.  Drive names call it by ``third.label``.
+    """
     s = make_proposer("suffixspec", cross_pool_tokens=None, draft_cost=cost)
     v = make_proposer("vllm-gpu", max_spec_tokens=K)
     value = defaultdict(Counter)  # learned: cell -> summed value per drafter
@@ -145,15 +164,13 @@ def replay(requests, drive: str, cost: float) -> dict:
         rid, out = req.req_id, req.output
         s.start_request(rid, req.prompt)
         v.start_request(rid, req.prompt)
-        pointer = Pointer(np.concatenate([req.prompt, out]).astype(np.int64),
-                          req.prompt.shape[0])
+        extra = third(req)
         i = 0
         while i < out.shape[0]:
             truth = out[i:]
             ds, dv = s.propose([rid])[0], v.propose([rid])[0]
-            ptr = pointer.draft()
-            local = min(ptr[1], 5)
-            whole_ptr = ptr[0]
+            whole_ptr, local = extra.draft()
+            local = min(local, 5)
             p_tokens = whole_ptr
             if cost > 0 and whole_ptr.shape[0]:  # cut as the policy cuts: the threshold
                 prob, keep = 1.0, 0
@@ -174,20 +191,20 @@ def replay(requests, drive: str, cost: float) -> dict:
                     cell = depth[(local, min(d, 8))]
                     cell[0] += 1
                     cell[1] += d < full
-            same = bool(p_tokens.shape[0] and len(dv.token_ids) and p_tokens[0] == dv.token_ids[0])
-            cell = (min(int(ds.match_len) if len(ds.token_ids) else 0, 5), local, same)
+            cell = (min(int(ds.match_len) if len(ds.token_ids) else 0, 5), local,
+                    third.agrees(p_tokens, ds, dv))
             if drive == "suffixspec":
                 pick = "s"
             elif drive.startswith("learned"):
-                # "learned, margin m": the pointer's lead must pass m x sqrt(steps in the cell)
+                # "learned, margin m": the third's lead must pass m x sqrt(steps in the cell)
                 margin = float(drive.split()[-1]) if "margin" in drive else 0.0
                 lead = value[cell]["p"] - value[cell]["s"]
                 pick = ("p" if lengths["p"] and lead > 0 and
                         (margin == 0 or (value[cell]["steps"] >= 10 and
                                          lead > margin * value[cell]["steps"] ** 0.5)) else "s")
             else:
-                among = [k for k, name in (("s", "suffixspec"), ("v", "vLLM"), ("p", "pointer"),
-                                           ("n", "none")) if name in drive]
+                among = [k for k, name in (("s", "suffixspec"), ("v", "vLLM"),
+                                           ("p", third.label), ("n", "none")) if name in drive]
                 pick = max(among, key=lambda k: (got[k] - thr * lengths[k], k == "s"))
             if lengths["p"]:
                 for k in ("s", "p"):
@@ -197,8 +214,7 @@ def replay(requests, drive: str, cost: float) -> dict:
             step = out[i:i + got[pick] + 1]
             s.extend(rid, step)
             v.extend(rid, step)
-            pointer.advance(step.shape[0], ptr, full,
-                            int(dv.match_len) if len(dv.token_ids) else 0, dv.source)
+            extra.advance(step, whole_ptr, full, dv)
             i += step.shape[0]
             steps += 1
             drafted += lengths[pick]
@@ -214,9 +230,9 @@ def replay(requests, drive: str, cost: float) -> dict:
             "took": {k: took[k] / steps for k in ("s", "v", "p", "n")}}
 
 
-def markdown(results: dict, fraction: float) -> str:
+def markdown(results: dict, fraction: float, third: str = "a copy pointer") -> str:
     names = list(results)
-    lines = [f"Replays driven by a rule over suffixspec's, vLLM's and a copy pointer's drafts "
+    lines = [f"Replays driven by a rule over suffixspec's, vLLM's and {third}'s drafts "
              f"(one request at a time, slices of `policy_bench` x {fraction}, k {K}).  "
              f"Change against suffixspec's own replay at the same cost.", "",
              "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]

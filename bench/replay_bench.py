@@ -12,8 +12,9 @@ Depth 64 everywhere.  Configurations (``RUNS``):
 
 * ``new``: suffixspec's default policy (calibrated, cost-aware, start
   anchors, the newest-occurrence reference), k 16, draft cost 0.03;
-* ``new, no reference``: the same without the reference (``newest_window``
-  0), so the ratio row shows what it adds and what it costs per step;
+* ``new, no family``: the same without its family's outputs
+  (``family_outputs`` 0), so the ratio row shows what they add and what
+  they cost per step;
 * ``arctic f1`` / ``arctic f2``: arctic-inference at its defaults (factor 1,
   min_token_prob 0.1) and at its cost-aware best on these traces (factor 2,
   min_token_prob 0.2);
@@ -51,7 +52,7 @@ K32 = dict(max_depth=64, max_spec_tokens=32)
 # name -> (engine, knobs, concurrency)
 RUNS = {
     "new": ("suffixspec", K16, 1),
-    "new, no reference": ("suffixspec", dict(K16, newest_window=0), 1),
+    "new, no family": ("suffixspec", dict(K16, family_outputs=0), 1),
     "arctic f1": ("arctic", F1, 1),
     "arctic f2": ("arctic", F2, 1),
     "new tree": ("suffixspec", dict(K16, tree=True), 1),
@@ -61,7 +62,7 @@ RUNS = {
     "arctic f2 @32": ("arctic", F2, 32),
 }
 # (ours, anchor) pairs the ratio table compares.
-RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("new", "new, no reference"),
+RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("new", "new, no family"),
           ("new tree", "arctic f2"),
           ("new k32 c0.01", "arctic k32 f4")]
 

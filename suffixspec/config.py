@@ -41,6 +41,7 @@ DEFAULT_CROSS_POOL_TOKENS = 4_000_000
 #: How far back the reference (the newest earlier occurrence of a request's
 #: longest own match) is looked for, in tokens.
 DEFAULT_NEWEST_WINDOW = 4096
+DEFAULT_FAMILY_OUTPUTS = 2
 
 #: Tokens of finished requests' own tries kept for a conversation's next turn.
 DEFAULT_REUSE_TOKENS = 1 << 20
@@ -115,6 +116,14 @@ class ProposerConfig:
         done better at that pair of match lengths (``native.arbiter``).
         Drafting on the device (``SUFFIXSPEC_RUNNER=mrv2``) follows it
         unless ``SUFFIXSPEC_DEVICE_ARBITER=0`` (docs/device.md).
+    family_outputs:
+        A request that starts a conversation (continues no finished one)
+        also indexes, in its own trie, the latest outputs of this many
+        earlier requests of its *family*: requests of its namespace whose
+        prompts start with the same 64 tokens (one database's schema, one
+        tool list, one task).  They draft as its own history does, scored
+        by the same calibration; the cross pool's counts mix every family's
+        continuations (0: not; kept in memory while the cross pool is on).
     cross_pool_tokens:
         Token budget of the cross-request pool (oldest outputs are evicted
         first); 0 disables the pool, None leaves it unbounded.
@@ -153,6 +162,7 @@ class ProposerConfig:
     anchors: bool = True
     newest_window: int = DEFAULT_NEWEST_WINDOW
     arbitrate: bool = True
+    family_outputs: int = DEFAULT_FAMILY_OUTPUTS
     cross_pool_tokens: int | None = DEFAULT_CROSS_POOL_TOKENS
     cross_pool_requests: int | None = None
     namespace: str = DEFAULT_NAMESPACE
@@ -181,6 +191,10 @@ class ProposerConfig:
         check_range("newest_window", self.newest_window, 0, 1 << 24)
         if not isinstance(self.arbitrate, bool):
             raise ValueError(f"arbitrate must be True or False, got {self.arbitrate!r}")
+        if not isinstance(self.family_outputs, int) or isinstance(self.family_outputs, bool):
+            raise ValueError(f"family_outputs must be a whole number, got "
+                             f"{self.family_outputs!r}")
+        check_range("family_outputs", self.family_outputs, 0, 64)
         check_range("cross_pool_tokens", self.cross_pool_tokens, allow_none=True)
         check_range("cross_pool_requests", self.cross_pool_requests, allow_none=True)
         if not isinstance(self.namespace_tables, int) or isinstance(self.namespace_tables, bool):

@@ -91,8 +91,6 @@ class SuffixProposer:
         # When set, drafts stop before any token id at or past it (an engine's
         # vocabulary; a shared pool may hold another model's ids).
         self.vocab_size: int | None = None
-        self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens))
-        self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         cross_tokens = config.cross_pool_tokens
         if isinstance(pool, (str, os.PathLike)):
             from suffixspec.pools.persistent import PersistentPool
@@ -109,6 +107,11 @@ class SuffixProposer:
         if pool is None and cross_tokens != 0:
             pool = CrossPool(self.max_depth, cross_tokens, config.cross_pool_requests)
         self.cross = pool
+        # a family's past outputs are kept where past outputs are
+        self.requests = RequestPool(self.max_depth, keep_tokens=int(config.reuse_tokens),
+                                    family_outputs=(0 if pool is None
+                                                    else int(config.family_outputs)))
+        self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
         # One public call at a time; shared with the pool, whose own thread
         # may let go of the pool file between calls.
         self._lock = pool._lock if pool is not None else threading.RLock()
@@ -163,7 +166,9 @@ class SuffixProposer:
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
         if self.cross is not None:
             self.cross.want(draw)
-        self.reused_tokens += self.requests.start(req_id, prompt)
+        starts = start_anchors(prompt) if anchors is None else _anchors(anchors)
+        family = (own, int(starts[1])) if starts.shape[0] > 1 and own in draw else None
+        self.reused_tokens += self.requests.start(req_id, prompt, family)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending.n.shape[0]:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
@@ -173,8 +178,7 @@ class SuffixProposer:
         self._draw_from[req_id] = draw
         self._table_of[req_id] = self._table_for(own)
         if self.cross is not None:
-            self._cross_seq[req_id] = self.cross.begin(
-                own, start_anchors(prompt) if anchors is None else _anchors(anchors))
+            self._cross_seq[req_id] = self.cross.begin(own, starts)
 
     @locked
     def extend(self, req_id: Hashable, token_ids) -> None:

@@ -86,7 +86,10 @@ def sessions(draw):
 @given(sessions())
 def test_drafts_equal_those_without_reuse(case):
     events, budget = case
-    with_reuse, without = make(reuse_tokens=budget), make(reuse_tokens=0)
+    # without reuse every turn is a new trie, which indexes its family's outputs
+    # (test_family_outputs): here reuse alone is compared
+    with_reuse = make(reuse_tokens=budget, family_outputs=0)
+    without = make(reuse_tokens=0, family_outputs=0)
     history: dict[int, list[int]] = {}
     for n, (session, delta, output, aborted) in enumerate(events):
         prompt = history.get(session, []) + delta

@@ -25,6 +25,8 @@ from suffixspec.pools.view import EMPTY_VIEW
 
 
 KEEP_REQUESTS = 64  # finished trees ``start`` compares a prompt with, at most
+FAMILY_TOKENS = 1 << 20  # tokens all families' kept outputs hold, at most (least recent dropped)
+FAMILY_OUTPUT_TOKENS = 1024  # the most of one output a family keeps
 
 
 class RequestPool:
@@ -36,24 +38,38 @@ class RequestPool:
     request whose prompt is the previous turn's prompt and output plus a few
     new tokens, and ``start`` then takes over that tree and indexes only the
     new tokens.
+
+    With ``family_outputs``, the outputs of the latest requests of each
+    *family* (a key the caller gives ``start``) are kept too, and a new tree
+    indexes its family's as sequences of their own beside the request's.
     """
 
-    def __init__(self, max_depth: int, keep_tokens: int = DEFAULT_REUSE_TOKENS):
+    def __init__(self, max_depth: int, keep_tokens: int = DEFAULT_REUSE_TOKENS,
+                 family_outputs: int = 0):
         self.index = SuffixIndex(max_depth=max_depth, node_capacity=1 << 14,
                                  token_capacity=1 << 16)
         self.keep_tokens = keep_tokens
         # req_id -> (tree, seq)
         self.requests: dict[Hashable, tuple[int, int]] = {}
+        # Prompt family -> its latest outputs, oldest first; req_id -> (family, prompt length)
+        self.family_outputs = family_outputs
+        self.families: OrderedDict[Hashable, list[np.ndarray]] = OrderedDict()
+        self._family_tokens = 0
+        self._family_of: dict[Hashable, tuple[Hashable, int]] = {}
         # Finished requests' trees, oldest first: seq -> (tree, tokens, last token)
         self.finished: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
         self._finished_tokens = 0
 
-    def start(self, req_id: Hashable, prompt: np.ndarray) -> int:
+    def start(self, req_id: Hashable, prompt: np.ndarray, family: Hashable | None = None) -> int:
         """Index ``prompt`` for ``req_id``; returns how many of its tokens were
-        already indexed (the finished request it continues), else 0."""
+        already indexed (the finished request it continues), else 0.  A new
+        tree also indexes the latest outputs of the prompt's ``family``."""
         reused = self._continued(prompt)
         if reused is None:
             tree = self.index.add_tree()
+            for output in self.families.get(family, ()):
+                self.index.extend(self.index.add_sequence(tree, capacity=output.shape[0]),
+                                  output)
             seq = self.index.add_sequence(tree, capacity=prompt.shape[0] + 256)
             have = 0
         else:
@@ -62,6 +78,8 @@ class RequestPool:
             self._finished_tokens -= have
         self.index.extend(seq, prompt[have:])
         self.requests[req_id] = (tree, seq)
+        if family is not None and self.family_outputs > 0:
+            self._family_of[req_id] = (family, prompt.shape[0])
         return have
 
     def extend(self, req_id: Hashable, tokens: np.ndarray) -> None:
@@ -69,12 +87,17 @@ class RequestPool:
 
     def drop(self, req_id: Hashable) -> None:
         tree, _ = self.requests.pop(req_id)
+        self._family_of.pop(req_id, None)
         self.index.drop_tree(tree)
 
     def retire(self, req_id: Hashable) -> None:
-        """The request finished: keep its tree for a request that continues it."""
+        """The request finished: keep its tree for a request that continues it,
+        and its output among its family's latest."""
         tree, seq = self.requests.pop(req_id)
         n = self.index.seq_len(seq)
+        family = self._family_of.pop(req_id, None)
+        if family is not None and n > family[1]:
+            self._keep_output(family[0], self.index.view(seq)[family[1]:n])
         if n > self.keep_tokens:
             self.index.drop_tree(tree)
             return
@@ -85,6 +108,19 @@ class RequestPool:
             _, (old_tree, old_n, _) = self.finished.popitem(last=False)
             self._finished_tokens -= old_n
             self.index.drop_tree(old_tree)
+
+    def _keep_output(self, family: Hashable, output: np.ndarray) -> None:
+        """``output`` joins its family's latest; the least recent family goes
+        first when they hold more than ``FAMILY_TOKENS``."""
+        outputs = self.families.pop(family, [])
+        outputs.append(np.array(output[:FAMILY_OUTPUT_TOKENS], np.int32))
+        self._family_tokens += outputs[-1].shape[0]
+        for old in outputs[:-self.family_outputs]:
+            self._family_tokens -= old.shape[0]
+        self.families[family] = outputs[-self.family_outputs:]
+        while self._family_tokens > FAMILY_TOKENS:
+            _, dropped = self.families.popitem(last=False)
+            self._family_tokens -= sum(o.shape[0] for o in dropped)
 
     def _continued(self, prompt: np.ndarray) -> tuple[int, int] | None:
         """(seq, length) of the longest finished sequence ``prompt`` starts with.
