@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from suffixspec import SuffixProposer
 from suffixspec.anchors import PROMPT_START_TOKENS
@@ -96,3 +97,11 @@ def test_a_next_turn_of_a_conversation_indexes_its_family_no_more():
     assert p.reused_tokens == first.shape[0] + 3
     assert p.requests.index.live_tokens == tokens + 1  # its one new token
     p.requests.index.check_integrity()
+
+
+def test_a_family_size_that_is_not_a_whole_number_in_range_is_refused():
+    from suffixspec.config import ProposerConfig
+
+    for bad in (-1, 65, 1.5, True, None):
+        with pytest.raises(ValueError, match="family_outputs"):
+            ProposerConfig(family_outputs=bad)
