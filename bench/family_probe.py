@@ -3,7 +3,8 @@
 Usage (from the repository root):
 
     python bench/family_probe.py --traces ../shared/data/traces \\
-        --tokenizer ../shared/tokenizers/qwen --out bench/results [--only sql code]
+        --tokenizer ../shared/tokenizers/qwen --out bench/results [--only sql code] \\
+        [--set family_outputs=0]
 
 Requests whose prompts start alike (one database's schema, one tool list,
 one coding problem) write alike, but the cross pool drafts by counts over
@@ -21,24 +22,21 @@ Each trace's slice is replayed one request at a time by
 ``learned`` takes the family's draft in the cells (suffixspec's match
 length, the family's, each clipped to 5, and whether their first tokens
 agree) where its value so far leads, with no hindsight; ``hindsight`` rows
-take the best of the drafts named.  Writes ``family.json`` and
-``family.md`` into ``--out``.
+take the best of the drafts named.  ``--set family_outputs=0`` replays
+suffixspec without the family outputs its own trie holds by default (the
+analysis that led to them); without it the rows say what a family drafter
+adds beyond them.  Writes ``family.json`` and ``family.md`` into ``--out``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 import numpy as np
 
 from suffixspec.anchors import start_anchors
-from suffixspec.config import DEFAULT_DRAFT_COST
-from suffixspec.replay.traces import hf_encoder
 
-from bench_common import parser, save_results
-from pointer_probe import K, markdown, replay
-from policy_bench import SLICES, load_slice
+from pointer_probe import K, probe
 
 MAX_SIBLINGS = 8
 START = -1  # stands before each output: the output's start matches every sibling's
@@ -102,27 +100,5 @@ class Families:
         return Family(self.outputs[key][::-1][:MAX_SIBLINGS])
 
 
-def main():
-    ap = parser(__doc__)
-    ap.add_argument("--fraction", type=float, default=0.5)
-    ap.add_argument("--only", nargs="*", choices=list(SLICES))
-    ap.add_argument("--costs", nargs="*", type=float, default=[0.0, DEFAULT_DRAFT_COST])
-    args = ap.parse_args()
-    encode = hf_encoder(args.tokenizer)
-    results = {}
-    for name in args.only or SLICES:
-        requests = load_slice(args.traces, name, encode, args.fraction)
-        results[name] = {}
-        for cost in args.costs:
-            results[name][f"{cost:g}"] = {d: replay(requests, d, cost, third=Families())
-                                          for d in DRIVES}
-            print(f"{name} cost {cost:g}: " + ", ".join(
-                f"{d} {r['mts']:.4f}/{r['est']:.4f}"
-                for d, r in results[name][f"{cost:g}"].items()), file=sys.stderr, flush=True)
-    suffix = "" if not args.only else "_" + "_".join(args.only)
-    save_results(args.out, f"family{suffix}", {"fraction": args.fraction, "traces": results},
-                 markdown(results, args.fraction, "a family drafter"))
-
-
 if __name__ == "__main__":
-    main()
+    probe(__doc__, "family", DRIVES, Families, "a family drafter")

@@ -53,7 +53,7 @@ from suffixspec.config import DEFAULT_DRAFT_COST
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import parser, save_results
+from bench_common import config_settings, parser, save_results
 from policy_bench import SLICES, load_slice
 
 K = 16
@@ -145,15 +145,16 @@ class Pointer:
         self.n += step.shape[0]
 
 
-def replay(requests, drive: str, cost: float, third=Pointer) -> dict:
+def replay(requests, drive: str, cost: float, third=Pointer, settings=None) -> dict:
     """One replay driven by ``drive`` over suffixspec's, vLLM's and ``third``'s drafts.
 
     ``third(req)`` makes a request's extra drafter: ``draft()`` gives its
     tokens and local match, ``agrees(tokens, ds, dv)`` the flag of its
     learned cell, ``advance(step, drafted, accepted, dv)`` follows the
-    emitted tokens.  Drive names call it by ``third.label``.
+    emitted tokens.  Drive names call it by ``third.label``.  ``settings``:
+    suffixspec's ``ProposerConfig`` settings besides the defaults.
     """
-    s = make_proposer("suffixspec", cross_pool_tokens=None, draft_cost=cost)
+    s = make_proposer("suffixspec", cross_pool_tokens=None, draft_cost=cost, **(settings or {}))
     v = make_proposer("vllm-gpu", max_spec_tokens=K)
     value = defaultdict(Counter)  # learned: cell -> summed value per drafter
     depth = defaultdict(lambda: [0, 0])  # (local match, depth) -> reached, accepted
@@ -253,29 +254,37 @@ def markdown(results: dict, fraction: float, third: str = "a copy pointer") -> s
     return "\n".join(lines)
 
 
-def main():
-    ap = parser(__doc__)
+def probe(doc: str, stem: str, drives: tuple, third, what: str) -> None:
+    """A probe's command line: replays each slice under each drive and cost
+    (``third()``: a fresh maker of the third drafter per replay) and writes
+    ``{stem}.json`` / ``.md`` (``what`` names the third drafter)."""
+    ap = parser(doc)
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--costs", nargs="*", type=float, default=[0.0, DEFAULT_DRAFT_COST])
     ap.add_argument("--margins", nargs="*", type=float, default=[],
                     help="also the learned rule with these margins (after 10 steps in a cell)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="suffixspec's ProposerConfig settings besides the defaults")
     args = ap.parse_args()
-    drives = DRIVES + tuple(f"learned, margin {m:g}" for m in args.margins)
+    drives = drives + tuple(f"learned, margin {m:g}" for m in args.margins)
+    settings = config_settings(args.set)
     encode = hf_encoder(args.tokenizer)
     results = {}
     for name in args.only or SLICES:
         requests = load_slice(args.traces, name, encode, args.fraction)
         results[name] = {}
         for cost in args.costs:
-            results[name][f"{cost:g}"] = {d: replay(requests, d, cost) for d in drives}
+            results[name][f"{cost:g}"] = {d: replay(requests, d, cost, third(), settings)
+                                          for d in drives}
             print(f"{name} cost {cost:g}: " + ", ".join(
                 f"{d} {r['mts']:.4f}/{r['est']:.4f}"
-                for d, r in results[name][f"{cost:g}"].items()), file=sys.stderr)
+                for d, r in results[name][f"{cost:g}"].items()), file=sys.stderr, flush=True)
     suffix = "" if not args.only else "_" + "_".join(args.only)
-    save_results(args.out, f"pointer{suffix}", {"fraction": args.fraction, "traces": results},
-                 markdown(results, args.fraction))
+    save_results(args.out, f"{stem}{suffix}",
+                 {"fraction": args.fraction, "settings": settings, "traces": results},
+                 markdown(results, args.fraction, what))
 
 
 if __name__ == "__main__":
-    main()
+    probe(__doc__, "pointer", DRIVES, lambda: Pointer, "a copy pointer")
