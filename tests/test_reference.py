@@ -101,7 +101,8 @@ def test_the_own_tree_lists_the_occurrences_of_a_match():
     own = [1, 2, 3, 2, 0, 1, 2, 3]  # "1 2 3" once before, then 2
     assert _listed([[5, 5]], own) == (3, 3)
     assert _listed([], [1, 2, 3, 7, 1, 2, 3]) == (3, 3)
-    assert _listed([[1, 2, 3, 7]], [1, 2, 3]) == (3, SCAN)  # a ref in another sequence
+    assert _listed([[1, 2, 3, 7]], [1, 2, 3]) == (3, -1)  # only in another sequence
+    assert _listed([[1, 2, 3, 7]], [1, 2, 3, 5, 1, 2, 3]) == (3, 3)
     # Three earlier occurrences: the newest.
     assert _listed([], [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 0, 1, 2, 3]) == (3, 11)
     # "1 2 3 4" runs into the depth (4) twice: the tree cannot tell them apart.

@@ -95,11 +95,12 @@ LIST_BUDGET = 64  # nodes ``listed_newest`` visits at most
 @njit(cache=True, inline="always")
 def _later(nodes, seqs, y, d, s, end, best):
     """The newer of ``best`` and the occurrence in sequence ``s`` that node ``y``
-    (count 1) names, its label ``d`` tokens after the match's end; ``SCAN``
-    where ``y``'s ref is in another sequence (a removed one's tokens stay
-    where surviving labels point, so the ref need not be the occurrence)."""
+    (count 1) names, its label ``d`` tokens after the match's end.  A ref in
+    another sequence (a family output beside the request's) names the one
+    occurrence, elsewhere: a request's own tree never loses a sequence, so
+    no removed one's tokens stand in for a surviving occurrence."""
     if nodes[y, REF_SEQ] != s:
-        return SCAN
+        return best
     e = seqs[s, SEQ_OFF] + nodes[y, REF_POS] - d
     return e if best < e < end else best
 
@@ -115,8 +116,7 @@ def listed_newest(index, x, off, s, arena, end, length, window):
     below the match without reaching the sequence's end, and that node's ref
     names it: the subtree lists them all, up to ``LIST_BUDGET`` nodes, unless
     some string below the match reaches the tree's depth (its occurrences
-    are not told apart there) or a ref lies in another sequence (a request's
-    own tree holds one).  Returns what ``newest_occurrence`` would, when no
+    are not told apart there).  Returns what ``newest_occurrence`` would, when no
     occurrence ends within the depth; ``SCAN`` when the tree cannot say, or
     the newest's ref does not check out as an occurrence of the match.
     """
