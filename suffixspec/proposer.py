@@ -166,8 +166,11 @@ class SuffixProposer:
         draw = self._interned.setdefault(draw, draw)  # equal sets share one object
         if self.cross is not None:
             self.cross.want(draw)
-        starts = start_anchors(prompt) if anchors is None else _anchors(anchors)
-        family = (own, int(starts[1])) if starts.shape[0] > 1 and own in draw else None
+        starts = family = None  # both only where past outputs are kept
+        if self.cross is not None:
+            starts = start_anchors(prompt) if anchors is None else _anchors(anchors)
+            if starts.shape[0] > 1 and own in draw:
+                family = (own, int(starts[1]))
         self.reused_tokens += self.requests.start(req_id, prompt, family)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending.n.shape[0]:
