@@ -10,12 +10,13 @@ compile the Numba kernels on a cold cache.  Writes ``device_check.json``
 after each part (a run stopped at its limit keeps what it did):
 
 1. ``correctness``: the fused Triton kernel against the torch reference on
-   random cases at 1, 8, 32 and 64 rows, and the Triton scan against the
-   torch scan (on the device);
-2. ``device_time``: one drafting step (scan, corpus, one-token paths, the
-   fused kernel) at 1 / 8 / 32 / 64 in flight with histories of 2K and 16K
-   tokens: median of CUDA-event timings as launched, the scan alone, the
-   torch operations a step issues; on a GPU also the GPU's time with the
+   random cases at 1, 8, 32 and 64 rows, and the Triton scans (own history,
+   family rows) against the torch scans (on the device);
+2. ``device_time``: one drafting step (scans of the own history and of a
+   full family row, corpus, one-token paths, the fused kernel) at 1 / 8 /
+   32 / 64 in flight with histories of 2K and 16K tokens: median of
+   CUDA-event timings as launched, the scan alone, the torch operations a
+   step issues; on a GPU also the GPU's time with the
    host ahead (a busy kernel first) and the host's time, kernel by kernel
    and replayed as a CUDA graph (``device.graphs``), and whether the replay
    equals the step run kernel by kernel;
@@ -94,6 +95,21 @@ def correctness(device, cases: int, batches=(1, 8, 32, 64)) -> dict:
         got = scan_triton(hist, total, slots, 24)
         bad += not all(torch.equal(a, c) for a, c in zip(want, got))
     out["scan"] = {"cases": cases, "mismatches": bad}
+    from suffixspec.device.draft_ref import context_tail, suffix_scan
+    from suffixspec.device.draft_triton import family_scan_triton
+
+    bad = 0
+    for _ in range(cases):
+        width = int(rng.choice([64, 700, 2050]))
+        hist = torch.from_numpy(rng.integers(0, 3, (8, 300))).to(device, torch.int32)
+        family = torch.from_numpy(rng.integers(-1, 3, (8, width))).to(device, torch.int32)
+        family_len = torch.from_numpy(rng.integers(0, width + 1, 8)).to(device, torch.int32)
+        slots = torch.from_numpy(rng.choice(8, 4, replace=False)).to(device)
+        total = torch.from_numpy(rng.integers(1, 301, 4)).to(device)
+        want = suffix_scan(family[slots], family_len[slots], context_tail(hist, total, 24, slots))
+        got = family_scan_triton(family, family_len, hist, total, slots, 24)
+        bad += not all(torch.equal(a, c) for a, c in zip(want, got))
+    out["family_scan"] = {"cases": cases, "mismatches": bad}
     if device.type == "cuda":  # (on the CPU the tests hold it under the interpreter)
         from suffixspec.device.corpus import DeviceCorpus
         from suffixspec.device.draft_ref import context_tail
@@ -119,10 +135,10 @@ def _state(device, b: int, history: int, max_len: int, rng):
     """A drafting state with ``b`` requests of ``history`` tokens, full windows."""
     from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
     from suffixspec.device.draft_ref import StepOutputs
-    from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+    from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec, family_width
     from suffixspec.native import calibration as cal
 
-    spec = WindowSpec(k=K)
+    spec = WindowSpec(k=K, family=family_width(2))  # the default family_outputs
     slots = max(b, 64)
     hist = torch.from_numpy(rng.integers(0, 500, (slots, max_len))).to(device, torch.int32)
     total = torch.full((slots,), history, dtype=torch.int32, device=device)
@@ -134,6 +150,9 @@ def _state(device, b: int, history: int, max_len: int, rng):
     windows.meta[:, :, 2] = spec.head
     windows.meta[:, :, 3] = spec.width
     windows.meta[:, :, 4] = history
+    windows.family[:] = torch.from_numpy(rng.integers(0, 500, tuple(windows.family.shape))).to(
+        device, torch.int32)
+    windows.family_len[:] = spec.family
     calibration = Calibration(device)
     calibration.params[:] = torch.tensor(Calibration.host_params(
         cal.new_state(0.0), 0.0, -1.0, 0.0, 64, reference=True))
@@ -153,12 +172,15 @@ def _step_fn(device, state):
     spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled = state
     cuda = device.type == "cuda"
     if cuda:
-        from suffixspec.device.draft_triton import corpus_triton, fused_triton, scan_triton
+        from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
+                                                    fused_triton, scan_triton)
 
     def step():
         scan = (scan_triton(hist, total[idx], idx, spec.scan_depth) if cuda else None)
+        family = (family_scan_triton(windows.family, windows.family_len, hist, total[idx], idx,
+                                     spec.scan_depth) if cuda else None)
         return draft_step(hist, total, idx, sampled, windows, calibration, K, 152_000, out,
-                          scan=scan, scan_depth=spec.scan_depth,
+                          scan=scan, scan_depth=spec.scan_depth, family_scan=family,
                           corpus=(lambda tail: corpus_triton(corpus, tail, spec.scan_depth, K))
                           if cuda else (lambda tail: corpus.draft(tail, spec.scan_depth, K)),
                           short=paths.draft, fused=fused_triton if cuda else fused_ref)

@@ -10,16 +10,19 @@ through:
 
 * ``host``: suffixspec drafting on the host at every step (``suffixspec``);
 * ``device``: ``suffixspec-device``: drafts from windows the host built one
-  step before, the own-history scan, the pool's device corpus and its
-  one-token paths (``suffixspec.device``), scored with the same calibration;
+  step before, the own-history scan, the family row, the pool's device
+  corpus and its one-token paths (``suffixspec.device``), scored with the
+  same calibration;
 * ``device, windows only``: the same without the corpus and the one-token
   paths, so the table shows what those tiers add;
 * ``device, no arbiter``: the device without the arbiter
-  (``SUFFIXSPEC_DEVICE_ARBITER=0``), its A/B.
+  (``SUFFIXSPEC_DEVICE_ARBITER=0``), its A/B;
+* ``device, no family row``: the device without family rows (the family
+  outputs reach it only as the own tree's window), their A/B.
 
 Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
-scan, the corpus, the one-token paths, or not at all.  Slices:
+scan, the corpus, the one-token paths, the family row, or not at all.  Slices:
 policy_bench's times ``--fraction``.  Writes ``device_gate.json`` and
 ``device_gate.md``.
 """
@@ -45,8 +48,10 @@ RUNS = {  # name -> (engine, settings)
     "device": ("suffixspec-device", K16),
     "device, no arbiter": ("suffixspec-device", dict(K16, arbiter=False)),
     "device, windows only": ("suffixspec-device", dict(K16, corpus_tokens=0, vocab_size=0)),
+    "device, no family row": ("suffixspec-device", dict(K16, family=False)),
 }
-SOURCES = ("window", "scan", "corpus", "short", "none")
+SOURCES = ("window", "scan", "corpus", "short", "family", "none")
+OPTIONAL = ("device, no arbiter", "device, no family row")  # A/Bs, run when asked
 
 
 def main():
@@ -55,7 +60,7 @@ def main():
     ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--runs", nargs="*", choices=list(RUNS),
-                    default=[r for r in RUNS if r != "device, no arbiter"])
+                    default=[r for r in RUNS if r not in OPTIONAL])
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the table again from an earlier run's device_gate.json.")
     ap.add_argument("--merge", type=Path, default=None,
@@ -99,21 +104,23 @@ def main():
 
 def markdown(rows: list[dict], args) -> str:
     bare = any("device, windows only" in r for r in rows)
-    ab = any("device, no arbiter" in r for r in rows)
+    abs_ = [run for run in OPTIONAL if any(run in r for r in rows)]
     out = ["| trace | in flight | host est | device est | device / host | "
            + ("windows only / host | " if bare else "")
-           + ("device est, no arbiter | the arbiter's change | " if ab else "")
-           + "steps from window / scan / corpus / one-token / none |",
-           "|---|---|---|---|---|" + ("---|" if bare else "") + ("---|---|" if ab else "")
+           + "".join(f"{run} | device / {run} | " for run in abs_)
+           + "steps from window / scan / corpus / one-token / family / none |",
+           "|---|---|---|---|---|" + ("---|" if bare else "") + "---|---|" * len(abs_)
            + "---|"]
     for r in rows:
         host, dev = r["host"]["est"], r["device"]["est"]
-        shares = " / ".join(f"{100 * r['device']['sources'][s]:.0f}%" for s in SOURCES)
+        shares = " / ".join(f"{100 * r['device']['sources'].get(s, 0.0):.0f}%" for s in SOURCES)
         alone = (f" {r['device, windows only']['est'] / host:.3f} |"
                  if "device, windows only" in r else " - |") if bare else ""
-        plain = r.get("device, no arbiter", {}).get("est")
-        versus = ((f" {plain:.4f} | {100 * (dev / plain - 1):+.2f}% |" if plain else " - | - |")
-                  if ab else "")
+        versus = ""
+        for run in abs_:
+            other = r.get(run, {}).get("est")
+            versus += (f" {other:.4f} | {100 * (dev / other - 1):+.2f}% |" if other
+                       else " - | - |")
         out.append(f"| {r['trace']} | {r['concurrency']} | {host:.3f} | {dev:.3f} | "
                    f"**{dev / host:.3f}** |{alone}{versus} {shares} |")
     return "\n".join(out) + (

@@ -470,6 +470,14 @@ class SuffixProposer:
         return counts
 
     @locked
+    def family_outputs(self, req_id: Hashable) -> tuple[np.ndarray, ...]:
+        """The family outputs (``family_outputs``) that ``req_id``'s own tree
+        indexes beside its tokens, oldest first: what the device's family row
+        holds (``device.layout.family_row``)."""
+        self._check_active(req_id)
+        return self.requests.family_of(req_id)
+
+    @locked
     def one_token_paths(self, width: int, vocab_size: int, tokens=None,
                         namespace: str | None = None):
         """The cross pool's most frequent continuation (``width`` tokens, with

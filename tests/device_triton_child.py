@@ -31,8 +31,26 @@ def interpret(cases: int) -> dict:
         if not all(torch.equal(a, b) for a, b in zip(want, got)):
             mismatches.append({"case": case, "field": "scan", "want": [w.tolist() for w in want],
                                "got": [g.tolist() for g in got]})
+    from suffixspec.device.draft_ref import context_tail, suffix_scan
+    from suffixspec.device.draft_triton import family_scan_triton
+
+    for case in range(cases):
+        vocab = int(rng.integers(1, 4))
+        width = int(rng.choice([8, 40, 300]))
+        hist = torch.from_numpy(rng.integers(0, vocab, (5, 30))).to(torch.int32)
+        family = torch.from_numpy(rng.integers(-1, vocab, (5, width))).to(torch.int32)
+        family_len = torch.from_numpy(rng.integers(0, width + 1, 5)).to(torch.int32)
+        slots = torch.from_numpy(rng.choice(5, 3, replace=False)).to(torch.int64)
+        total = torch.from_numpy(rng.integers(1, 31, 3)).to(torch.int64)
+        depth = int(rng.integers(1, 9))
+        want = suffix_scan(family[slots], family_len[slots],
+                           context_tail(hist, total, depth, slots))
+        got = family_scan_triton(family, family_len, hist, total, slots, depth, block=16)
+        if not all(torch.equal(a, b) for a, b in zip(want, got)):
+            mismatches.append({"case": case, "field": "family scan",
+                               "want": [w.tolist() for w in want],
+                               "got": [g.tolist() for g in got]})
     from suffixspec.device.corpus import DeviceCorpus
-    from suffixspec.device.draft_ref import context_tail
     from suffixspec.device.draft_triton import corpus_triton
 
     for case in range(cases):
@@ -78,9 +96,10 @@ def compile_sm90() -> dict:
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     scan = triton.compile(ASTSource(
-        fn=dt._scan_kernel, signature={"hist_ptr": "*i32", "hist_stride": "i64",
+        fn=dt._scan_kernel, signature={"ctx_ptr": "*i32", "ctx_stride": "i64",
+                                       "rows_ptr": "*i32", "rows_stride": "i64",
                                        "slots_ptr": "*i64", "total_ptr": "*i64",
-                                       "best_ptr": "*i64", "NB": "constexpr",
+                                       "len_ptr": "*i64", "best_ptr": "*i64", "NB": "constexpr",
                                        "DEPTH": "constexpr", "BLOCK": "constexpr"},
         constexprs={"NB": 128, "DEPTH": 24, "BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
     corpus = triton.compile(ASTSource(

@@ -81,13 +81,28 @@ def local_match(row, total, depth):
     return best_len, best_pos
 
 
+def family_match(family, ctx, depth):
+    """The longest suffix of ``ctx`` ending at a position of ``family`` with a
+    token after it, the newest of equals."""
+    best_len, best_pos = 0, 0
+    for pos in range(1, len(family)):
+        m = 0
+        while (m < depth and m < len(ctx) and pos - 1 - m >= 0
+               and family[pos - 1 - m] == ctx[-1 - m]):
+            m += 1
+        if m > 0 and (m > best_len or (m == best_len and pos > best_pos)):
+            best_len, best_pos = m, pos
+    return best_len, best_pos
+
+
 def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
-              k, vocab, head, scan_depth=24, extra=(), reference=False):
+              k, vocab, head, scan_depth=24, extra=(), reference=False, family=None):
     """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
     [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
-    n, match, source)`` after the scan; ``reference``: the scan's continuation
-    rates the other candidates' tokens.  Returns ``(tokens, q, p, buckets,
-    choice, match, recent)``."""
+    n, match, source)`` after the scan (``None``: none); ``family`` the slot's
+    family row (a list; None: none), its candidate after them; ``reference``:
+    the scan's continuation rates the other candidates' tokens.  Returns
+    ``(tokens, q, p, buckets, choice, match, recent)``."""
     recent = recent_of(last_valid, sampled)
     cands = []
     for tokens, c, n, meta in windows:
@@ -121,6 +136,11 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
     s_tok = list(ctx[s_end:s_end + k]) if s_len > 0 else []
     cands.append((s_tok, [1] * len(s_tok), [1] * len(s_tok), s_len, cal.SRC_REQUEST))
     cands.extend(extra)
+    if family is not None:
+        cands.extend([None] * (2 - len(extra)))  # the corpus and the one-token paths
+        f_len, f_end = family_match(family, ctx, scan_depth)
+        f_tok = list(family[f_end:f_end + k]) if f_len > 0 else []
+        cands.append((f_tok, [1] * len(f_tok), [1] * len(f_tok), f_len, cal.SRC_REQUEST))
     ref = s_tok if reference else []
     best, best_gain = None, 0.0
     for i, cand in enumerate(cands):

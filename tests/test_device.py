@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from suffixspec import SuffixProposer  # noqa: E402
 from suffixspec.device import calib  # noqa: E402
 from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths  # noqa: E402
-from suffixspec.device.draft_ref import (StepOutputs, draft_step, own_history_scan,  # noqa: E402
-                                         recent_of)
+from suffixspec.device.draft_ref import (StepOutputs, context_tail, draft_step,  # noqa: E402
+                                         own_history_scan, recent_of, suffix_scan)
 from suffixspec.device.fit import fit_batch  # noqa: E402
 from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec,  # noqa: E402
                                       W_HEAD, W_LEN)
@@ -57,6 +57,23 @@ def test_the_calibration_port_equals_the_kernels():
         assert fine[i] == f
         assert prob[i].item() == pytest.approx(cal.probability(table, state, f, c[i], n[i], m[i]),
                                                rel=1e-12)
+
+
+@FAST
+@given(st.lists(st.integers(-1, 2), max_size=60), st.lists(st.integers(0, 2), min_size=1,
+                                                          max_size=30), st.integers(1, 8))
+def test_the_family_scan_is_its_numba_twin_and_brute_force(family, ctx, depth):
+    """The longest suffix of the context that ends in the family row with a
+    token after it, the newest of equals; separators (-1) match nothing."""
+    row = np.asarray(family, np.int32)
+    c = np.asarray(ctx, np.int32)
+    rows = torch.from_numpy(np.pad(row, (0, 5), constant_values=1))[None]  # past its length
+    length, end = suffix_scan(rows, torch.tensor([row.shape[0]]),
+                              context_tail(torch.from_numpy(c)[None], torch.tensor([len(c)]),
+                                           depth))
+    want = naive.family_match(family, ctx, depth)
+    assert (length.item(), end.item()) == want
+    assert gpu.family_match(row, row.shape[0], c, c.shape[0], depth) == want
 
 
 @FAST
@@ -171,11 +188,13 @@ def _random_windows(data, rows: int, width: int, vocab: int):
 @given(st.data())
 def test_draft_step_is_its_brute_force(data):
     """Tiny vocabularies (windows overlap the context everywhere), empty and
-    short windows, -1 padding, prefilling rows, poisoned outputs."""
+    short windows, -1 padding, prefilling rows, poisoned outputs; family rows
+    with separators, tokens past their length that must not be read."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     vocab = data.draw(st.integers(2, 5))
     spec = WindowSpec(rows=data.draw(st.integers(1, 3)), width=data.draw(st.sampled_from([8, 16])),
-                      k=data.draw(st.integers(1, 6)), scan_depth=data.draw(st.integers(1, 6)))
+                      k=data.draw(st.integers(1, 6)), scan_depth=data.draw(st.integers(1, 6)),
+                      family=data.draw(st.sampled_from([0, 1, 12])))
     b = data.draw(st.integers(1, 3))
     slots = 4
     hist = np.full((slots, 40), -9, np.int32)
@@ -204,11 +223,19 @@ def test_draft_step_is_its_brute_force(data):
             dw.meta[s, r] = torch.tensor(meta)
         last_valid = data.draw(st.integers(0, spec.k))
         dw.last_valid[s] = last_valid
+        family = None
+        if spec.family:
+            row = data.draw(st.lists(st.integers(-1, vocab), min_size=spec.family,
+                                     max_size=spec.family))
+            length = data.draw(st.integers(0, spec.family))
+            dw.family[s] = torch.tensor(row)
+            dw.family_len[s] = length
+            family = row[:length]
         expected.append(naive.draft_row(
             ctx, sampled[i], last_valid,
             [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
             table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
-            spec.scan_depth, reference=reference))
+            spec.scan_depth, reference=reference, family=family))
     out = StepOutputs.empty(b + 1, spec.k)
     for field in out.__dataclass_fields__:
         getattr(out, field).fill_(77)  # poison: every written value must be the step's

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from suffixspec.device.cases import random_case  # noqa: E402
-from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_NOTHING, FROM_SCAN,  # noqa: E402
-                                         FROM_SHORT, PAIR_CELL, PAIR_PICK, PAIR_REFERENCE,
-                                         fused_ref)
+from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_NOTHING,  # noqa: E402
+                                         FROM_SCAN, FROM_SHORT, PAIR_CELL, PAIR_PICK,
+                                         PAIR_REFERENCE, fused_ref)
 from suffixspec.device.layout import P_ARBITRATE, P_REFERENCE, W_SOURCE  # noqa: E402
 from suffixspec.native import arbiter  # noqa: E402
 from suffixspec.native import layout as lay  # noqa: E402
@@ -55,7 +55,7 @@ def _source(choice: int, slot: int, meta) -> int:
     if choice >= 0:
         return min(int(meta[slot, choice, W_SOURCE]), lay.FROM_ANCHOR)
     return {FROM_SCAN: lay.FROM_REQUEST, FROM_CORPUS: lay.FROM_CROSS,
-            FROM_SHORT: lay.FROM_CROSS}[choice]
+            FROM_SHORT: lay.FROM_CROSS, FROM_FAMILY: lay.FROM_REQUEST}[choice]
 
 
 @settings(max_examples=150, deadline=None)
@@ -113,7 +113,7 @@ def test_the_device_arbitrates_as_the_host_rule_says(seed):
         else:
             assert got.choice[b] == pick.choice[b] and got.buckets[b].tolist() == \
                 pick.buckets[b].tolist()
-    assert got.choice.min() >= min(FROM_SHORT, FROM_NOTHING)
+    assert got.choice.min() >= min(FROM_FAMILY, FROM_NOTHING)
 
 
 PRESET_SCORED = arbiter.DEVICE_MIN_SCORED

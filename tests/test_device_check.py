@@ -29,6 +29,7 @@ def test_the_device_check_runs_on_the_cpu(tmp_path):
     fused = [v for k, v in report["correctness"].items() if k.startswith("fused")]
     assert fused and all(v["mismatches"] == 0 for v in fused)
     assert report["correctness"]["scan"]["mismatches"] == 0
+    assert report["correctness"]["family_scan"]["mismatches"] == 0
     assert all(v["step_us"] > 0 for v in report["device_time"].values())
     loop = report["loop"]
     for b in (8, 64):

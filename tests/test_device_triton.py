@@ -36,7 +36,7 @@ def _child(mode: str, *args: str) -> dict:
 
 
 def test_the_kernels_write_what_the_reference_writes():
-    """The fused kernel; the own-history scan and corpus kernels against their torch twins."""
+    """The fused kernel; the own-history, family and corpus kernels against their torch twins."""
     got = _child("interpret", "60")
     assert got["cases"] == 60 and got["rows"] > 60
     assert got["mismatches"] == [], got["mismatches"][:3]

@@ -279,6 +279,49 @@ def test_a_late_update_never_lands_on_a_reused_slot(make):
     v["epochs"][0] = old_epoch + 1
     apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
     assert spec.windows.meta[slot, 0].tolist() == [0, 3, 2, 6, 4]
+    v["fam_slots"][0] = slot  # a family row built for "a"
+    v["fam_epochs"][0] = old_epoch
+    v["fam_len"][0] = 3
+    v["fam_tokens"][0, :3] = torch.tensor([8, 9, -1])
+    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
+    assert spec.windows.family_len[slot] == 0  # dropped
+    v["fam_epochs"][0] = old_epoch + 1
+    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
+    assert spec.windows.family_len[slot] == 3
+    assert spec.windows.family[slot, :3].tolist() == [8, 9, -1]
+
+
+def test_a_familys_outputs_reach_the_slot_of_its_next_request(make):
+    """The outputs the host's own tree indexes beside a new request of a family
+    (``family_outputs``) land in its slot's family row, and the device drafts
+    their continuation."""
+    from suffixspec.anchors import PROMPT_START_TOKENS
+    from suffixspec.device.layout import family_row
+
+    spec = make(max_len=512)
+    assert spec.window_spec.family > 0
+    engine = Engine(spec)
+    start = list(range(100, 100 + PROMPT_START_TOKENS))
+    written = list(range(300, 316))
+    engine.add("a", start + [1])
+    engine.step()
+    for at in range(0, len(written), K):  # what a step emits, at most
+        engine.emit("a", written[at:at + K])
+        engine.step()
+    engine.finish("a")
+    engine.add("b", start + [2])
+    for _ in range(2):  # the feeder starts it, the next payload carries its row
+        engine.step()
+        engine.emit("b", [7])
+    slot = spec.req_states.req_id_to_index["b"]
+    want = family_row(spec.feeder.proposer.family_outputs("b"), spec.window_spec.family)
+    assert want.tolist() == written + [-1]
+    assert spec.windows.family_len[slot] == len(want)
+    assert spec.windows.family[slot, :len(want)].tolist() == want.tolist()
+    assert spec.feeder.stats.families_sent == 1
+    engine.emit("b", written[:3])
+    (b,), _ = engine.step()
+    assert b.tolist() == written[3:3 + K]
 
 
 def test_the_workers_wait_for_the_feeder_is_bounded_and_counted(make):

@@ -15,7 +15,7 @@ import torch
 def random_case(rng, device="cpu", batch=None):
     """One call's arguments for ``fused_ref``/``fused_triton``, less the outputs,
     and a function making fresh outputs (``batch`` rows, else 1 to 4)."""
-    from suffixspec.device.draft_ref import StepOutputs
+    from suffixspec.device.draft_ref import DIRECT_SOURCES, StepOutputs
     from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
     from suffixspec.native import calibration as cal
 
@@ -53,7 +53,7 @@ def random_case(rng, device="cpu", batch=None):
     total = rng.integers(1, 40, b)
     tail = rng.integers(0, vocab + 1, (b, spec.head))
     tail[np.arange(spec.head)[None, :] >= total[:, None]] = -2  # before the context's start
-    x = 3
+    x = len(DIRECT_SOURCES)
     c = rng.integers(0, 4, (b, x, k))
     direct = (t(rng.integers(-1, vocab + 1, (b, x, k))), t(c),
               t(np.maximum(c, rng.integers(0, 6, (b, x, k)))), t(rng.integers(0, 30, (b, x))))

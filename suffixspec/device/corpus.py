@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for,
-                                           corpus_draft, local_match)
+                                           corpus_draft, family_match, local_match)
 
 __all__ = ["DeviceCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "corpus_on_host", "scan_on_host"]
 
@@ -235,6 +235,18 @@ def scan_on_host(rows: np.ndarray, totals: np.ndarray, slots: np.ndarray, depth:
     found = np.zeros((2, slots.shape[0]), np.int64)
     for i, s in enumerate(slots):
         found[:, i] = local_match(rows[s], int(totals[s]), depth)
+    return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+
+def family_scan_on_host(family: np.ndarray, family_len: np.ndarray, rows: np.ndarray,
+                        totals: np.ndarray, slots: np.ndarray, depth: int):
+    """``draft_ref.suffix_scan`` of the family rows of ``slots`` against their
+    contexts (rows of host arrays), by its Numba twin: ``(length, end)``."""
+    found = np.zeros((2, slots.shape[0]), np.int64)
+    for i, s in enumerate(slots):
+        if family_len[s] > 1:
+            found[:, i] = family_match(family[s], int(family_len[s]), rows[s], int(totals[s]),
+                                       depth)
     return torch.from_numpy(found[0]), torch.from_numpy(found[1])
 
 

@@ -20,7 +20,10 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    the head and before the last token, and calibration sees that length.
 3. **Own history.**  The longest suffix of the context (at most
    ``scan_depth`` tokens) that ends earlier in the context, the newest of
-   equals (vLLM's rule); its continuation counts as seen once.
+   equals (vLLM's rule); its continuation counts as seen once.  **Family.**
+   The same over the slot's family row (``DeviceWindows.family``: the family
+   outputs the host's own tree indexes beside the request): a candidate of
+   the request's own tree, seen once, that no other is scored against.
 4. **Score.**  A candidate's next ``k`` tokens, each with its calibrated
    probability (``calib``), a running product, kept while it beats the
    threshold (and within the length cap): the gain is ``sum(p - thr)``.
@@ -61,10 +64,11 @@ from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, 
                                       W_LEN, W_MATCH, W_SOURCE, Calibration, DeviceWindows)
 
 #: ``StepOutputs.choice``: drafted from the own-history scan, the pool's device
-#: corpus, the pool's one-token paths; nothing drafted.
+#: corpus, the pool's one-token paths, the family row; nothing drafted.
 FROM_SCAN = -2
 FROM_CORPUS = -3
 FROM_SHORT = -4
+FROM_FAMILY = -5
 FROM_NOTHING = -1
 
 #: ``StepOutputs.pair``'s fields.
@@ -134,15 +138,25 @@ def own_history_scan(hist, total, depth: int):
     """``(length, end)`` per row: the longest suffix of ``hist[b, :total[b]]`` (at
     most ``depth`` tokens) that also ends at an earlier ``end`` (the newest of
     equals); length 0 when none (``native.vllm_suffix.local_match``)."""
-    rows, width = hist.shape
-    tail = context_tail(hist, total, depth)                        # [B, D]
-    pos = torch.arange(width, device=hist.device)                  # candidate ends
-    d = torch.arange(depth, device=hist.device)
+    return suffix_scan(hist, total, context_tail(hist, total, depth))
+
+
+def suffix_scan(rows, lengths, tail):
+    """``(length, end)`` per row: the longest suffix of a context (``tail``,
+    ``[B, D]``, its last tokens newest first, negative before its start) that
+    ends at a position ``end`` of ``rows[b, :lengths[b]]`` with a token after
+    it (``1 <= end < lengths[b]``), the newest of equals; length 0 when none
+    (``native.vllm_suffix.family_match``).  The own history is the context's
+    own row; a family row is another."""
+    width = rows.shape[1]
+    depth = tail.shape[1]
+    pos = torch.arange(width, device=rows.device)                  # candidate ends
+    d = torch.arange(depth, device=rows.device)
     src = pos[:, None] - 1 - d[None, :]                            # [L, D]
-    tok = hist[:, src.clamp(min=0)]                                # [B, L, D]
-    ok = (src[None] >= 0) & (tok == tail[:, None, :])
+    tok = rows[:, src.clamp(min=0)]                                # [B, L, D]
+    ok = (src[None] >= 0) & (tok == tail[:, None, :]) & (tail[:, None, :] >= 0)
     length = ok.to(torch.int64).cumprod(dim=2).sum(dim=2)          # [B, L]
-    live = (pos[None, :] >= 1) & (pos[None, :] < total[:, None])
+    live = (pos[None, :] >= 1) & (pos[None, :] < lengths.to(torch.int64)[:, None])
     score = torch.where(live & (length > 0), length * (width + 1) + pos[None, :], 0)
     best = score.max(dim=1).values
     length = best // (width + 1)
@@ -192,7 +206,7 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
 
 
 #: Sources of the direct candidates (``direct_candidates``), in their order.
-DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS)
+DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS, cal.SRC_REQUEST)
 
 
 @functools.cache
@@ -202,12 +216,15 @@ def direct_sources(device: torch.device) -> torch.Tensor:
     return torch.tensor(DIRECT_SOURCES, dtype=torch.int64, device=device)
 
 
-def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None):
+def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None,
+                      family=None):
     """The candidates found apart from the windows, ``(tokens, c, n, match)``
     (``[B, X, k]`` x3, ``[B, X]``; int64), in the order of ``DIRECT_SOURCES``:
     the own history (``scan``: ``(length, end)``; a continuation seen once),
     the pool's device corpus (``corpus``: its draft and votes), the pool's
-    one-token paths (``short``).  A missing one drafts nothing."""
+    one-token paths (``short``), the family row (``family``: the batch's rows,
+    their lengths and their scan's ``(length, end)``; seen once).  A missing
+    one drafts nothing."""
     b = total.shape[0]
     dev = total.device
     j = torch.arange(k, device=dev)
@@ -217,7 +234,14 @@ def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None)
     tokens = [hist[slots[:, None], s_at.clamp(0, hist.shape[1] - 1)].to(torch.int64)]
     counts, totals, matches = [one], [one], [s_len]
     zero = torch.zeros(b, k, dtype=torch.int64, device=dev)
-    for extra in (corpus, short):
+    if family is not None:
+        rows, lengths, (f_len, f_end) = family
+        f_len = f_len.to(torch.int64)
+        f_at = f_end.to(torch.int64)[:, None] + j
+        f_tok = rows.gather(1, f_at.clamp(0, rows.shape[1] - 1)).to(torch.int64)
+        f_one = ((f_len[:, None] > 0) & (f_at < lengths.to(torch.int64)[:, None])).to(torch.int64)
+        family = (f_len, f_tok, f_one, f_one)
+    for extra in (corpus, short, family):
         if extra is None:
             extra = (torch.zeros(b, dtype=torch.int64, device=dev), zero, zero, zero)
         e_len, e_tok, e_c, e_n = (x.to(torch.int64) for x in extra)
@@ -233,7 +257,7 @@ def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None)
 def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
                calibration: Calibration, k: int, vocab_size: int, out: StepOutputs,
                scan=None, scan_depth: int = 24, corpus=None, short=None,
-               fused=None) -> StepOutputs:
+               family_scan=None, fused=None) -> StepOutputs:
     """Drafts for the batch rows ``idx`` (slots); see the module docstring.
 
     ``hist`` (int32 ``[slots, max_len]``) and ``total_len`` (``[slots]``) are
@@ -243,7 +267,10 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
     (replay does it in a Numba kernel); else computed here.  ``corpus``,
     ``short``: the pool tiers' drafts, or functions of the context's last
     tokens (newest first) and of its last token that give them
-    (``corpus.DeviceCorpus.draft``, ``corpus.OneTokenPaths.draft``).  ``fused``: what aligns, scores and
+    (``corpus.DeviceCorpus.draft``, ``corpus.OneTokenPaths.draft``).
+    ``family_scan``: the family rows' match ``(length, end)`` per row, when
+    computed apart; else computed here (none where ``windows.spec.family`` is
+    0).  ``fused``: what aligns, scores and
     writes (``fused_ref``, or the Triton kernel's launcher).  Writes the
     first ``B`` rows of ``out`` and returns them; updates the slots' state.
     """
@@ -259,7 +286,13 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
         corpus = corpus(context_tail(hist, total, max(scan_depth, 4), slots))
     if callable(short):
         short = short(tail[:, 0])
-    direct = direct_candidates(hist, slots, total, k, scan, corpus, short)
+    family = None
+    if windows.spec.family > 0:
+        rows, lengths = windows.family[slots], windows.family_len[slots]
+        if family_scan is None:
+            family_scan = suffix_scan(rows, lengths, context_tail(hist, total, scan_depth, slots))
+        family = (rows, lengths, family_scan)
+    direct = direct_candidates(hist, slots, total, k, scan, corpus, short, family)
     o = out.rows(b)
     (fused or fused_ref)(tail, total, sampled, recent, slots, windows, direct, calibration, k,
                          vocab_size, o)

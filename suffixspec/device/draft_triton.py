@@ -284,29 +284,34 @@ def _fused_kernel(
 
 @triton.jit
 def _scan_kernel(
-    hist_ptr,        # *int32  [S, L]  the requests' tokens
-    hist_stride,
+    ctx_ptr,         # *int32  [S, L]  the requests' tokens (the contexts)
+    ctx_stride,
+    rows_ptr,        # *int32  [S, M]  the rows scanned: the contexts again, or family rows
+    rows_stride,
     slots_ptr,       # *int64  [B]
-    total_ptr,       # *int64  [B]
-    best_ptr,        # *int64  [B, NB]  (out) per block: length * (L + 1) + end, 0: none
+    total_ptr,       # *int64  [B]     the contexts' lengths
+    len_ptr,         # *int64  [B]     the scanned rows' lengths
+    best_ptr,        # *int64  [B, NB]  (out) per block: length * (M + 1) + end, 0: none
     NB: tl.constexpr, DEPTH: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Per (row, block of end positions): the longest suffix of the context (at
-    most ``DEPTH`` tokens) that also ends at an earlier position of the
-    block, packed with that position so that one max picks the longest, then
-    the newest."""
+    most ``DEPTH`` tokens) that also ends at a position of the block with a
+    token after it in the scanned row, packed with that position so that one
+    max picks the longest, then the newest."""
     b = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1).to(tl.int64)
-    row = hist_ptr + tl.load(slots_ptr + b) * hist_stride
+    slot = tl.load(slots_ptr + b)
+    ctx = ctx_ptr + slot * ctx_stride
+    row = rows_ptr + slot * rows_stride
     total = tl.load(total_ptr + b)
-    radix = hist_stride + 1
+    radix = rows_stride + 1
     end = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    live = (end >= 1) & (end < total)
+    live = (end >= 1) & (end < tl.load(len_ptr + b))
     length = tl.zeros([BLOCK], tl.int64)
     for t in range(DEPTH):
-        want = tl.load(row + total - 1 - t, mask=total - 1 - t >= 0, other=-2)
+        want = tl.load(ctx + total - 1 - t, mask=total - 1 - t >= 0, other=-2)
         at = end - 1 - t
-        live = tl.where(total - 1 - t >= 0, live & (at >= 0), False)
+        live = tl.where(want >= 0, live & (at >= 0), False)
         tok = tl.load(row + at, mask=live, other=-1)
         live = live & (tok == want)
         length += live.to(tl.int64)
@@ -314,18 +319,32 @@ def _scan_kernel(
     tl.store(best_ptr + b * NB + blk, tl.max(score, axis=0))
 
 
-def scan_triton(hist, total, slots, depth: int, block: int = 256):
-    """``draft_ref.own_history_scan`` for rows ``slots`` of ``hist`` in one launch
-    (``total`` per row): ``(length, end)``."""
-    b, width = slots.shape[0], hist.shape[1]
+def _scan(hist, total, rows, lengths, slots, depth: int, block: int):
+    """``draft_ref.suffix_scan`` of rows ``slots`` of ``rows`` (``lengths`` per
+    batch row) against the contexts in ``hist`` (``total`` per batch row)."""
+    b, width = slots.shape[0], rows.shape[1]
     blocks = triton.cdiv(width, block)
     best = torch.zeros(b, blocks, dtype=torch.int64, device=hist.device)
-    _scan_kernel[(b, blocks)](hist, hist.stride(0), slots.contiguous(),
-                              total.to(torch.int64).contiguous(), best, NB=blocks, DEPTH=depth,
-                              BLOCK=block, num_warps=4)
+    _scan_kernel[(b, blocks)](hist, hist.stride(0), rows, rows.stride(0), slots.contiguous(),
+                              total.to(torch.int64).contiguous(),
+                              lengths.to(torch.int64).contiguous(), best, NB=blocks,
+                              DEPTH=depth, BLOCK=block, num_warps=4)
     top = best.max(dim=1).values
     length = top // (width + 1)
     return length, torch.where(length > 0, top - length * (width + 1), 0)
+
+
+def scan_triton(hist, total, slots, depth: int, block: int = 256):
+    """``draft_ref.own_history_scan`` for rows ``slots`` of ``hist`` in one launch
+    (``total`` per row): ``(length, end)``."""
+    return _scan(hist, total, hist, total, slots, depth, block)
+
+
+def family_scan_triton(family, family_len, hist, total, slots, depth: int, block: int = 256):
+    """``draft_ref.suffix_scan`` of the family rows of ``slots`` (``family``,
+    ``family_len`` per slot; ``layout.DeviceWindows``) against their
+    contexts in ``hist`` (``total`` per batch row), in one launch."""
+    return _scan(hist, total, family, family_len[slots], slots, depth, block)
 
 
 @triton.jit

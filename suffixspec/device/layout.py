@@ -4,16 +4,20 @@ Each request slot ``s`` of the engine (a row of MRV2's ``RequestState``) holds
 ``rows`` candidate windows of ``width`` tokens (``native.windows``), the slot's
 epoch (bumped whenever a new request takes the slot, so an update built for
 the slot's last request is dropped), how many tokens its last draft held and
-how that draft fared (``recent``, calibration's feature).
+how that draft fared (``recent``, calibration's feature), and its *family
+row*: the family outputs (``family_outputs``) the host's own tree indexes
+beside the request, each followed by -1, which no context token equals.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from suffixspec.native import arbiter, calibration as cal
+from suffixspec.pools.memory import FAMILY_OUTPUT_TOKENS
 from suffixspec.native.windows import W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH, W_SOURCE  # noqa: F401
 
 #: A window's head (the context's last tokens, which the device lines up) is at
@@ -37,16 +41,20 @@ PARAMS = 9
 class WindowSpec:
     """Sizes of the device state: ``rows`` windows of ``width`` tokens per slot,
     drafts of ``k`` tokens, an own-history scan of matches up to ``scan_depth``
-    tokens (vLLM's drafter scans 24)."""
+    tokens (vLLM's drafter scans 24), a family row of ``family`` tokens per
+    slot (0: none; ``family_width``)."""
 
     rows: int = 8
     width: int = 64
     k: int = 16
     scan_depth: int = 24
+    family: int = 0
 
     def __post_init__(self):
         if self.rows < 1 or self.k < 1 or self.scan_depth < 1:
             raise ValueError("rows, k and scan_depth must be positive")
+        if self.family < 0:
+            raise ValueError("family must be 0 or more tokens")
         if self.width < 2 * HEAD_SHARE:
             raise ValueError(f"a window must hold at least {2 * HEAD_SHARE} tokens")
 
@@ -55,10 +63,29 @@ class WindowSpec:
         return self.width // HEAD_SHARE
 
 
+def family_width(outputs: int) -> int:
+    """A family row's tokens for ``outputs`` family outputs, each whole and
+    its separator."""
+    return max(int(outputs), 0) * (FAMILY_OUTPUT_TOKENS + 1)
+
+
+def family_row(outputs, width: int) -> np.ndarray:
+    """``outputs`` (oldest first) each followed by -1, the newest ``width``
+    tokens of that (int32)."""
+    if width <= 0 or not outputs:
+        return np.zeros(0, np.int32)
+    parts = []
+    for o in outputs:
+        parts += [np.asarray(o, np.int32), np.full(1, -1, np.int32)]
+    return np.concatenate(parts)[-width:]
+
+
 class DeviceWindows:
     """Per-slot windows and state on ``device``: ``tokens``, ``c``, ``n``
     (int32, ``[slots, rows, width]``), ``meta`` (int32, ``[slots, rows,
-    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``).
+    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``),
+    the family rows ``family`` (int32, ``[slots, max(spec.family, 1)]``, -1
+    past ``family_len``) and ``family_len`` (int32, ``[slots]``).
     One more slot than asked for: the trash row of updates that name no slot
     (``payload.apply``)."""
 
@@ -73,9 +100,13 @@ class DeviceWindows:
         self.epoch = torch.zeros(slots, dtype=torch.int32, device=device)
         self.last_valid = torch.zeros(slots, dtype=torch.int32, device=device)
         self.recent = torch.full((slots,), cal.RECENT_NONE, dtype=torch.int32, device=device)
+        self.family = torch.full((slots, max(spec.family, 1)), -1, dtype=torch.int32,
+                                 device=device)
+        self.family_len = torch.zeros(slots, dtype=torch.int32, device=device)
 
     def reset(self, slots) -> None:
-        """Slots that a new request takes: no windows, no last draft."""
+        """Slots that a new request takes: no windows, no last draft, no family."""
+        self.family_len[slots] = 0
         self.meta[slots] = 0
         self.last_valid[slots] = 0
         self.recent[slots] = cal.RECENT_NONE

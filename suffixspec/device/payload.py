@@ -3,14 +3,15 @@
 The feeder (on the host) packs, into a pinned buffer, everything the device's
 drafting state learns in a step: fresh windows for some request slots, the
 step's cost threshold, calibration and the arbiter's choices, the one-token
-paths that changed, and finished outputs for the device corpus (with their
-hash buckets, computed here).  The worker copies the buffer to the device
-(no wait) and, with tensor parallelism, broadcasts it from rank 0 on the
-tensor-parallel group: every size is fixed, so every rank applies the same
-bytes the same way.  ``apply`` writes it into the state with torch ops of
-fixed shapes: entries a step does not use name a trash row, and a window row
-whose slot was taken by another request since (its epoch differs) goes to
-the trash row too.
+paths that changed, finished outputs for the device corpus (with their
+hash buckets, computed here), and the family rows of requests that
+started.  The worker copies the buffer to the device (no wait) and, with
+tensor parallelism, broadcasts it from rank 0 on the tensor-parallel group:
+every size is fixed, so every rank applies the same bytes the same way.
+``apply`` writes it into the state with torch ops of fixed shapes: entries a
+step does not use name a trash row, and a window row or family row whose
+slot was taken by another request since (its epoch differs) goes to the
+trash row too.
 """
 
 from __future__ import annotations
@@ -28,15 +29,19 @@ from suffixspec.native.vllm_suffix import SLOTS, pack_doc
 
 @dataclass(frozen=True)
 class PayloadSpec:
-    """Room per step: window ``rows``, one-token ``paths``, corpus ``doc_tokens``."""
+    """Room per step: window ``rows``, one-token ``paths``, corpus
+    ``doc_tokens``, ``family_rows`` (none where the window spec has no family
+    row)."""
 
     window: WindowSpec
     rows: int = 64
     paths: int = 512
     doc_tokens: int = 4096
+    family_rows: int = 8
 
     def sections(self) -> dict[str, tuple[int, ...]]:
         w = self.window
+        f = self.family_rows if w.family else 0
         return {
             "header": (4,),                       # step, rows used, paths used, tokens used
             "slots": (self.rows,), "epochs": (self.rows,),
@@ -51,6 +56,9 @@ class PayloadSpec:
             "doc_pos": (self.doc_tokens,), "doc_tok": (self.doc_tokens,),
             "doc_b4": (self.doc_tokens,), "doc_b2": (self.doc_tokens,),
             "doc_seq": (self.doc_tokens,), "doc_keys": (self.doc_tokens,),
+            # Family rows: slot, epoch, length, tokens (-1 past the length).
+            "fam_slots": (f,), "fam_epochs": (f,), "fam_len": (f,),
+            "fam_tokens": (f, max(w.family, 1)),
         }
 
     @property
@@ -90,6 +98,25 @@ class Packer:
         v["path_keys"][:] = self.trash_key
         v["doc_pos"][:] = self.capacity  # the ring's trash position
         v["doc_keys"][:] = 0
+        v["fam_slots"][:] = self.trash_slot
+        v["fam_epochs"][:] = -1
+        v["fam_len"][:] = 0
+
+    def put_family(self, v: dict, slot: int, epoch: int, row: np.ndarray) -> bool:
+        """Add a slot's family row (``layout.family_row``) to the step's family
+        section; False when the section is full (it waits for the next step)."""
+        taken = v["fam_epochs"] >= 0
+        free = np.flatnonzero(~taken)
+        if free.shape[0] == 0:
+            return False
+        i = int(free[0])
+        n = min(row.shape[0], v["fam_tokens"].shape[1])
+        v["fam_slots"][i] = slot
+        v["fam_epochs"][i] = epoch
+        v["fam_len"][i] = n
+        v["fam_tokens"][i, :n] = row[row.shape[0] - n:]
+        v["fam_tokens"][i, n:] = -1
+        return True
 
     def put_doc(self, v: dict, doc: np.ndarray) -> bool:
         """Add one finished output to the step's corpus section; False when the
@@ -128,6 +155,12 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
     windows.c[dst] = v["win_c"]
     windows.n[dst] = v["win_n"]
     windows.meta[dst] = v["win_meta"]
+    if v["fam_slots"].shape[0]:
+        slots = v["fam_slots"].to(torch.int64)
+        live = v["fam_epochs"] == windows.epoch[slots]
+        dst = torch.where(live, slots, windows.epoch.shape[0] - 1)
+        windows.family[dst] = v["fam_tokens"]
+        windows.family_len[dst] = v["fam_len"]
     calibration.params.copy_(v["params"].view(torch.float32).to(calibration.params.dtype))
     calibration.table.copy_(v["table"].view(torch.float32).to(calibration.table.dtype))
     calibration.prefer.copy_(v["prefer"])

@@ -25,11 +25,13 @@ from suffixspec.native.warmup import warmup
 from suffixspec.native import vllm_suffix as gpu
 from suffixspec.proposer import SuffixProposer
 from suffixspec.tokens import as_token_ids
-from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_SCAN, FROM_SHORT, StepOutputs,
-                                         draft_step)
-from suffixspec.device.corpus import OneTokenPaths, corpus_on_host, scan_on_host
+from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_SCAN, FROM_SHORT,
+                                         StepOutputs, draft_step)
+from suffixspec.device.corpus import (OneTokenPaths, corpus_on_host, family_scan_on_host,
+                                      scan_on_host)
 from suffixspec.device.fit import fit_batch
-from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec, family_row,
+                                      family_width)
 
 
 class DeviceWindowsProposer:
@@ -40,7 +42,9 @@ class DeviceWindowsProposer:
     branch windows per request.  ``scan``: the own-history candidate.
     ``arbiter``: the device arbitrates from the host's table
     (``arbitrate``, ``arbiter.preferred``; on by default, as
-    ``SUFFIXSPEC_DEVICE_ARBITER``).  The
+    ``SUFFIXSPEC_DEVICE_ARBITER``).  ``family``: each slot's family row
+    (``layout.family_row``; the spec's width, by default the proposer's
+    ``family_outputs``).  The
     remaining settings are ``SuffixProposer``'s (the host policy).  A
     ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
     to it on the device (``fit.fit_batch``), as the host proposer does.
@@ -49,11 +53,12 @@ class DeviceWindowsProposer:
     def __init__(self, spec: WindowSpec | None = None, stale: int = 1, branch_points: int = 4,
                  scan: bool = True, slots: int = 8, max_len: int = 4096,
                  corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18,
-                 arbiter: bool = True, **settings):
+                 arbiter: bool = True, family: bool = True, **settings):
         self.host = SuffixProposer(**settings)
         warmup(steps=("windows",))
         k = self.host.max_spec_tokens
-        self.spec = spec or WindowSpec(k=k)
+        self.spec = spec or WindowSpec(
+            k=k, family=family_width(self.host.requests.family_outputs) if family else 0)
         if self.spec.k != k:
             raise ValueError(f"window spec drafts {self.spec.k} tokens, the proposer {k}")
         if stale not in (0, 1):
@@ -70,7 +75,7 @@ class DeviceWindowsProposer:
         self._emitted: dict[Hashable, int] = {}
         self._alloc(slots, max_len)
         self._staged = lay.windows(slots, self.spec.rows, self.spec.width)
-        self.counts = {"window": 0, "scan": 0, "corpus": 0, "short": 0, "none": 0}
+        self.counts = {"window": 0, "scan": 0, "corpus": 0, "short": 0, "family": 0, "none": 0}
         self.corpus = np.full(max(corpus_tokens, 0), -1, np.int32)
         self.table = np.full((2, gpu.buckets_for(corpus_tokens) if corpus_tokens else 1,
                               gpu.SLOTS), -1, np.int64)
@@ -96,7 +101,8 @@ class DeviceWindowsProposer:
             n, m = old.shape
             hist[:n, :m] = old
             total[:n] = self.total
-            for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent"):
+            for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent", "family",
+                         "family_len"):
                 getattr(windows, name)[:n] = getattr(self.windows, name)[:n]
         self.hist, self.total, self.windows = hist, total, windows
         self.out = StepOutputs.empty(slots, self.spec.k)
@@ -114,6 +120,9 @@ class DeviceWindowsProposer:
         self._slot[req_id] = slot
         self.total[slot] = 0
         self.windows.reset(slot)
+        row = family_row(self.host.family_outputs(req_id), self.spec.family)
+        self.windows.family[slot, :row.shape[0]] = torch.from_numpy(row)
+        self.windows.family_len[slot] = row.shape[0]
         self._append(slot, prompt)
         self._emitted[req_id] = 1
         self._prompt_len[req_id] = prompt.shape[0]
@@ -196,12 +205,15 @@ class DeviceWindowsProposer:
         depth = self.spec.scan_depth
         scan = (scan_on_host(self.hist, self.total, slots, depth) if self.use_scan
                 else (torch.zeros(b, dtype=torch.int64),) * 2)
+        family = (family_scan_on_host(self.windows.family.numpy(),
+                                      self.windows.family_len.numpy(), self.hist, self.total,
+                                      slots, depth) if self.spec.family else None)
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
                          corpus=corpus_on_host(self.hist, self.total, slots, self.corpus,
                                                self.table, depth, self.spec.k),
-                         short=self.short.draft)
+                         short=self.short.draft, family_scan=family)
         if self.arbiter:  # else the device keeps no pairs
             host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())
         if fitted:
@@ -223,7 +235,8 @@ class DeviceWindowsProposer:
             m = int(n[i])
             kind = ("none" if m == 0 else "scan" if choice[i] == FROM_SCAN
                     else "corpus" if choice[i] == FROM_CORPUS
-                    else "short" if choice[i] == FROM_SHORT else "window")
+                    else "short" if choice[i] == FROM_SHORT
+                    else "family" if choice[i] == FROM_FAMILY else "window")
             self.counts[kind] += 1
             if m == 0:
                 drafts.append(Draft(match_len=int(match[i])))

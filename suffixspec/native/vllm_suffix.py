@@ -148,6 +148,25 @@ def local_match(row, seq_len, depth):
 
 
 @njit(cache=True, nogil=True)
+def family_match(family, family_len, row, seq_len, depth):
+    """``(length, end)``: the longest suffix of ``row[:seq_len]`` (at most
+    ``depth`` tokens) that ends at a position ``end`` of ``family[:family_len]``
+    with a token after it (``end < family_len``), the newest of equals;
+    length 0 when none.  ``local_match`` over another row."""
+    best_len = 0
+    best_pos = 0
+    for pos in range(1, family_len):
+        m = 0
+        while (m < depth and m < seq_len and pos - 1 - m >= 0 and row[seq_len - 1 - m] >= 0
+               and family[pos - 1 - m] == row[seq_len - 1 - m]):
+            m += 1
+        if m > 0 and (m > best_len or (m == best_len and pos > best_pos)):
+            best_len = m
+            best_pos = pos
+    return best_len, best_pos
+
+
+@njit(cache=True, nogil=True)
 def corpus_draft(row, seq_len, corpus, table, depth, k, chain, votes):
     """The corpus's draft for ``row[:seq_len]``: ``(match length, tokens)``, the
     tokens in ``chain[:tokens]``; ``(0, 0)`` when no candidate matches.

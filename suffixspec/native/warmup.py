@@ -139,12 +139,13 @@ def _windows(ix, root):
     arbiter.adopt(pending.arbiter, pending.keep_meta, pending.keep_tokens,
                   np.zeros(b, np.int64), ix.arena, np.zeros(b, np.int64), np.zeros(b, np.int64),
                   0.0, np.full((b, 3), -1, np.int64), np.zeros((b, 2, K), np.int64))
-    # The Numba twins of the device's scan and corpus (drafting on CPU tensors,
+    # The Numba twins of the device's scans and corpus (drafting on CPU tensors,
     # and ``device.replay``), over a small corpus ring.
     ring, state = np.full(64, -1, np.int32), np.zeros(2, np.int64)
     table = np.full((2, vllm_suffix.buckets_for(ring.shape[0]), vllm_suffix.SLOTS), -1, np.int64)
     vllm_suffix.ingest(ring, table, state, TOKENS, 0, TOKENS.shape[0])
     vllm_suffix.local_match(TOKENS, TOKENS.shape[0], DEPTH)
+    vllm_suffix.family_match(TOKENS, TOKENS.shape[0], TOKENS, TOKENS.shape[0], DEPTH)
     vllm_suffix.corpus_draft(TOKENS, TOKENS.shape[0], ring, table, DEPTH, K,
                              np.zeros(K, np.int64), np.zeros((K, 2), np.int64))
 

@@ -56,6 +56,7 @@ class RequestPool:
         self.families: OrderedDict[Hashable, list[np.ndarray]] = OrderedDict()
         self._family_tokens = 0
         self._family_of: dict[Hashable, tuple[Hashable, int]] = {}
+        self._tree_family: dict[int, tuple[np.ndarray, ...]] = {}  # tree -> outputs it indexed
         # Finished requests' trees, oldest first: seq -> (tree, tokens, last token)
         self.finished: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
         self._finished_tokens = 0
@@ -67,9 +68,12 @@ class RequestPool:
         reused = self._continued(prompt)
         if reused is None:
             tree = self.index.add_tree()
-            for output in self.families.get(family, ()):
+            outputs = tuple(self.families.get(family, ()))
+            for output in outputs:
                 self.index.extend(self.index.add_sequence(tree, capacity=output.shape[0]),
                                   output)
+            if outputs:
+                self._tree_family[tree] = outputs
             seq = self.index.add_sequence(tree, capacity=prompt.shape[0] + 256)
             have = 0
         else:
@@ -85,10 +89,19 @@ class RequestPool:
     def extend(self, req_id: Hashable, tokens: np.ndarray) -> None:
         self.index.extend(self.requests[req_id][1], tokens)
 
+    def family_of(self, req_id: Hashable) -> tuple[np.ndarray, ...]:
+        """The family outputs ``req_id``'s tree indexed beside it, oldest first
+        (a request that continues a finished one keeps those of its tree)."""
+        return self._tree_family.get(self.requests[req_id][0], ())
+
+    def _drop_tree(self, tree: int) -> None:
+        self._tree_family.pop(tree, None)
+        self.index.drop_tree(tree)
+
     def drop(self, req_id: Hashable) -> None:
         tree, _ = self.requests.pop(req_id)
         self._family_of.pop(req_id, None)
-        self.index.drop_tree(tree)
+        self._drop_tree(tree)
 
     def retire(self, req_id: Hashable) -> None:
         """The request finished: keep its tree for a request that continues it,
@@ -99,7 +112,7 @@ class RequestPool:
         if family is not None and n > family[1]:
             self._keep_output(family[0], self.index.view(seq)[family[1]:n])
         if n > self.keep_tokens:
-            self.index.drop_tree(tree)
+            self._drop_tree(tree)
             return
         self.finished[seq] = (tree, n, int(self.index.view(seq)[n - 1]) if n else -1)
         self._finished_tokens += n
@@ -107,7 +120,7 @@ class RequestPool:
                or len(self.finished) > KEEP_REQUESTS):
             _, (old_tree, old_n, _) = self.finished.popitem(last=False)
             self._finished_tokens -= old_n
-            self.index.drop_tree(old_tree)
+            self._drop_tree(old_tree)
 
     def _keep_output(self, family: Hashable, output: np.ndarray) -> None:
         """``output`` joins its family's latest; the least recent family goes

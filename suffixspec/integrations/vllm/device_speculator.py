@@ -47,11 +47,11 @@ except ImportError:  # no vLLM (the device check on a bare GPU machine): the sam
     BaseSpeculator = object
 
 from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_host,
-                                      scan_on_host)
+                                      family_scan_on_host, scan_on_host)
 from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
                                          fused_ref)
 from suffixspec.device.graphs import Replay
-from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
+from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec, family_width
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
 from suffixspec.integrations.vllm import hooks
 from suffixspec.integrations.vllm.feeder import WindowFeeder, snapshot_columns, snapshot_width
@@ -95,7 +95,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self.config, _ = proposer_config(spec, settings)
         self.tp = tp_group
         self.leader = tp_group is None or tp_group.rank_in_group == 0
-        self.window_spec = WindowSpec(k=k)
+        # Family rows where past outputs are kept (the proposer keeps families there).
+        pooled = self.config.cross_pool_tokens != 0
+        self.window_spec = WindowSpec(
+            k=k, family=family_width(self.config.family_outputs) if pooled else 0)
         self.payload_spec = PayloadSpec(self.window_spec, rows=min(self.max_num_reqs, 64))
         self.windows = DeviceWindows(self.window_spec, self.max_num_reqs, device)
         self.calibration = Calibration(device)
@@ -129,15 +132,18 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         cuda = device.type == "cuda"
         self._cuda = cuda
         if cuda:
-            from suffixspec.device.draft_triton import corpus_triton, fused_triton, scan_triton
+            from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
+                                                        fused_triton, scan_triton)
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
+            self._family_scan = family_scan_triton
             self._side = torch.cuda.Stream(device)
             direct_sources(device)  # made here, not in a step (a copy from the host)
         else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
             self._fused, self._scan, self._side = fused_ref, None, None
             self._host_views = (req_states.all_token_ids.gpu.numpy(),
                                 req_states.total_len.gpu.numpy())
+            self._family_views = (self.windows.family.numpy(), self.windows.family_len.numpy())
             self._corpus_views = (self.corpus.tokens[:max(self.corpus.capacity, 1)].numpy(),
                                   self.corpus.table.numpy())
         # Each step's inputs in fixed buffers, so that the step replays as a graph.
@@ -234,8 +240,12 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.corpus.capacity > 1:
             def corpus(tail):
                 return self._corpus_kernel(self.corpus, tail, depth, self.k)
+        family = None
+        if self.window_spec.family:
+            family = self._family_scan(self.windows.family, self.windows.family_len,
+                                       rs.all_token_ids.gpu, rs.total_len.gpu[idx], idx, depth)
         self._draft(n, self._scan(rs.all_token_ids.gpu, rs.total_len.gpu[idx], idx, depth),
-                    corpus)
+                    corpus, family)
 
     def _draft_on_host(self, n: int, slots_np) -> None:
         """``_draft_on_device`` on CPU tensors, with the tiers' Numba twins (as replay)."""
@@ -244,15 +254,18 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
-        self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus)
+        family = None
+        if self.window_spec.family:
+            family = family_scan_on_host(*self._family_views, *self._host_views, slots_np, depth)
+        self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus, family)
 
-    def _draft(self, n: int, scan, corpus) -> None:
+    def _draft(self, n: int, scan, corpus, family=None) -> None:
         rs = self.req_states
         out = draft_step(rs.all_token_ids.gpu, rs.total_len.gpu, self._idx[:n],
                          self._sampled[:n], self.windows, self.calibration, self.k,
                          self.vocab_size, self.out, scan=scan,
                          scan_depth=self.window_spec.scan_depth, corpus=corpus,
-                         short=self.paths.draft, fused=self._fused)
+                         short=self.paths.draft, family_scan=family, fused=self._fused)
         if self.leader:
             self._stage_snapshot(n, out)
 

@@ -12,9 +12,10 @@ copied to pinned memory behind an event.  The feeder, one step behind:
    ``adopt_pairs``), and commits finished
    requests to the pool;
 2. builds the next windows of the step's requests (``candidate_windows``),
-   the one-token paths that changed, and the corpus documents of finished
-   outputs, and packs them with the step's threshold, calibration table and
-   the arbiter's choice per cell into a pinned payload (``device.payload``);
+   the one-token paths that changed, the corpus documents of finished
+   outputs and the family rows of requests that started, and packs them
+   with the step's threshold, calibration table and the arbiter's choice
+   per cell into a pinned payload (``device.payload``);
 3. publishes it: the worker's next ``propose`` copies it to the device.
 
 The heavy parts are Numba kernels that release the interpreter lock.  If the
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from suffixspec.device.draft_ref import PAIR_FIELDS
-from suffixspec.device.layout import Calibration
+from suffixspec.device.layout import Calibration, family_row
 from suffixspec.device.payload import Packer, PayloadSpec, views
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
@@ -107,6 +108,7 @@ class FeederStats:
     windows_built: int = 0
     paths_sent: int = 0
     docs_sent: int = 0
+    families_sent: int = 0
     published: int = 0
     taken: int = 0
     waits_timed_out: int = 0
@@ -150,6 +152,7 @@ class WindowFeeder:
         self._next = 0  # the buffer packed next
         self._changed: list[np.ndarray] = []
         self._docs: deque = deque()
+        self._families: deque = deque()  # requests whose family row is not yet sent
         self._pending_windows: list[str] = []  # the requests of the last snapshot
         self._turn = 0
         self._lap_at = 0.0
@@ -283,6 +286,8 @@ class WindowFeeder:
             prop.abort_request(req_id)
         prop.start_request(req_id, rec.all())
         rec.started = True
+        if self.spec.window.family and prop.family_outputs(req_id):
+            self._families.append(req_id)
 
     def _on_add(self, req_id, slot, epoch, tokens, prompt_len) -> None:
         old = self.requests.pop(req_id, None)
@@ -389,6 +394,7 @@ class WindowFeeder:
         live, self._pending_windows = self._pending_windows, []
         if prop is not None:
             self._pack_windows(v, live)
+            self._pack_families(v)
             self._lap("windows")
             self._pack_paths(v)
             self._lap("paths")
@@ -434,6 +440,22 @@ class WindowFeeder:
         v["win_meta"][:u] = staged.meta
         v["header"][1] = u
         self.stats.windows_built += u
+
+    def _pack_families(self, v) -> None:
+        """Family rows of requests that started, as many as the section holds."""
+        prop = self.proposer
+        width = self.spec.window.family
+        while self._families:
+            req_id = self._families[0]
+            rec = self.requests.get(req_id)
+            if rec is None or not rec.started or req_id not in prop.active_requests:
+                self._families.popleft()  # gone since
+                continue
+            row = family_row(prop.family_outputs(req_id), width)
+            if not self.packer.put_family(v, rec.slot, rec.epoch, row):
+                return  # the section is full: next step
+            self._families.popleft()
+            self.stats.families_sent += 1
 
     def _pack_paths(self, v) -> None:
         if not self._changed:
