@@ -122,7 +122,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
         else:
             best = None
             for e in range(len(tokens)):
-                if e >= w_head - 1 and e + 1 < w_len and matched(e) > 0:
+                if e >= w_head - 1 and e + 1 < w_len and matched(e) > 0 and followed >= 0:
                     if best is None or (matched(e), e) > best:
                         best = (matched(e), e)
             if best is None:

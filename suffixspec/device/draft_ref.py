@@ -17,7 +17,9 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    ``t`` tokens into the path, and calibration sees the window's match
    length plus ``t``.  Else the context ends where its longest suffix (at
    most ``head`` tokens; the later of equals) ends in the window, at or past
-   the head and before the last token, and calibration sees that length.
+   the head and before the last token, and calibration sees that length;
+   a branch window the context has not reached yet (its head runs on into
+   the path, past the context's end) aligns nowhere.
 3. **Own history.**  The longest suffix of the context (at most
    ``scan_depth`` tokens) that ends earlier in the context, the newest of
    equals (vLLM's rule); its continuation counts as seen once.  **Family.**
@@ -328,8 +330,11 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     inside = (followed >= 0) & (e_at + 1 < w_len)
     at_len = length.gather(2, e_at.clamp(0, width - 1)[..., None])[..., 0]
     on_path = inside & (at_len >= torch.minimum(e_at + 1, torch.full_like(e_at, head)))
-    # Else the longest match anywhere past the head (the later of equals).
-    fits = (e >= w_head[..., None] - 1) & (e + 1 < w_len[..., None]) & (length > 0)
+    # Else the longest match anywhere past the head (the later of equals), in a
+    # window the context has reached (a branch window's head runs on into the
+    # path: before the context reaches its branch, it holds no continuation).
+    fits = ((e >= w_head[..., None] - 1) & (e + 1 < w_len[..., None]) & (length > 0)
+            & (followed[..., None] >= 0))
     score = torch.where(fits, length * (width + 1) + e, -1).max(dim=2).values
     aligned = on_path | (score >= 0)
     a_len = torch.where(score >= 0, score // (width + 1), 0)

@@ -194,7 +194,7 @@ def _fused_kernel(
         inside = (followed >= 0) & (e_at + 1 < w_len)
         at_len = tl.sum(tl.where(e == e_at, length, 0), axis=0)
         on_path = inside & (at_len >= tl.minimum(e_at + 1, D))
-        fits = (e >= w_head - 1) & (e + 1 < w_len) & (length > 0)
+        fits = (e >= w_head - 1) & (e + 1 < w_len) & (length > 0) & (followed >= 0)
         score = tl.max(tl.where(fits, length * (W + 1) + e, -1), axis=0)
         found = score >= 0
         a_len = tl.where(found, score // (W + 1), 0)
