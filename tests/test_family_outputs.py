@@ -97,6 +97,23 @@ def test_a_next_turn_of_a_conversation_indexes_its_family_no_more():
     assert p.reused_tokens == first.shape[0] + 3
     assert p.requests.index.live_tokens == tokens + 1  # its one new token
     p.requests.index.check_integrity()
+    # It keeps those its tree indexed (its family row on the device, too).
+    assert [o.tolist() for o in p.family_outputs("turn 2")] == [WRITTEN]
+
+
+def test_the_family_outputs_a_request_names_are_those_its_tree_indexed():
+    p = make(family_outputs=2)
+    finish(p, "a", prompt([1]), WRITTEN)
+    p.start_request("b", prompt([2]))
+    finish(p, "c", prompt([3]), [40, 41])  # after "b" started: not in its tree
+    assert [o.tolist() for o in p.family_outputs("b")] == [WRITTEN]
+    p.start_request("d", prompt([4]))
+    assert [o.tolist() for o in p.family_outputs("d")] == [WRITTEN, [40, 41]]
+    p.start_request("alone", np.r_[np.int32(9), prompt([5])])  # another family: none
+    assert p.family_outputs("alone") == ()
+    p.finish_request("b")
+    with pytest.raises(ValueError, match="unknown request"):
+        p.family_outputs("b")
 
 
 def test_a_family_size_that_is_not_a_whole_number_in_range_is_refused():
