@@ -240,12 +240,12 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.corpus.capacity > 1:
             def corpus(tail):
                 return self._corpus_kernel(self.corpus, tail, depth, self.k)
+        total = rs.total_len.gpu[idx]
         family = None
         if self.window_spec.family:
             family = self._family_scan(self.windows.family, self.windows.family_len,
-                                       rs.all_token_ids.gpu, rs.total_len.gpu[idx], idx, depth)
-        self._draft(n, self._scan(rs.all_token_ids.gpu, rs.total_len.gpu[idx], idx, depth),
-                    corpus, family)
+                                       rs.all_token_ids.gpu, total, idx, depth)
+        self._draft(n, self._scan(rs.all_token_ids.gpu, total, idx, depth), corpus, family)
 
     def _draft_on_host(self, n: int, slots_np) -> None:
         """``_draft_on_device`` on CPU tensors, with the tiers' Numba twins (as replay)."""
