@@ -131,28 +131,11 @@ def pack_doc(doc, head, seq, n_buckets, pos, tok, b4, b2, seqs, keys):
 
 
 @njit(cache=True, nogil=True)
-def local_match(row, seq_len, depth):
-    """``(length, end)``: the longest suffix of ``row[:seq_len]`` (at most ``depth``
-    tokens) that also ends at an earlier position ``end`` (the newest of equals);
-    length 0 when none."""
-    best_len = 0
-    best_pos = 0
-    for pos in range(1, seq_len):
-        m = 0
-        while m < depth and pos - 1 - m >= 0 and row[pos - 1 - m] == row[seq_len - 1 - m]:
-            m += 1
-        if m > 0 and (m > best_len or (m == best_len and pos > best_pos)):
-            best_len = m
-            best_pos = pos
-    return best_len, best_pos
-
-
-@njit(cache=True, nogil=True)
 def family_match(family, family_len, row, seq_len, depth):
     """``(length, end)``: the longest suffix of ``row[:seq_len]`` (at most
     ``depth`` tokens) that ends at a position ``end`` of ``family[:family_len]``
     with a token after it (``end < family_len``), the newest of equals;
-    length 0 when none.  ``local_match`` over another row."""
+    length 0 when none.  Token ids are never negative in ``row``."""
     best_len = 0
     best_pos = 0
     for pos in range(1, family_len):
@@ -164,6 +147,14 @@ def family_match(family, family_len, row, seq_len, depth):
             best_len = m
             best_pos = pos
     return best_len, best_pos
+
+
+@njit(cache=True, nogil=True)
+def local_match(row, seq_len, depth):
+    """``(length, end)``: the longest suffix of ``row[:seq_len]`` (at most ``depth``
+    tokens) that also ends at an earlier position ``end`` (the newest of equals);
+    length 0 when none (``family_match`` of the row against itself)."""
+    return family_match(row, seq_len, row, seq_len, depth)
 
 
 @njit(cache=True, nogil=True)
