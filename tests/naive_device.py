@@ -148,7 +148,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
             continue
         tokens, c, n, m, source = cand
         result = score(tokens, c, n, source + cal.N_SRC * recent, m, k, table, weights, thr,
-                       factor, offset, vocab, [] if i == len(windows) else ref)
+                       factor, offset, vocab, ref)
         if result[0] > best_gain:
             best, best_gain = (i, result, m), result[0]
     if best is None or sampled <= 0:

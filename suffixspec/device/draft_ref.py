@@ -30,9 +30,10 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    probability (``calib``), a running product, kept while it beats the
    threshold (and within the length cap): the gain is ``sum(p - thr)``.
    Where the proposer drafts with a reference (``P_REFERENCE``), the own
-   history's continuation is it: each token of another candidate is scored
-   in the plane of its agreement with it, as the host scores its own
-   candidates against ``calibrated.reference``.  The
+   history's continuation is it: each token of every candidate, the
+   reference's own included (it agrees with itself), is scored in the
+   plane of its agreement with it, as the host scores its own candidates
+   and its reference's draft against ``calibrated.reference``.  The
    candidate with the largest positive gain drafts (the lowest row of
    equals; the own-history candidate last).
 5. **Arbitrate** (``P_ARBITRATE``, as ``native.arbiter`` on the host):
@@ -359,8 +360,9 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     # where the proposer drafts without one (``P_REFERENCE`` 0).
     ref_ok = (d_c[:, 0] > 0) & (calibration.params[P_REFERENCE] > 0)
     ref_ok = torch.cumprod(ref_ok.to(torch.int64), dim=-1).bool()
+    # The reference itself is scored in the agreeing plane, as the host's
+    # reference candidate is (``calibrated._reference_draft``).
     agree = agreement(tokens, d_tok[:, 0], ref_ok)
-    agree[:, spec.rows] = cal.AGREE_NONE  # the reference itself
     q, p, kept, gain, fine = _score(tokens, counts, totals,
                                     torch.ones_like(tokens, dtype=torch.bool), src, match,
                                     calibration, vocab_size, agree)

@@ -226,8 +226,8 @@ def _fused_kernel(
         m = tl.load(d_match_ptr + b * X + x)
         origin = tl.load(d_src_ptr + x)
         src = origin + N_SRC * recent
-        # (the reference rates the others, not itself)
-        agree = tl.where(x == 0, 0, _agreement(tok, ref, ref_ok))
+        # (the reference itself in the agreeing plane, as on the host)
+        agree = _agreement(tok, ref, ref_ok)
         q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
                                         vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
                                         N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
