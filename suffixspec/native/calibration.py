@@ -21,8 +21,9 @@ drafter), a token also says whether it agrees with the reference at its depth
 ``AGREE_NONE``: no reference there).  Each agreement is a *plane* of coarse
 and fine rows over the one shared level: plane ``AGREE_NONE`` is rows
 ``[0, PLANE_ROWS)`` (shared, coarse, fine, as without a reference), the other
-planes follow it, coarse then fine rows each.  The device drafts in plane
-``AGREE_NONE`` only, so it is sent ``PLANE_ROWS`` rows.  Each level's rate shrinks towards the
+planes follow it, coarse then fine rows each.  Drafting on the device
+scores its candidates in the same planes, against its own-history scan's
+continuation (``device.draft_ref``).  Each level's rate shrinks towards the
 level above, and the shared rate towards a prior::
 
     shared = (acc_s + W_SHARED * prior) / (tried_s + W_SHARED)
