@@ -356,12 +356,11 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     origin = torch.cat([meta[..., W_SOURCE], sources], dim=1)           # [B, C]
     src = origin + cal.N_SRC * recent[:, None]
     # The own-history scan's continuation (the first direct candidate) is the
-    # reference every other candidate agrees with or not; it rates no one
-    # where the proposer drafts without one (``P_REFERENCE`` 0).
+    # reference every candidate agrees with or not, itself included (as the
+    # host's ``calibrated._reference_draft``); it rates no one where the
+    # proposer drafts without one (``P_REFERENCE`` 0).
     ref_ok = (d_c[:, 0] > 0) & (calibration.params[P_REFERENCE] > 0)
     ref_ok = torch.cumprod(ref_ok.to(torch.int64), dim=-1).bool()
-    # The reference itself is scored in the agreeing plane, as the host's
-    # reference candidate is (``calibrated._reference_draft``).
     agree = agreement(tokens, d_tok[:, 0], ref_ok)
     q, p, kept, gain, fine = _score(tokens, counts, totals,
                                     torch.ones_like(tokens, dtype=torch.bool), src, match,
