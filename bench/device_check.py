@@ -10,10 +10,12 @@ compile the Numba kernels on a cold cache.  Writes ``device_check.json``
 after each part (a run stopped at its limit keeps what it did):
 
 1. ``correctness``: the fused Triton kernel against the torch reference on
-   random cases at 1, 8, 32 and 64 rows, and the Triton scans (own history,
-   family rows) against the torch scans (on the device);
+   random cases at 1, 8, 32 and 64 rows, the Triton scans (own history,
+   family rows) against the torch scans (on the device), and the live
+   corpus's torch ops on the device against the same on the CPU;
 2. ``device_time``: one drafting step (scans of the own history and of a
-   full family row, corpus, one-token paths, the fused kernel) at 1 / 8 /
+   full family row, corpus, the other rows' open outputs, one-token paths,
+   the fused kernel) at 1 / 8 /
    32 / 64 in flight with histories of 2K and 16K tokens: median of
    CUDA-event timings as launched, the scan alone, the torch operations a
    step issues; on a GPU also the GPU's time with the
@@ -127,13 +129,43 @@ def correctness(device, cases: int, batches=(1, 8, 32, 64)) -> dict:
             got = corpus_triton(corpus, tail, 24, K)
             bad += not all(torch.equal(a, c) for a, c in zip(want, got))
         out["corpus"] = {"cases": cases, "mismatches": bad}
+    out["live"] = {"cases": cases, "mismatches": live_mismatches(device, cases, rng)}
     return out
+
+
+def live_mismatches(device, cases: int, rng) -> int:
+    """``LiveCorpus`` (torch ops) indexing rows as they grow and drafting, on
+    ``device`` against the same on CPU tensors: cases that differ."""
+    from suffixspec.device.corpus import LiveCorpus
+    from suffixspec.device.draft_ref import context_tail
+
+    bad = 0
+    for _ in range(cases):
+        hist = torch.from_numpy(rng.integers(0, 4, (16, 200)).astype(np.int32))
+        slots = torch.from_numpy(rng.choice(16, 8, replace=False))
+        final = torch.from_numpy(rng.integers(8, 201, 16).astype(np.int32))
+        results = []
+        for dev in (torch.device("cpu"), device):
+            live = LiveCorpus(16, 2 * (K + 1), device=dev)
+            h, s = hist.to(dev), slots.to(dev)
+            for slot in range(16):
+                live.start(slot, 4)
+            shown = torch.full_like(final, 4)
+            while (shown < final).any():
+                shown = torch.minimum(shown + 5, final)
+                live.tick()
+                live.index(h, shown.to(dev), s)
+            total = shown.to(dev)
+            tail = context_tail(h, total[s].to(torch.int64), 24, s)
+            results.append([x.cpu() for x in live.draft(h, total, s, tail, 24, K)])
+        bad += not all(torch.equal(a, c) for a, c in zip(*results))
+    return bad
 
 
 # ------------------------------------------------------------ 2. device time
 def _state(device, b: int, history: int, max_len: int, rng):
     """A drafting state with ``b`` requests of ``history`` tokens, full windows."""
-    from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+    from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, OneTokenPaths
     from suffixspec.device.draft_ref import StepOutputs
     from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec, family_width
     from suffixspec.native import calibration as cal
@@ -163,26 +195,40 @@ def _state(device, b: int, history: int, max_len: int, rng):
     out = StepOutputs.empty(slots, K, device)
     idx = torch.arange(b, device=device)
     sampled = torch.ones(b, dtype=torch.int64, device=device)
-    return spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled
+    live = LiveCorpus(slots, 1000, device=device)  # each row's last 1,000 tokens indexed
+    for slot in range(slots):
+        live.start(slot, max(history - 1000, 0))
+    live.index(hist, total, torch.arange(slots, device=device))
+    live.window = 2 * (K + 1)
+    return spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled, live
 
 
 def _step_fn(device, state):
     from suffixspec.device.draft_ref import draft_step, fused_ref
 
-    spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled = state
+    from suffixspec.device.corpus import LiveCorpus, better_of
+
+    spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled, live = state
     cuda = device.type == "cuda"
     if cuda:
         from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                    fused_triton, scan_triton)
+                                                    fused_triton, live_triton, scan_triton)
+    depth = spec.scan_depth
+
+    def both(tail):  # the corpus and the open outputs, as the speculator drafts
+        live.index(hist, total, idx)
+        if cuda:
+            return better_of(corpus_triton(corpus, tail, depth, K),
+                             live_triton(live, hist, total, idx, tail, depth, K))
+        return better_of(corpus.draft(tail, depth, K),
+                         LiveCorpus.draft(live, hist, total, idx, tail, depth, K))
 
     def step():
-        scan = (scan_triton(hist, total[idx], idx, spec.scan_depth) if cuda else None)
+        scan = (scan_triton(hist, total[idx], idx, depth) if cuda else None)
         family = (family_scan_triton(windows.family, windows.family_len, hist, total[idx], idx,
-                                     spec.scan_depth) if cuda else None)
+                                     depth) if cuda else None)
         return draft_step(hist, total, idx, sampled, windows, calibration, K, 152_000, out,
-                          scan=scan, scan_depth=spec.scan_depth, family_scan=family,
-                          corpus=(lambda tail: corpus_triton(corpus, tail, spec.scan_depth, K))
-                          if cuda else (lambda tail: corpus.draft(tail, spec.scan_depth, K)),
+                          scan=scan, scan_depth=depth, family_scan=family, corpus=both,
                           short=paths.draft, fused=fused_triton if cuda else fused_ref)
 
     def scan_only():

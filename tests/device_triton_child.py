@@ -68,6 +68,27 @@ def interpret(cases: int) -> dict:
         if not all(torch.equal(a, b) for a, b in zip(want, got)):
             mismatches.append({"case": case, "field": "corpus", "want": [w.tolist() for w in want],
                                "got": [g.tolist() for g in got]})
+    from suffixspec.device.corpus import LiveCorpus
+    from suffixspec.device.draft_triton import live_triton
+
+    for case in range(cases):
+        vocab = int(rng.integers(2, 5))
+        hist = torch.from_numpy(rng.integers(0, vocab, (6, 40))).to(torch.int32)
+        total = torch.from_numpy(rng.integers(1, 41, 6))
+        live = LiveCorpus(6, 40)
+        for slot in range(6):
+            live.start(slot, int(rng.integers(0, 10)))
+        live.index(hist, total, torch.arange(6))
+        hist[int(rng.integers(0, 6))] = int(rng.integers(0, vocab))  # a slot taken again
+        total = torch.from_numpy(rng.integers(1, 41, 6))
+        slots = torch.from_numpy(rng.choice(6, 3, replace=False)).to(torch.int64)
+        depth, k = int(rng.integers(1, 9)), int(rng.choice([1, 4, 16]))
+        tail = context_tail(hist, total[slots], max(depth, 4), slots)
+        want = live.draft(hist, total, slots, tail, depth, k)
+        got = live_triton(live, hist, total, slots, tail, depth, k)
+        if not all(torch.equal(a, b) for a, b in zip(want, got)):
+            mismatches.append({"case": case, "field": "live", "want": [w.tolist() for w in want],
+                               "got": [g.tolist() for g in got]})
     return {"cases": cases, "rows": rows, "mismatches": mismatches}
 
 
@@ -102,17 +123,20 @@ def compile_sm90() -> dict:
                                        "len_ptr": "*i64", "best_ptr": "*i64", "NB": "constexpr",
                                        "DEPTH": "constexpr", "BLOCK": "constexpr"},
         constexprs={"NB": 128, "DEPTH": 24, "BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
-    corpus = triton.compile(ASTSource(
+    corpora = [triton.compile(ASTSource(
         fn=dt._corpus_kernel, signature={
             "tail_ptr": "*i64", "tail_stride": "i64", "corpus_ptr": "*i32", "table_ptr": "*i64",
             "length_ptr": "*i64", "tokens_ptr": "*i64", "c_ptr": "*i64", "n_ptr": "*i64",
-            "cap": "i64", "HASH_MUL": "constexpr", "NB": "constexpr", "SLOTS": "constexpr",
-            "DEPTH": "constexpr", "DEPTH_PO2": "constexpr", "K": "constexpr",
-            "K_PO2": "constexpr"},
+            "cap": "i64", "total_ptr": "*i64", "own_ptr": "*i64", "HASH_MUL": "constexpr",
+            "NB": "constexpr", "SLOTS": "constexpr", "DEPTH": "constexpr",
+            "DEPTH_PO2": "constexpr", "K": "constexpr", "K_PO2": "constexpr",
+            "LIVE": "constexpr"},
         constexprs={"HASH_MUL": -7046029254386353131, "NB": 1 << 18, "SLOTS": 8, "DEPTH": 24,
-                    "DEPTH_PO2": 32, "K": 16, "K_PO2": 16}), target=GPUTarget("cuda", 90, 32))
+                    "DEPTH_PO2": 32, "K": 16, "K_PO2": 16, "LIVE": live}),
+        target=GPUTarget("cuda", 90, 32)) for live in (False, True)]
     return {"target": "cuda:90", "cubin_bytes": len(compiled.asm["cubin"]),
-            "corpus_cubin_bytes": len(corpus.asm["cubin"]),
+            "corpus_cubin_bytes": len(corpora[0].asm["cubin"]),
+            "live_cubin_bytes": len(corpora[1].asm["cubin"]),
             "shared_bytes": int(compiled.metadata.shared),
             "scan_cubin_bytes": len(scan.asm["cubin"]),
             "scan_shared_bytes": int(scan.metadata.shared)}

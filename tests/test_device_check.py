@@ -30,6 +30,7 @@ def test_the_device_check_runs_on_the_cpu(tmp_path):
     assert fused and all(v["mismatches"] == 0 for v in fused)
     assert report["correctness"]["scan"]["mismatches"] == 0
     assert report["correctness"]["family_scan"]["mismatches"] == 0
+    assert report["correctness"]["live"]["cases"] == 3  # ran (CPU against CPU here)
     assert all(v["step_us"] > 0 for v in report["device_time"].values())
     loop = report["loop"]
     for b in (8, 64):

@@ -347,3 +347,30 @@ def test_a_start_whose_device_kernels_are_not_cached_builds_in_the_background(ma
     spec.start()
     assert spec._start is not None  # a BackgroundStart, not a build in this thread
     assert spec._start.join(timeout=120)
+
+
+def test_the_open_outputs_of_requests_in_flight_reach_the_live_corpus(make, monkeypatch):
+    """Each step indexes the batch rows' new tokens on the device: a request
+    drafts what another request in flight wrote after the same tokens, before
+    that one finishes; ``SUFFIXSPEC_DEVICE_LIVE=0`` leaves the tier out."""
+    from suffixspec.device.draft_ref import context_tail
+
+    spec = make()
+    engine = Engine(spec)
+    engine.add("a", [1, 2, 3])
+    engine.add("b", [7, 8, 9])
+    engine.step()
+    for at in range(0, len(PATTERN), K):
+        engine.emit("a", PATTERN[at:at + K])
+        engine.emit("b", [9])
+        engine.step()
+    engine.emit("b", PATTERN[:2])
+    engine.step()
+    rs = spec.req_states
+    slots = torch.tensor([rs.req_id_to_index["b"]])
+    tail = context_tail(rs.all_token_ids.gpu, rs.total_len.gpu[slots].to(torch.int64), 24,
+                        slots)
+    length, tokens, _, _ = spec._live_draft(slots, tail, 24)
+    assert length.item() == 2 and tokens[0].tolist() == PATTERN[2:2 + K]
+    monkeypatch.setenv("SUFFIXSPEC_DEVICE_LIVE", "0")
+    assert make(start=False).live is None

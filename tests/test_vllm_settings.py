@@ -46,6 +46,8 @@ def test_settings_take_each_field_type_and_proposer_defaults():
     # Drafting on the device arbitrates unless asked not to.
     assert default.device_arbiter
     assert not s.Settings.from_env({"SUFFIXSPEC_DEVICE_ARBITER": "0"}).device_arbiter
+    assert default.device_live
+    assert not s.Settings.from_env({"SUFFIXSPEC_DEVICE_LIVE": "0"}).device_live
     assert (default.cross_tokens, default.namespace) == (
         ProposerConfig.cross_pool_tokens, ProposerConfig.namespace)
 

@@ -4,7 +4,7 @@ Windows (``native.windows``) are built from the context one step before the
 device drafts from them.  When the engine's bonus token leaves every window
 (the last draft was rejected somewhere no branch window covers), the host
 policy would match a shorter suffix of the new context somewhere else in the
-pool; two device-resident tiers stand in for that, with no host work in the
+pool; device-resident tiers stand in for that, with no host work in the
 step:
 
 * ``DeviceCorpus``: the pool's newest outputs in a ring of tokens, indexed
@@ -13,12 +13,17 @@ step:
   documents).  A lookup extends every candidate to its longest suffix match
   and lets the candidates vote token by token; each drafted token carries
   its votes ``(c, n)``, which calibration scores like a trie's counts.
+* ``LiveCorpus``: the same index over the open outputs of the other
+  requests in flight, read in place from the device's history rows; its
+  draft stands in for the corpus's where its match is at least as long
+  (``better_of``).
 * ``OneTokenPaths``: per token id, the pool's most frequent continuation of
   that single token with its counts (``SuffixProposer.one_token_paths``),
   compiled by the host now and then.
 
-Both are torch ops on any device (``native.vllm_suffix.corpus_draft`` is the
-Numba twin replay uses; the tests hold them equal).
+All are torch ops on any device (``native.vllm_suffix.corpus_draft`` is the
+corpus's Numba twin, which replay uses; the tests hold them equal, and the
+live corpus to a brute-force reference).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import torch
 from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for,
                                            corpus_draft, family_match, local_match)
 
-__all__ = ["DeviceCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "corpus_on_host", "scan_on_host"]
+__all__ = ["DeviceCorpus", "LiveCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "better_of",
+           "corpus_on_host", "scan_on_host"]
 
 _KEYS = (4, 2)  # key lengths of table 0 and table 1
 
@@ -110,79 +116,221 @@ class DeviceCorpus:
         (``[B, >= max(depth, 4)]``, newest first, -2 before the context's start):
         ``(match length, tokens, c, n)`` (``[B]``, ``[B, k]`` x3), length 0
         when no candidate matches (``vllm_suffix.corpus_draft``)."""
-        dev = tail.device
-        b = tail.shape[0]
         cap = self.capacity
         corpus = self.tokens[:max(cap, 1)].to(torch.int64)
         tail = tail.to(torch.int64)
         if tail.shape[1] < max(depth, 4):
             raise ValueError(f"the corpus needs the last {max(depth, 4)} tokens")
-        hv = torch.zeros(b, dtype=torch.int64, device=dev)
-        for d in range(4):
-            hv = (hv ^ torch.where(tail[:, d] >= 0, tail[:, d], 0)) * HASH_MUL
-            if d == 1:
-                b2 = _bucket(hv, self.buckets)
-        b4 = _bucket(hv, self.buckets)
-        held = (tail[:, :4] >= 0).sum(dim=1)
-        tail = tail[:, :depth]
+        b4, b2, held = _tail_buckets(tail, self.buckets)
         vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
-        c = vals.shape[1]
-        cand = torch.arange(c, device=dev)
-        key_len = torch.where(cand < SLOTS, 4, 2)
         cpos = vals & 0xFFFFFFFF
-        d = torch.arange(depth, device=dev)
-        src = cpos[:, :, None] - 1 - d                                       # [B, C, D]
-        same = (src >= 0) & (vals[:, :, None] >= 0) & (corpus[src.clamp(0, max(cap - 1, 0))]
-                                                        == tail[:, None, :])
-        c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]
-        nxt = torch.where(cpos < cap, corpus[cpos.clamp(max=max(cap - 1, 0))], -1)
-        ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held[:, None] >= key_len)
-        earlier = cand[:, None] < cand[None, :]                              # [i, j]: i < j
-        dup = (cpos[:, :, None] == cpos[:, None, :]) & ok[:, :, None] & earlier
-        ok = ok & ~dup.any(dim=1)
-        j = torch.arange(k, device=dev)
-        at = cpos[:, :, None] + j                                            # [B, C, K]
-        cont = torch.where(ok[:, :, None] & (at < cap), corpus[at.clamp(max=cap - 1)], -1)
-        cont = torch.where((cont >= 0).to(torch.int64).cumprod(dim=2).bool(), cont, -1)
-        # One chain per distinct match length (its first candidate).
-        same_len = (c_len[:, :, None] == c_len[:, None, :]) & ok[:, :, None] & earlier
-        first = ok & ~same_len.any(dim=1)                                    # [B, C]
-        alive = ok[:, None, :] & (c_len[:, None, :] >= c_len[:, :, None])    # [B, chain, C]
-        go = first & (c_len > 0)
-        cum = torch.ones(b, c, dtype=torch.float32, device=dev)
-        score = torch.zeros(b, c, dtype=torch.float32, device=dev)
-        chain = torch.zeros(b, c, k, dtype=torch.int64, device=dev)
-        votes = torch.zeros(b, c, k, 2, dtype=torch.int64, device=dev)
-        emitted = torch.zeros(b, c, dtype=torch.int64, device=dev)
-        for t in range(k):
-            col = cont[:, None, :, t].expand(b, c, c)                       # [B, chain, C]
-            has = alive & (col >= 0)
-            count = ((col[..., :, None] == col[..., None, :]) & has[..., None, :]).sum(dim=3)
-            count = torch.where(has, count, 0)
-            cmax = count.max(dim=2).values                                   # [B, chain]
-            newest = torch.where(has & (count == cmax[..., None]), vals[:, None, :], -1)
-            pick = newest.argmax(dim=2, keepdim=True)
-            tok = col.gather(2, pick)[..., 0]
-            go = go & (cmax > 0)
-            denom = alive.sum(dim=2).clamp(min=1)
-            cum = torch.where(go, cum * cmax.to(torch.float32) / denom.to(torch.float32), cum)
-            score = torch.where(go, score + cum, score)
-            chain[:, :, t] = torch.where(go, tok, 0)
-            votes[:, :, t, 0] = torch.where(go, cmax, 0)
-            votes[:, :, t, 1] = torch.where(go, denom, 0)
-            emitted += go
-            alive = alive & (col >= 0) & (col == tok[..., None])
-        # The best chain: the highest score, then the longer match, then the first.
-        score = torch.where(first, score, -1.0)
-        top = score.max(dim=1, keepdim=True).values
-        length = torch.where(first & (score == top), c_len, -1)
-        best = length.argmax(dim=1)
-        matched = first.any(dim=1)
-        length = torch.where(matched, c_len.gather(1, best[:, None])[:, 0], 0)
-        tokens = chain[torch.arange(b, device=dev), best]
-        v = votes[torch.arange(b, device=dev), best]
-        live = matched[:, None]
-        return length, tokens * live, v[..., 0] * live, v[..., 1] * live
+
+        def read(offsets):
+            at = cpos[:, :, None] + offsets
+            inside = (at >= 0) & (at < cap)
+            return torch.where(inside, corpus[at.clamp(0, max(cap - 1, 0))], -1)
+
+        return vote(vals, cpos, read, tail[:, :depth], held, k)
+
+
+#: ``LiveCorpus`` values: ``stamp << 40 | slot << 24 | position``.
+_STAMP_SHIFT, _SLOT_SHIFT = 40, 24
+LIVE_STAMPS = 1 << 22  # index calls before the tables start afresh (the stamp's room)
+LIVE_TOKENS = 1 << 18  # open-output tokens the live corpus's tables are sized for
+
+
+class LiveCorpus:
+    """The open outputs of the other requests in flight, read where they lie.
+
+    ``DeviceCorpus`` holds finished outputs only; at many requests in flight
+    a request's siblings (one database's questions, one tool list's calls)
+    are mostly still running, and the host's pool drafts from their open
+    outputs.  These hash tables index the device's own history rows (``hist``,
+    ``[slots, max_len]``) as ``DeviceCorpus``'s index its ring, by the last 2
+    and 4 tokens before each position, the entry of a bucket chosen by slot
+    (``slot % SLOTS``), the newest write kept; ``index`` adds each batch
+    row's new positions, ``draft`` drafts as the corpus does from the rows of
+    every slot but the context's own (the own-history scan covers that).  A
+    stale entry (its slot since taken by another request) names a position
+    whose tokens are checked like any candidate's, and nothing at or past a
+    row's end is read.  ``window``: positions a row may gain between two
+    ``index`` calls (older unindexed ones are skipped).
+    """
+
+    def __init__(self, slots: int, window: int, buckets: int = buckets_for(LIVE_TOKENS),
+                 device="cpu"):
+        if slots >= 1 << (_STAMP_SHIFT - _SLOT_SHIFT):
+            raise ValueError(f"the live corpus indexes fewer than "
+                             f"{1 << (_STAMP_SHIFT - _SLOT_SHIFT)} slots, not {slots}")
+        self.buckets = int(buckets)
+        self.window = int(window)
+        self.table = torch.full((2, self.buckets, SLOTS), -1, dtype=torch.int64, device=device)
+        self.indexed = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.stamp = torch.zeros((), dtype=torch.int64, device=device)
+        self.calls = 0  # host count of steps (``tick``) since the tables were new
+
+    @staticmethod
+    def fits(max_len: int) -> bool:
+        """Whether rows of ``max_len`` tokens fit the entries' position field."""
+        return max_len < 1 << _SLOT_SHIFT
+
+    def grow(self, slots: int) -> None:
+        """Room for ``slots`` slots (the ones there keep their state)."""
+        more = slots - self.indexed.shape[0]
+        if more > 0:
+            self.indexed = torch.cat([self.indexed, self.indexed.new_zeros(more)])
+
+    def start(self, slot: int, prompt_len: int) -> None:
+        """A request took ``slot``: its output is indexed from its prompt's last token."""
+        self.indexed[slot] = max(int(prompt_len) - 1, 0)
+
+    def tick(self) -> None:
+        """Once per step on the host, outside any recorded graph: the tables
+        start afresh before the stamp outgrows its field."""
+        self.calls += 1
+        if self.calls >= LIVE_STAMPS:
+            self.table.fill_(-1)
+            self.stamp.zero_()
+            self.calls = 0
+
+    def index(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor) -> None:
+        """Index the positions rows ``slots`` gained since their last call (at
+        most ``window`` of each): fixed shapes, no read back."""
+        if not self.fits(hist.shape[1]):
+            raise ValueError(f"the live corpus indexes rows of fewer than "
+                             f"{1 << _SLOT_SHIFT} tokens")
+        slots = slots.to(torch.int64)
+        end = total_len[slots].to(torch.int64)
+        at = end[:, None] - self.window + torch.arange(self.window, device=end.device)
+        use = (at >= self.indexed[slots][:, None]) & (at >= 0)
+        rows = hist[slots].to(torch.int64)
+        b4, b2 = _hashes(rows, at.clamp(min=0), 0, self.buckets)
+        val = (self.stamp << _STAMP_SHIFT) | (slots[:, None] << _SLOT_SHIFT) | at.clamp(min=0)
+        entry = (slots % SLOTS)[:, None]
+        for t, (b, key) in enumerate(((b4, 4), (b2, 2))):
+            flat = self.table[t].view(-1)
+            flat.scatter_reduce_(0, (b * SLOTS + entry).view(-1),
+                                 torch.where(use & (at >= key), val, -1).view(-1),
+                                 reduce="amax")
+        self.indexed[slots] = torch.maximum(self.indexed[slots], end)
+        self.stamp += 1
+
+    def draft(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor,
+              tail: torch.Tensor, depth: int, k: int):
+        """The draft from the other rows for the contexts of ``slots``, whose last
+        tokens are ``tail`` (as ``DeviceCorpus.draft``): ``(match length,
+        tokens, c, n)``."""
+        tail = tail.to(torch.int64)
+        if tail.shape[1] < max(depth, 4):
+            raise ValueError(f"the live corpus needs the last {max(depth, 4)} tokens")
+        b4, b2, held = _tail_buckets(tail, self.buckets)
+        vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
+        where = vals & ((1 << _STAMP_SHIFT) - 1)
+        c_slot = (where >> _SLOT_SHIFT).clamp(max=hist.shape[0] - 1)
+        c_pos = where & ((1 << _SLOT_SHIFT) - 1)
+        own = slots.to(torch.int64)[:, None]
+        vals = torch.where((vals >= 0) & (c_slot != own), vals, -1)
+        ends = total_len.to(torch.int64)[c_slot]                             # [B, C]
+        width = hist.shape[1]
+
+        def read(offsets):
+            at = c_pos[:, :, None] + offsets
+            inside = (at >= 0) & (at < ends[:, :, None])
+            got = hist[c_slot[:, :, None], at.clamp(0, width - 1)].to(torch.int64)
+            return torch.where(inside, got, -1)
+
+        return vote(vals, where, read, tail[:, :depth], held, k)
+
+
+def better_of(corpus, live):
+    """Per row, the live corpus's draft where its match is at least as long as
+    the corpus's and not empty, else the corpus's (``(match length, tokens, c,
+    n)`` each; either may be None)."""
+    if live is None or corpus is None:
+        return live if corpus is None else corpus
+    take = (live[0] >= corpus[0]) & (live[0] > 0)
+    return tuple(torch.where(take if a.dim() == 1 else take[:, None], b.to(a.dtype), a)
+                 for a, b in zip(corpus, live))
+
+
+def _tail_buckets(tail: torch.Tensor, buckets: int):
+    """Buckets of each context's last 4 and last 2 tokens (``tail``, newest
+    first; tokens before the context's start count as 0) and how many of its
+    last 4 tokens the context holds."""
+    hv = torch.zeros(tail.shape[0], dtype=torch.int64, device=tail.device)
+    for d in range(4):
+        hv = (hv ^ torch.where(tail[:, d] >= 0, tail[:, d], 0)) * HASH_MUL
+        if d == 1:
+            b2 = _bucket(hv, buckets)
+    return _bucket(hv, buckets), b2, (tail[:, :4] >= 0).sum(dim=1)
+
+
+def vote(vals, ident, read, tail, held, k: int):
+    """The draft of the candidates ``vals`` (``[B, C]``, -1 none; the first
+    ``SLOTS`` keyed by 4 tokens, the rest by 2; larger is newer) for contexts
+    whose last tokens are ``tail`` (``[B, depth]``, newest first): each
+    candidate's match is extended backwards as far as ``depth``, candidates
+    naming one position (``ident``) count once, and for each distinct match
+    length the candidates matching at least that long vote token by token
+    (the most votes, then the newest); the chain of the best running product
+    of vote shares drafts.  ``read(offsets)`` gives each candidate's tokens at
+    those offsets from its position (``[B, C, len(offsets)]``, -1 where it
+    has none).  ``(match length, tokens, c, n)`` as ``DeviceCorpus.draft``."""
+    dev = vals.device
+    b, c = vals.shape
+    depth = tail.shape[1]
+    cand = torch.arange(c, device=dev)
+    key_len = torch.where(cand < SLOTS, 4, 2)
+    d = torch.arange(depth, device=dev)
+    same = (vals[:, :, None] >= 0) & (read(-1 - d) == tail[:, None, :])  # [B, C, D]
+    c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]
+    j = torch.arange(k, device=dev)
+    cont = read(j)                                                       # [B, C, K]
+    nxt = cont[..., 0]
+    ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held[:, None] >= key_len)
+    earlier = cand[:, None] < cand[None, :]                              # [i, j]: i < j
+    dup = (ident[:, :, None] == ident[:, None, :]) & ok[:, :, None] & earlier
+    ok = ok & ~dup.any(dim=1)
+    cont = torch.where(ok[:, :, None], cont, -1)
+    cont = torch.where((cont >= 0).to(torch.int64).cumprod(dim=2).bool(), cont, -1)
+    # One chain per distinct match length (its first candidate).
+    same_len = (c_len[:, :, None] == c_len[:, None, :]) & ok[:, :, None] & earlier
+    first = ok & ~same_len.any(dim=1)                                    # [B, C]
+    alive = ok[:, None, :] & (c_len[:, None, :] >= c_len[:, :, None])    # [B, chain, C]
+    go = first & (c_len > 0)
+    cum = torch.ones(b, c, dtype=torch.float32, device=dev)
+    score = torch.zeros(b, c, dtype=torch.float32, device=dev)
+    chain = torch.zeros(b, c, k, dtype=torch.int64, device=dev)
+    votes = torch.zeros(b, c, k, 2, dtype=torch.int64, device=dev)
+    for t in range(k):
+        col = cont[:, None, :, t].expand(b, c, c)                       # [B, chain, C]
+        has = alive & (col >= 0)
+        count = ((col[..., :, None] == col[..., None, :]) & has[..., None, :]).sum(dim=3)
+        count = torch.where(has, count, 0)
+        cmax = count.max(dim=2).values                                   # [B, chain]
+        newest = torch.where(has & (count == cmax[..., None]), vals[:, None, :], -1)
+        pick = newest.argmax(dim=2, keepdim=True)
+        tok = col.gather(2, pick)[..., 0]
+        go = go & (cmax > 0)
+        denom = alive.sum(dim=2).clamp(min=1)
+        cum = torch.where(go, cum * cmax.to(torch.float32) / denom.to(torch.float32), cum)
+        score = torch.where(go, score + cum, score)
+        chain[:, :, t] = torch.where(go, tok, 0)
+        votes[:, :, t, 0] = torch.where(go, cmax, 0)
+        votes[:, :, t, 1] = torch.where(go, denom, 0)
+        alive = alive & (col >= 0) & (col == tok[..., None])
+    # The best chain: the highest score, then the longer match, then the first.
+    score = torch.where(first, score, -1.0)
+    top = score.max(dim=1, keepdim=True).values
+    length = torch.where(first & (score == top), c_len, -1)
+    best = length.argmax(dim=1)
+    matched = first.any(dim=1)
+    length = torch.where(matched, c_len.gather(1, best[:, None])[:, 0], 0)
+    rows = torch.arange(b, device=dev)
+    tokens = chain[rows, best]
+    v = votes[rows, best]
+    live = matched[:, None]
+    return length, tokens * live, v[..., 0] * live, v[..., 1] * live
 
 
 class OneTokenPaths:

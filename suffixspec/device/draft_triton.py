@@ -351,17 +351,21 @@ def family_scan_triton(family, family_len, hist, total, slots, depth: int, block
 def _corpus_kernel(
     tail_ptr,        # *int64  [B, T]  each context's last tokens, newest first (-2: none)
     tail_stride,
-    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents)
+    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents); LIVE: the rows
     table_ptr,       # *int64  [2, NB, SLOTS]
     length_ptr,      # *int64  [B]     (out) match length, 0: none
     tokens_ptr,      # *int64  [B, K]  (out)
     c_ptr,           # *int64  [B, K]  (out) votes for each token
     n_ptr,           # *int64  [B, K]  (out) candidates still matching
-    cap,
+    cap,             # the ring's tokens; LIVE: a row's room
+    total_ptr,       # LIVE: *int64 [slots] each row's tokens
+    own_ptr,         # LIVE: *int64 [B]     each context's own slot
     HASH_MUL: tl.constexpr, NB: tl.constexpr, SLOTS: tl.constexpr, DEPTH: tl.constexpr,
-    DEPTH_PO2: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr,
+    DEPTH_PO2: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr, LIVE: tl.constexpr,
 ):
-    """``corpus.DeviceCorpus.draft`` for one row per program."""
+    """``corpus.DeviceCorpus.draft`` for one row per program; with ``LIVE``,
+    ``corpus.LiveCorpus.draft`` (entries name a slot's row and a position in
+    it, read up to the row's end; the context's own row is left out)."""
     b = tl.program_id(0).to(tl.int64)
     C: tl.constexpr = 2 * SLOTS
     ci = tl.arange(0, C).to(tl.int64)
@@ -381,19 +385,33 @@ def _corpus_kernel(
     is4 = ci < SLOTS
     key_len = tl.where(is4, 4, 2)
     vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + ci, (NB + b2) * SLOTS + ci - SLOTS))
-    cpos = vals & 0xFFFFFFFF
+    if LIVE:  # stamp << 40 | slot << 24 | position
+        ident = vals & ((1 << 40) - 1)
+        cslot = ident >> 24
+        cpos = ident & ((1 << 24) - 1)
+        own = tl.load(own_ptr + b)
+        vals = tl.where((vals >= 0) & (cslot != own), vals, -1)
+        base = tl.where(vals >= 0, cslot, 0) * cap
+        end = tl.load(total_ptr + cslot, mask=vals >= 0, other=0)
+    else:
+        cpos = vals & 0xFFFFFFFF
+        ident = cpos
+        base = tl.zeros_like(cpos)
+        end = tl.zeros_like(cpos) + cap
     src = cpos[:, None] - 1 - di[None, :]
-    ring = tl.load(corpus_ptr + src, mask=(vals[:, None] >= 0) & (src >= 0) & (di[None, :] < DEPTH),
-                   other=-3).to(tl.int64)
+    ring = tl.load(corpus_ptr + base[:, None] + src,
+                   mask=(vals[:, None] >= 0) & (src >= 0) & (src < end[:, None])
+                   & (di[None, :] < DEPTH), other=-3).to(tl.int64)
     miss = (ring != tail[None, :]).to(tl.int32)
     c_len = tl.sum((tl.cumsum(miss, axis=1) == 0).to(tl.int64), axis=1)
-    nxt = tl.load(corpus_ptr + cpos, mask=(vals >= 0) & (cpos < cap), other=-1)
+    nxt = tl.load(corpus_ptr + base + cpos, mask=(vals >= 0) & (cpos < end), other=-1)
     ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held >= key_len)
     earlier = ci[:, None] < ci[None, :]
-    dup = (cpos[:, None] == cpos[None, :]) & ok[:, None] & earlier
+    dup = (ident[:, None] == ident[None, :]) & ok[:, None] & earlier
     ok = ok & (tl.max(dup.to(tl.int32), axis=0) == 0)
     at = cpos[:, None] + ki[None, :]
-    cont = tl.load(corpus_ptr + at, mask=ok[:, None] & (ki[None, :] < K) & (at < cap),
+    cont = tl.load(corpus_ptr + base[:, None] + at,
+                   mask=ok[:, None] & (ki[None, :] < K) & (at < end[:, None]),
                    other=-1).to(tl.int64)
     cont = tl.where(tl.cumsum((cont < 0).to(tl.int32), axis=1) == 0, cont, -1)
     same_len = (c_len[:, None] == c_len[None, :]) & ok[:, None] & earlier
@@ -455,9 +473,28 @@ def corpus_triton(corpus, tail, depth: int, k: int):
     tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
     tail = tail.to(torch.int64).contiguous()
     _corpus_kernel[(b,)](tail, tail.stride(0), corpus.tokens, corpus.table, length, tokens, c, n,
-                         corpus.capacity, HASH_MUL=int(HASH_MUL), NB=corpus.buckets, SLOTS=SLOTS,
-                         DEPTH=depth, DEPTH_PO2=triton.next_power_of_2(depth), K=k,
-                         K_PO2=triton.next_power_of_2(k), num_warps=4)
+                         corpus.capacity, length, length, HASH_MUL=int(HASH_MUL),
+                         NB=corpus.buckets, SLOTS=SLOTS, DEPTH=depth,
+                         DEPTH_PO2=triton.next_power_of_2(depth), K=k,
+                         K_PO2=triton.next_power_of_2(k), LIVE=False, num_warps=4)
+    return length, tokens, c, n
+
+
+def live_triton(live, hist, total_len, slots, tail, depth: int, k: int):
+    """``corpus.LiveCorpus.draft`` of ``live`` over the rows ``hist`` (int32,
+    contiguous) in one launch."""
+    from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
+
+    b = tail.shape[0]
+    dev = tail.device
+    length = torch.zeros(b, dtype=torch.int64, device=dev)
+    tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
+    tail = tail.to(torch.int64).contiguous()
+    _corpus_kernel[(b,)](tail, tail.stride(0), hist, live.table, length, tokens, c, n,
+                         hist.stride(0), total_len.to(torch.int64), slots.to(torch.int64),
+                         HASH_MUL=int(HASH_MUL), NB=live.buckets, SLOTS=SLOTS, DEPTH=depth,
+                         DEPTH_PO2=triton.next_power_of_2(depth), K=k,
+                         K_PO2=triton.next_power_of_2(k), LIVE=True, num_warps=4)
     return length, tokens, c, n
 
 

@@ -26,9 +26,9 @@ from suffixspec.native import vllm_suffix as gpu
 from suffixspec.proposer import SuffixProposer
 from suffixspec.tokens import as_token_ids
 from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_SCAN, FROM_SHORT,
-                                         StepOutputs, draft_step)
-from suffixspec.device.corpus import (OneTokenPaths, corpus_on_host, family_scan_on_host,
-                                      scan_on_host)
+                                         StepOutputs, context_tail, draft_step)
+from suffixspec.device.corpus import (LiveCorpus, OneTokenPaths, better_of, corpus_on_host,
+                                      family_scan_on_host, scan_on_host)
 from suffixspec.device.fit import fit_batch
 from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec, family_row,
                                       family_width)
@@ -44,16 +44,18 @@ class DeviceWindowsProposer:
     (``arbitrate``, ``arbiter.preferred``; on by default, as
     ``SUFFIXSPEC_DEVICE_ARBITER``).  ``family``: each slot's family row
     (``layout.family_row``; the spec's width, by default the proposer's
-    ``family_outputs``).  The
-    remaining settings are ``SuffixProposer``'s (the host policy).  A
-    ``step_cost`` with ``admit`` (a GPU ``Roofline``) fits each step's drafts
-    to it on the device (``fit.fit_batch``), as the host proposer does.
+    ``family_outputs``).  ``live``: the open outputs of the other requests
+    in flight as a corpus (``corpus.LiveCorpus``; as ``SUFFIXSPEC_DEVICE_LIVE``,
+    where past outputs are kept).  The remaining settings are
+    ``SuffixProposer``'s (the host policy).  A ``step_cost`` with ``admit``
+    (a GPU ``Roofline``) fits each step's drafts to it on the device
+    (``fit.fit_batch``), as the host proposer does.
     """
 
     def __init__(self, spec: WindowSpec | None = None, stale: int = 1, branch_points: int = 4,
                  scan: bool = True, slots: int = 8, max_len: int = 4096,
                  corpus_tokens: int = 1 << 20, vocab_size: int = 1 << 18,
-                 arbiter: bool = True, family: bool = True, **settings):
+                 arbiter: bool = True, family: bool = True, live: bool = True, **settings):
         self.host = SuffixProposer(**settings)
         warmup(steps=("windows",))
         k = self.host.max_spec_tokens
@@ -82,6 +84,7 @@ class DeviceWindowsProposer:
         self.head = np.zeros(2, np.int64)
         self._prompt_len: dict[Hashable, int] = {}
         self.short = OneTokenPaths(vocab_size, self.spec.k)
+        self.live = LiveCorpus(slots, 2 * (k + 1)) if live and corpus_tokens else None
         self._changed: list[np.ndarray] = []  # tokens whose one-token paths changed
 
     @property
@@ -105,6 +108,8 @@ class DeviceWindowsProposer:
                          "family_len"):
                 getattr(windows, name)[:n] = getattr(self.windows, name)[:n]
         self.hist, self.total, self.windows = hist, total, windows
+        if getattr(self, "live", None) is not None:
+            self.live.grow(slots)
         self.out = StepOutputs.empty(slots, self.spec.k)
 
     # ------------------------------------------------------------ lifecycle
@@ -124,6 +129,8 @@ class DeviceWindowsProposer:
         self.windows.family[slot, :row.shape[0]] = torch.from_numpy(row)
         self.windows.family_len[slot] = row.shape[0]
         self._append(slot, prompt)
+        if self.live is not None:
+            self.live.start(slot, prompt.shape[0])
         self._emitted[req_id] = 1
         self._prompt_len[req_id] = prompt.shape[0]
         if self.stale:  # windows ready before the first step, as the feeder builds them
@@ -208,11 +215,19 @@ class DeviceWindowsProposer:
         family = (family_scan_on_host(self.windows.family.numpy(),
                                       self.windows.family_len.numpy(), self.hist, self.total,
                                       slots, depth) if self.spec.family else None)
+        corpus = corpus_on_host(self.hist, self.total, slots, self.corpus, self.table, depth,
+                                self.spec.k)
+        if self.live is not None:
+            hist, total, rows = (torch.from_numpy(x) for x in (self.hist, self.total, slots))
+            self.live.tick()
+            self.live.index(hist, total, rows)
+            corpus = better_of(corpus, self.live.draft(
+                hist, total, rows, context_tail(hist, total.to(torch.int64)[rows],
+                                                max(depth, 4), rows), depth, self.spec.k))
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
-                         corpus=corpus_on_host(self.hist, self.total, slots, self.corpus,
-                                               self.table, depth, self.spec.k),
+                         corpus=corpus,
                          short=self.short.draft, family_scan=family)
         if self.arbiter:  # else the device keeps no pairs
             host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())

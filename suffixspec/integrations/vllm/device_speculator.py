@@ -7,8 +7,10 @@
    to the device, broadcasts it from rank 0 with tensor parallelism, and
    applies it (windows, calibration, one-token paths, corpus documents);
 2. drafts for the batch on the device from the windows, the request's own
-   history and the pool's device tiers (``draft_ref.draft_step``; the fused
-   Triton kernel and the Triton scan on a GPU), writing drafts, per-slot
+   history and the pool's device tiers, the other requests' open outputs
+   among them (``draft_ref.draft_step``; the fused Triton kernel and the
+   Triton scan on a GPU; the other requests' open outputs,
+   ``corpus.LiveCorpus``, not yet run on a GPU), writing drafts, per-slot
    confidences (for adaptive verification) and valid counts per slot (for
    vLLM's draft trimmer);
 3. (rank 0) writes a snapshot of the step and copies it to pinned memory on a
@@ -46,8 +48,8 @@ try:
 except ImportError:  # no vLLM (the device check on a bare GPU machine): the same methods
     BaseSpeculator = object
 
-from suffixspec.device.corpus import (DeviceCorpus, OneTokenPaths, corpus_on_host,
-                                      family_scan_on_host, scan_on_host)
+from suffixspec.device.corpus import (DeviceCorpus, LiveCorpus, OneTokenPaths, better_of,
+                                      corpus_on_host, family_scan_on_host, scan_on_host)
 from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
                                          fused_ref)
 from suffixspec.device.graphs import Replay
@@ -105,6 +107,11 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self.corpus = DeviceCorpus(CORPUS_TOKENS if self.config.cross_pool_tokens != 0 else 0,
                                    device)
         self.paths = OneTokenPaths(self.vocab_size, k, device)
+        # The other requests' open outputs, where the host would draft from them (its pool).
+        self.live = None
+        if (pooled and settings.device_live
+                and LiveCorpus.fits(req_states.all_token_ids.gpu.shape[1])):
+            self.live = LiveCorpus(self.max_num_reqs, 2 * (k + 1), device=device)
         self.out = StepOutputs.empty(self.max_num_reqs, k, device)
         self.draft_token_confidence_probs = self.out.conf
         # Per slot (``idx_mapping`` indexes it): the valid tokens of its last draft.
@@ -133,14 +140,16 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self._cuda = cuda
         if cuda:
             from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                        fused_triton, scan_triton)
+                                                        fused_triton, live_triton, scan_triton)
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
+            self._live_kernel = live_triton
             self._family_scan = family_scan_triton
             self._side = torch.cuda.Stream(device)
             direct_sources(device)  # made here, not in a step (a copy from the host)
         else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
             self._fused, self._scan, self._side = fused_ref, None, None
+            self._live_kernel = LiveCorpus.draft
             self._host_views = (req_states.all_token_ids.gpu.numpy(),
                                 req_states.total_len.gpu.numpy())
             self._family_views = (self.windows.family.numpy(), self.windows.family_len.numpy())
@@ -221,6 +230,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self._receive(self.steps)
         self._idx[:n].copy_(input_batch.idx_mapping[:n], non_blocking=True)
         self._sampled[:n].copy_(num_sampled[:n], non_blocking=True)
+        if self.live is not None:
+            self.live.tick()
         if self._cuda:
             self._draft_graphs(n)
             self._say_graph_failure()
@@ -237,9 +248,12 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         idx = self._idx[:n]
         depth = self.window_spec.scan_depth
         corpus = None
-        if self.corpus.capacity > 1:
+        if self.corpus.capacity > 1 or self.live is not None:
             def corpus(tail):
-                return self._corpus_kernel(self.corpus, tail, depth, self.k)
+                got = None
+                if self.corpus.capacity > 1:
+                    got = self._corpus_kernel(self.corpus, tail, depth, self.k)
+                return better_of(got, self._live_draft(idx, tail, depth))
         total = rs.total_len.gpu[idx]
         family = None
         if self.window_spec.family:
@@ -254,10 +268,25 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         if self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
+        if self.live is not None:
+            rs = self.req_states
+            idx = self._idx[:n]
+            tail = context_tail(rs.all_token_ids.gpu, rs.total_len.gpu[idx].to(torch.int64),
+                                max(depth, 4), idx)
+            corpus = better_of(corpus, self._live_draft(idx, tail, depth))
         family = None
         if self.window_spec.family:
             family = family_scan_on_host(*self._family_views, *self._host_views, slots_np, depth)
         self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus, family)
+
+    def _live_draft(self, idx, tail, depth: int):
+        """The live corpus takes the batch rows' new tokens, then drafts for them."""
+        if self.live is None:
+            return None
+        rs = self.req_states
+        self.live.index(rs.all_token_ids.gpu, rs.total_len.gpu, idx)
+        return self._live_kernel(self.live, rs.all_token_ids.gpu, rs.total_len.gpu, idx, tail,
+                                 depth, self.k)
 
     def _draft(self, n: int, scan, corpus, family=None) -> None:
         rs = self.req_states
@@ -348,6 +377,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         epoch = int(self.epochs[slot])
         self.windows.epoch[slot] = epoch
         self.windows.reset(slot)
+        if self.live is not None:
+            self.live.start(slot, prompt_len)
         if self.feeder is not None:
             self.feeder.add(req_id, slot, epoch, all_token_ids, prompt_len)
 

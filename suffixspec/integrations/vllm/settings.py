@@ -36,6 +36,9 @@ over the file.
                                     arbitrate between its pick and its
                                     own-history scan as the host does
                                     (``arbitrate``; docs/device.md)
+``SUFFIXSPEC_DEVICE_LIVE``          0: drafting on the device (``mrv2``) does not
+                                    draft from the other requests' open outputs
+                                    (``device.corpus.LiveCorpus``)
 ==================================  ==============================================
 """
 
@@ -105,6 +108,7 @@ class Settings:
     draft_cost: float | None = None  # None: measured online (``suffixspec.stepcost``)
     cuda_graphs: bool = True  # the device's drafting step replayed as graphs (``device.graphs``)
     device_arbiter: bool = True  # the device arbitrates as the host (``native.arbiter``)
+    device_live: bool = True  # the device drafts from open outputs too (``LiveCorpus``)
 
     def __post_init__(self):
         for name in ("cross_tokens", "snapshot_every"):
