@@ -11,8 +11,9 @@ after each part (a run stopped at its limit keeps what it did):
 
 1. ``correctness``: the fused Triton kernel against the torch reference on
    random cases at 1, 8, 32 and 64 rows, the Triton scans (own history,
-   family rows) against the torch scans (on the device), and the live
-   corpus's torch ops on the device against the same on the CPU;
+   family rows) against the torch scans (on the device), and the open
+   outputs' corpus voting with a corpus (torch on the device and on the CPU,
+   and the Triton vote);
 2. ``device_time``: one drafting step (scans of the own history and of a
    full family row, corpus, the other rows' open outputs, one-token paths,
    the fused kernel) at 1 / 8 /
@@ -134,9 +135,11 @@ def correctness(device, cases: int, batches=(1, 8, 32, 64)) -> dict:
 
 
 def live_mismatches(device, cases: int, rng) -> int:
-    """``LiveCorpus`` (torch ops) indexing rows as they grow and drafting, on
-    ``device`` against the same on CPU tensors: cases that differ."""
-    from suffixspec.device.corpus import LiveCorpus
+    """The open outputs' corpus (``LiveCorpus``) indexing rows as they grow,
+    its candidates voting with a corpus's (``vote_over``): on ``device``
+    against the same on CPU tensors, and on a GPU the Triton vote
+    (``corpus_triton(..., live=...)``) against the torch one; cases that differ."""
+    from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, vote_over
     from suffixspec.device.draft_ref import context_tail
 
     bad = 0
@@ -144,8 +147,12 @@ def live_mismatches(device, cases: int, rng) -> int:
         hist = torch.from_numpy(rng.integers(0, 4, (16, 200)).astype(np.int32))
         slots = torch.from_numpy(rng.choice(16, 8, replace=False))
         final = torch.from_numpy(rng.integers(8, 201, 16).astype(np.int32))
+        docs = [torch.from_numpy(rng.integers(0, 4, 40).astype(np.int32)) for _ in range(12)]
         results = []
         for dev in (torch.device("cpu"), device):
+            corpus = DeviceCorpus(4096, dev)
+            for doc in docs:
+                corpus.ingest(doc.to(dev))
             live = LiveCorpus(16, 2 * (K + 1), device=dev)
             h, s = hist.to(dev), slots.to(dev)
             for slot in range(16):
@@ -157,8 +164,15 @@ def live_mismatches(device, cases: int, rng) -> int:
                 live.index(h, shown.to(dev), s)
             total = shown.to(dev)
             tail = context_tail(h, total[s].to(torch.int64), 24, s)
-            results.append([x.cpu() for x in live.draft(h, total, s, tail, 24, K)])
-        bad += not all(torch.equal(a, c) for a, c in zip(*results))
+            results.append([x.cpu() for x in vote_over(
+                [corpus.candidates(tail), live.candidates(h, total, s, tail)], tail, 24, K)])
+            if dev.type == "cuda":
+                from suffixspec.device.draft_triton import corpus_triton
+
+                got = corpus_triton(corpus, tail, 24, K, live=(live, h, total, s))
+                results.append([x.cpu() for x in got])
+        bad += not all(all(torch.equal(a, c) for a, c in zip(results[0], r))
+                       for r in results[1:])
     return bad
 
 
@@ -206,22 +220,21 @@ def _state(device, b: int, history: int, max_len: int, rng):
 def _step_fn(device, state):
     from suffixspec.device.draft_ref import draft_step, fused_ref
 
-    from suffixspec.device.corpus import LiveCorpus, better_of
+    from suffixspec.device.corpus import vote_over
 
     spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled, live = state
     cuda = device.type == "cuda"
     if cuda:
         from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                    fused_triton, live_triton, scan_triton)
+                                                    fused_triton, scan_triton)
     depth = spec.scan_depth
 
-    def both(tail):  # the corpus and the open outputs, as the speculator drafts
+    def both(tail):  # the corpus and the open outputs vote together, as the speculator's
         live.index(hist, total, idx)
         if cuda:
-            return better_of(corpus_triton(corpus, tail, depth, K),
-                             live_triton(live, hist, total, idx, tail, depth, K))
-        return better_of(corpus.draft(tail, depth, K),
-                         LiveCorpus.draft(live, hist, total, idx, tail, depth, K))
+            return corpus_triton(corpus, tail, depth, K, live=(live, hist, total, idx))
+        return vote_over([corpus.candidates(tail), live.candidates(hist, total, idx, tail)],
+                         tail, depth, K)
 
     def step():
         scan = (scan_triton(hist, total[idx], idx, depth) if cuda else None)

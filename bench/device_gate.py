@@ -19,6 +19,8 @@ through:
   (``SUFFIXSPEC_DEVICE_ARBITER=0``), its A/B;
 * ``device, no family row``: the device without family rows (the family
   outputs reach it only as the own tree's window), their A/B.
+* ``device, no live corpus``: the device without the other requests' open
+  outputs (``corpus.LiveCorpus``; ``SUFFIXSPEC_DEVICE_LIVE=0``), its A/B.
 
 Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
@@ -49,9 +51,11 @@ RUNS = {  # name -> (engine, settings)
     "device, no arbiter": ("suffixspec-device", dict(K16, arbiter=False)),
     "device, windows only": ("suffixspec-device", dict(K16, corpus_tokens=0, vocab_size=0)),
     "device, no family row": ("suffixspec-device", dict(K16, family=False)),
+    "device, no live corpus": ("suffixspec-device", dict(K16, live=False)),
 }
 SOURCES = ("window", "scan", "corpus", "short", "family", "none")
-OPTIONAL = ("device, no arbiter", "device, no family row")  # A/Bs, run when asked
+OPTIONAL = ("device, no arbiter", "device, no family row",
+            "device, no live corpus")  # A/Bs, run when asked
 
 
 def main():

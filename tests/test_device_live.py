@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from suffixspec.device.corpus import LiveCorpus, better_of  # noqa: E402
+from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, vote_over  # noqa: E402
 from suffixspec.device.draft_ref import context_tail  # noqa: E402
 from suffixspec.native import vllm_suffix as gpu  # noqa: E402
 
@@ -128,13 +128,57 @@ def test_a_row_never_drafts_from_itself():
     assert live.draft(hist, total, rows, tail, 8, 4)[0].item() == 0
 
 
-def test_the_better_of_two_drafts_is_the_longer_match_the_live_one_on_a_tie():
-    def draft(lengths, first):
-        n = len(lengths)
-        tok = torch.full((n, 2), first)
-        return torch.tensor(lengths), tok, tok, tok
+@CHECKED
+@given(st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=3),
+       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=5),
+       st.data())
+def test_the_corpus_and_the_open_outputs_vote_as_one_corpus(finished, texts, data):
+    """``vote_over`` the ring's and the live corpus's candidates equals the
+    corpus's Numba twin over one ring holding the finished outputs, then the
+    other rows (newer), each a document of its own."""
+    buckets = gpu.buckets_for(400)
+    corpus = DeviceCorpus(400)
+    for doc in finished:
+        corpus.ingest(torch.tensor(doc, dtype=torch.int32))
+    hist, total = _rows(texts)
+    own = data.draw(st.integers(0, len(texts) - 1))
+    k, depth = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
+    live = LiveCorpus(len(texts), WIDTH, buckets=buckets)
+    for s in range(len(texts)):
+        live.start(s, 1)
+    live.index(hist, total, torch.arange(len(texts)))
+    ring = np.full(400, -1, np.int32)
+    table = np.full((2, buckets, gpu.SLOTS), -1, np.int64)
+    head = np.zeros(2, np.int64)
+    for doc in finished + [t for s, t in enumerate(texts) if s != own]:
+        row = np.asarray(doc, np.int32)
+        gpu.ingest(ring, table, head, row, 0, row.shape[0])
+    rows = torch.tensor([own])
+    tail = context_tail(hist, total.to(torch.int64)[rows], max(depth, 4), rows)
+    length, tokens, c, n = vote_over([corpus.candidates(tail),
+                                      live.candidates(hist, total, rows, tail)], tail, depth, k)
+    ctx = np.asarray(texts[own], np.int32)
+    chain = np.zeros(k, np.int64)
+    votes = np.zeros((k, 2), np.int64)
+    g_len, g_n = gpu.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
+    assert length.item() == g_len
+    if g_len:
+        assert tokens[0, :g_n].tolist() == chain[:g_n].tolist()
+        assert c[0].tolist() == votes[:, 0].tolist() and n[0].tolist() == votes[:, 1].tolist()
 
-    got = better_of(draft([3, 2, 0, 4], 1), draft([2, 2, 0, 5], 7))
-    assert got[0].tolist() == [3, 2, 0, 5]
-    assert got[1][:, 0].tolist() == [1, 7, 1, 7]
-    assert better_of(None, draft([1], 7))[1][0, 0].item() == 7
+
+def test_an_open_output_outvotes_a_finished_one_on_a_tie():
+    """One vote each for the token after "1 2": the open output is the newer."""
+    corpus = DeviceCorpus(64)
+    corpus.ingest(torch.tensor([1, 2, 5], dtype=torch.int32))
+    hist, total = _rows([[1, 2, 6, 6], [7, 1, 2]])
+    live = LiveCorpus(2, WIDTH)
+    for s in range(2):
+        live.start(s, 1)
+    live.index(hist, total, torch.arange(2))
+    rows = torch.tensor([1])
+    tail = context_tail(hist, total.to(torch.int64)[rows], 4, rows)
+    length, tokens, c, n = vote_over([corpus.candidates(tail),
+                                      live.candidates(hist, total, rows, tail)], tail, 4, 2)
+    assert length.item() == 2 and tokens[0].tolist() == [6, 6]
+    assert c[0].tolist() == [1, 1] and n[0].tolist() == [2, 1]

@@ -370,7 +370,8 @@ def test_the_open_outputs_of_requests_in_flight_reach_the_live_corpus(make, monk
     slots = torch.tensor([rs.req_id_to_index["b"]])
     tail = context_tail(rs.all_token_ids.gpu, rs.total_len.gpu[slots].to(torch.int64), 24,
                         slots)
-    length, tokens, _, _ = spec._live_draft(slots, tail, 24)
+    length, tokens, _, _ = spec.live.draft(rs.all_token_ids.gpu, rs.total_len.gpu, slots, tail,
+                                           24, K)  # the table as the steps left it
     assert length.item() == 2 and tokens[0].tolist() == PATTERN[2:2 + K]
     monkeypatch.setenv("SUFFIXSPEC_DEVICE_LIVE", "0")
     assert make(start=False).live is None

@@ -15,8 +15,7 @@ step:
   its votes ``(c, n)``, which calibration scores like a trie's counts.
 * ``LiveCorpus``: the same index over the open outputs of the other
   requests in flight, read in place from the device's history rows; its
-  draft stands in for the corpus's where its match is at least as long
-  (``better_of``).
+  candidates vote with the corpus's (``vote_over``).
 * ``OneTokenPaths``: per token id, the pool's most frequent continuation of
   that single token with its counts (``SuffixProposer.one_token_paths``),
   compiled by the host now and then.
@@ -34,8 +33,8 @@ import torch
 from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for,
                                            corpus_draft, family_match, local_match)
 
-__all__ = ["DeviceCorpus", "LiveCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "better_of",
-           "corpus_on_host", "scan_on_host"]
+__all__ = ["DeviceCorpus", "LiveCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "corpus_on_host",
+           "ring_candidates", "scan_on_host", "vote_over"]
 
 _KEYS = (4, 2)  # key lengths of table 0 and table 1
 
@@ -116,27 +115,35 @@ class DeviceCorpus:
         (``[B, >= max(depth, 4)]``, newest first, -2 before the context's start):
         ``(match length, tokens, c, n)`` (``[B]``, ``[B, k]`` x3), length 0
         when no candidate matches (``vllm_suffix.corpus_draft``)."""
-        cap = self.capacity
-        corpus = self.tokens[:max(cap, 1)].to(torch.int64)
-        tail = tail.to(torch.int64)
-        if tail.shape[1] < max(depth, 4):
-            raise ValueError(f"the corpus needs the last {max(depth, 4)} tokens")
-        b4, b2, held = _tail_buckets(tail, self.buckets)
-        vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
-        cpos = vals & 0xFFFFFFFF
+        return vote_over([self.candidates(tail)], tail, depth, k)
 
-        def read(offsets):
-            at = cpos[:, :, None] + offsets
-            inside = (at >= 0) & (at < cap)
-            return torch.where(inside, corpus[at.clamp(0, max(cap - 1, 0))], -1)
+    def candidates(self, tail: torch.Tensor):
+        """``(vals, ident, read)`` of the contexts whose last tokens are ``tail``
+        (``vote_over``)."""
+        return ring_candidates(self.tokens[:max(self.capacity, 1)], self.table, tail)
 
-        return vote(vals, cpos, read, tail[:, :depth], held, k)
+
+def ring_candidates(tokens: torch.Tensor, table: torch.Tensor, tail: torch.Tensor):
+    """A ring's candidates (``DeviceCorpus``'s layout: ``tokens`` the ring,
+    ``table`` its hash tables) for the contexts ending in ``tail``."""
+    cap = tokens.shape[0]
+    b4, b2, _ = _tail_buckets(tail.to(torch.int64), table.shape[1])
+    vals = torch.cat([table[0][b4], table[1][b2]], dim=1)                # [B, C]
+    cpos = vals & 0xFFFFFFFF
+
+    def read(offsets):
+        at = cpos[:, :, None] + offsets
+        inside = (at >= 0) & (at < cap)
+        return torch.where(inside, tokens[at.clamp(0, max(cap - 1, 0))].to(torch.int64), -1)
+
+    return vals, cpos, read
 
 
 #: ``LiveCorpus`` values: ``stamp << 40 | slot << 24 | position``.
 _STAMP_SHIFT, _SLOT_SHIFT = 40, 24
 LIVE_STAMPS = 1 << 22  # index calls before the tables start afresh (the stamp's room)
 LIVE_TOKENS = 1 << 18  # open-output tokens the live corpus's tables are sized for
+LIVE_NEWER = 1 << 62  # set in a live candidate's value: newer than a finished output's
 
 
 class LiveCorpus:
@@ -220,16 +227,20 @@ class LiveCorpus:
         """The draft from the other rows for the contexts of ``slots``, whose last
         tokens are ``tail`` (as ``DeviceCorpus.draft``): ``(match length,
         tokens, c, n)``."""
-        tail = tail.to(torch.int64)
-        if tail.shape[1] < max(depth, 4):
-            raise ValueError(f"the live corpus needs the last {max(depth, 4)} tokens")
-        b4, b2, held = _tail_buckets(tail, self.buckets)
+        return vote_over([self.candidates(hist, total_len, slots, tail)], tail, depth, k)
+
+    def candidates(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor,
+                   tail: torch.Tensor):
+        """``(vals, ident, read)`` from the other rows for the contexts of
+        ``slots`` (``vote_over``); each counts as newer than any finished
+        output's (``LIVE_NEWER`` set in its value)."""
+        b4, b2, _ = _tail_buckets(tail.to(torch.int64), self.buckets)
         vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
         where = vals & ((1 << _STAMP_SHIFT) - 1)
         c_slot = (where >> _SLOT_SHIFT).clamp(max=hist.shape[0] - 1)
         c_pos = where & ((1 << _SLOT_SHIFT) - 1)
         own = slots.to(torch.int64)[:, None]
-        vals = torch.where((vals >= 0) & (c_slot != own), vals, -1)
+        vals = torch.where((vals >= 0) & (c_slot != own), vals | LIVE_NEWER, -1)
         ends = total_len.to(torch.int64)[c_slot]                             # [B, C]
         width = hist.shape[1]
 
@@ -239,18 +250,27 @@ class LiveCorpus:
             got = hist[c_slot[:, :, None], at.clamp(0, width - 1)].to(torch.int64)
             return torch.where(inside, got, -1)
 
-        return vote(vals, where, read, tail[:, :depth], held, k)
+        return vals, where | LIVE_NEWER, read
 
 
-def better_of(corpus, live):
-    """Per row, the live corpus's draft where its match is at least as long as
-    the corpus's and not empty, else the corpus's (``(match length, tokens, c,
-    n)`` each; either may be None)."""
-    if live is None or corpus is None:
-        return live if corpus is None else corpus
-    take = (live[0] >= corpus[0]) & (live[0] > 0)
-    return tuple(torch.where(take if a.dim() == 1 else take[:, None], b.to(a.dtype), a)
-                 for a, b in zip(corpus, live))
+def vote_over(parts, tail: torch.Tensor, depth: int, k: int):
+    """The draft of every candidate of ``parts`` (``(vals, ident, read)`` each,
+    ``SLOTS`` keyed by 4 tokens then ``SLOTS`` by 2) voting together (``vote``):
+    ``(match length, tokens, c, n)``."""
+    tail = tail.to(torch.int64)
+    if tail.shape[1] < max(depth, 4):
+        raise ValueError(f"a corpus draft needs the last {max(depth, 4)} tokens")
+    _, _, held = _tail_buckets(tail, 2)
+    vals = torch.cat([p[0] for p in parts], dim=1)
+    ident = torch.cat([p[1] for p in parts], dim=1)
+    cuts = [p[0].shape[1] for p in parts]
+
+    def read(offsets):
+        return torch.cat([p[2](offsets) for p in parts], dim=1)
+
+    key_len = torch.cat([torch.where(torch.arange(n, device=vals.device) < SLOTS, 4, 2)
+                         for n in cuts])
+    return vote(vals, ident, read, tail[:, :depth], held, k, key_len)
 
 
 def _tail_buckets(tail: torch.Tensor, buckets: int):
@@ -265,7 +285,7 @@ def _tail_buckets(tail: torch.Tensor, buckets: int):
     return _bucket(hv, buckets), b2, (tail[:, :4] >= 0).sum(dim=1)
 
 
-def vote(vals, ident, read, tail, held, k: int):
+def vote(vals, ident, read, tail, held, k: int, key_len=None):
     """The draft of the candidates ``vals`` (``[B, C]``, -1 none; the first
     ``SLOTS`` keyed by 4 tokens, the rest by 2; larger is newer) for contexts
     whose last tokens are ``tail`` (``[B, depth]``, newest first): each
@@ -275,12 +295,14 @@ def vote(vals, ident, read, tail, held, k: int):
     (the most votes, then the newest); the chain of the best running product
     of vote shares drafts.  ``read(offsets)`` gives each candidate's tokens at
     those offsets from its position (``[B, C, len(offsets)]``, -1 where it
-    has none).  ``(match length, tokens, c, n)`` as ``DeviceCorpus.draft``."""
+    has none).  ``key_len``: each candidate's key length, when not the layout
+    above.  ``(match length, tokens, c, n)`` as ``DeviceCorpus.draft``."""
     dev = vals.device
     b, c = vals.shape
     depth = tail.shape[1]
     cand = torch.arange(c, device=dev)
-    key_len = torch.where(cand < SLOTS, 4, 2)
+    if key_len is None:
+        key_len = torch.where(cand < SLOTS, 4, 2)
     d = torch.arange(depth, device=dev)
     same = (vals[:, :, None] >= 0) & (read(-1 - d) == tail[:, None, :])  # [B, C, D]
     c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]

@@ -348,32 +348,49 @@ def family_scan_triton(family, family_len, hist, total, slots, depth: int, block
 
 
 @triton.jit
+def _tokens_at(corpus_ptr, rows_ptr, at, mask, is_ring, base, other, LIVE: tl.constexpr):
+    """Each candidate's tokens at positions ``at`` (``[C, X]``): the ring's for
+    ring lanes, the rows' (``base`` + position) for live lanes."""
+    got = tl.load(corpus_ptr + at, mask=mask & is_ring[:, None], other=other).to(tl.int64)
+    if LIVE:
+        row = tl.load(rows_ptr + base[:, None] + at, mask=mask & ~is_ring[:, None],
+                      other=other).to(tl.int64)
+        got = tl.where(is_ring[:, None], got, row)
+    return got
+
+
+@triton.jit
 def _corpus_kernel(
     tail_ptr,        # *int64  [B, T]  each context's last tokens, newest first (-2: none)
     tail_stride,
-    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents); LIVE: the rows
+    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents)
     table_ptr,       # *int64  [2, NB, SLOTS]
     length_ptr,      # *int64  [B]     (out) match length, 0: none
     tokens_ptr,      # *int64  [B, K]  (out)
     c_ptr,           # *int64  [B, K]  (out) votes for each token
     n_ptr,           # *int64  [B, K]  (out) candidates still matching
-    cap,             # the ring's tokens; LIVE: a row's room
-    total_ptr,       # LIVE: *int64 [slots] each row's tokens
-    own_ptr,         # LIVE: *int64 [B]     each context's own slot
+    cap,
+    rows_ptr,        # LIVE: *int32 [slots, row_stride]  the history rows
+    row_stride,
+    live_ptr,        # LIVE: *int64 [2, LNB, SLOTS]       the live corpus's tables
+    total_ptr,       # LIVE: *int64 [slots]  each row's tokens
+    own_ptr,         # LIVE: *int64 [B]      each context's own slot
     HASH_MUL: tl.constexpr, NB: tl.constexpr, SLOTS: tl.constexpr, DEPTH: tl.constexpr,
     DEPTH_PO2: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr, LIVE: tl.constexpr,
+    LNB: tl.constexpr,
 ):
-    """``corpus.DeviceCorpus.draft`` for one row per program; with ``LIVE``,
-    ``corpus.LiveCorpus.draft`` (entries name a slot's row and a position in
-    it, read up to the row's end; the context's own row is left out)."""
+    """``corpus.DeviceCorpus.draft`` for one row per program; with ``LIVE``, the
+    live corpus's candidates vote beside the ring's (``corpus.vote_over`` of
+    ``DeviceCorpus.candidates`` and ``LiveCorpus.candidates``)."""
     b = tl.program_id(0).to(tl.int64)
-    C: tl.constexpr = 2 * SLOTS
+    C: tl.constexpr = (4 if LIVE else 2) * SLOTS
     ci = tl.arange(0, C).to(tl.int64)
     di = tl.arange(0, DEPTH_PO2).to(tl.int64)
     ki = tl.arange(0, K_PO2).to(tl.int64)
     tail = tl.load(tail_ptr + b * tail_stride + di, mask=di < DEPTH, other=-2)
     hv = tl.zeros((), tl.int64)
     b2 = tl.zeros((), tl.int64)
+    l2 = tl.zeros((), tl.int64)
     held = tl.zeros((), tl.int64)
     for d in tl.static_range(4):
         t = tl.load(tail_ptr + b * tail_stride + d)
@@ -381,38 +398,47 @@ def _corpus_kernel(
         hv = (hv ^ tl.where(t >= 0, t, 0)) * HASH_MUL
         if d == 1:
             b2 = ((hv >> 29) ^ hv) & (NB - 1)
+            l2 = ((hv >> 29) ^ hv) & (LNB - 1)
     b4 = ((hv >> 29) ^ hv) & (NB - 1)
-    is4 = ci < SLOTS
+    l4 = ((hv >> 29) ^ hv) & (LNB - 1)
+    is_ring = ci < 2 * SLOTS
+    li = ci % (2 * SLOTS)  # the lane within its table's candidates
+    is4 = li < SLOTS
     key_len = tl.where(is4, 4, 2)
-    vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + ci, (NB + b2) * SLOTS + ci - SLOTS))
-    if LIVE:  # stamp << 40 | slot << 24 | position
-        ident = vals & ((1 << 40) - 1)
-        cslot = ident >> 24
-        cpos = ident & ((1 << 24) - 1)
+    vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + li, (NB + b2) * SLOTS + li - SLOTS),
+                   mask=is_ring, other=-1)
+    cpos = vals & 0xFFFFFFFF
+    ident = cpos
+    end = tl.zeros_like(cpos) + cap
+    base = tl.zeros_like(cpos)
+    if LIVE:  # stamp << 40 | slot << 24 | position, newer than any ring entry
+        raw = tl.load(live_ptr + tl.where(is4, l4 * SLOTS + li, (LNB + l2) * SLOTS + li - SLOTS),
+                      mask=~is_ring, other=-1)
+        where = raw & ((1 << 40) - 1)
+        cslot = where >> 24
         own = tl.load(own_ptr + b)
-        vals = tl.where((vals >= 0) & (cslot != own), vals, -1)
-        base = tl.where(vals >= 0, cslot, 0) * cap
-        end = tl.load(total_ptr + cslot, mask=vals >= 0, other=0)
-    else:
-        cpos = vals & 0xFFFFFFFF
-        ident = cpos
-        base = tl.zeros_like(cpos)
-        end = tl.zeros_like(cpos) + cap
+        live_ok = ~is_ring & (raw >= 0) & (cslot != own)
+        vals = tl.where(is_ring, vals, tl.where(live_ok, raw | (1 << 62), -1))
+        cpos = tl.where(is_ring, cpos, where & ((1 << 24) - 1))
+        ident = tl.where(is_ring, ident, where | (1 << 62))
+        end = tl.where(is_ring, end, tl.load(total_ptr + cslot, mask=live_ok, other=0))
+        base = tl.where(live_ok, cslot * row_stride, 0)
     src = cpos[:, None] - 1 - di[None, :]
-    ring = tl.load(corpus_ptr + base[:, None] + src,
-                   mask=(vals[:, None] >= 0) & (src >= 0) & (src < end[:, None])
-                   & (di[None, :] < DEPTH), other=-3).to(tl.int64)
+    ring = _tokens_at(corpus_ptr, rows_ptr, src,
+                      (vals[:, None] >= 0) & (src >= 0) & (src < end[:, None])
+                      & (di[None, :] < DEPTH), is_ring, base, -3, LIVE)
     miss = (ring != tail[None, :]).to(tl.int32)
     c_len = tl.sum((tl.cumsum(miss, axis=1) == 0).to(tl.int64), axis=1)
-    nxt = tl.load(corpus_ptr + base + cpos, mask=(vals >= 0) & (cpos < end), other=-1)
+    at = cpos[:, None] + ki[None, :]
+    cont = _tokens_at(corpus_ptr, rows_ptr, at,
+                      (vals[:, None] >= 0) & (ki[None, :] < K) & (at < end[:, None]), is_ring,
+                      base, -1, LIVE)
+    nxt = tl.sum(tl.where(ki[None, :] == 0, cont, 0), axis=1)
     ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held >= key_len)
     earlier = ci[:, None] < ci[None, :]
     dup = (ident[:, None] == ident[None, :]) & ok[:, None] & earlier
     ok = ok & (tl.max(dup.to(tl.int32), axis=0) == 0)
-    at = cpos[:, None] + ki[None, :]
-    cont = tl.load(corpus_ptr + base[:, None] + at,
-                   mask=ok[:, None] & (ki[None, :] < K) & (at < end[:, None]),
-                   other=-1).to(tl.int64)
+    cont = tl.where(ok[:, None], cont, -1)
     cont = tl.where(tl.cumsum((cont < 0).to(tl.int32), axis=1) == 0, cont, -1)
     same_len = (c_len[:, None] == c_len[None, :]) & ok[:, None] & earlier
     first = ok & (tl.max(same_len.to(tl.int32), axis=0) == 0)
@@ -463,8 +489,10 @@ def _corpus_kernel(
     tl.store(n_ptr + out, tl.where(found, best_n, 0), mask=ki < K)
 
 
-def corpus_triton(corpus, tail, depth: int, k: int):
-    """``corpus.DeviceCorpus.draft`` of ``corpus`` in one launch."""
+def corpus_triton(corpus, tail, depth: int, k: int, live=None):
+    """``corpus.DeviceCorpus.draft`` of ``corpus`` in one launch; with ``live``
+    (``(LiveCorpus, hist, total_len, slots)``, ``hist`` int32 and contiguous),
+    its candidates vote beside the corpus's (``corpus.vote_over``)."""
     from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
 
     b = tail.shape[0]
@@ -472,29 +500,18 @@ def corpus_triton(corpus, tail, depth: int, k: int):
     length = torch.zeros(b, dtype=torch.int64, device=dev)
     tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
     tail = tail.to(torch.int64).contiguous()
+    if live is None:
+        rows, stride, table, total, own, lnb = corpus.tokens, 0, corpus.table, length, length, 1
+    else:
+        table_of, rows, total, own = live
+        stride, table, lnb = rows.stride(0), table_of.table, table_of.buckets
+        total, own = total.to(torch.int64), own.to(torch.int64)
     _corpus_kernel[(b,)](tail, tail.stride(0), corpus.tokens, corpus.table, length, tokens, c, n,
-                         corpus.capacity, length, length, HASH_MUL=int(HASH_MUL),
-                         NB=corpus.buckets, SLOTS=SLOTS, DEPTH=depth,
+                         corpus.capacity, rows, stride, table, total, own,
+                         HASH_MUL=int(HASH_MUL), NB=corpus.buckets, SLOTS=SLOTS, DEPTH=depth,
                          DEPTH_PO2=triton.next_power_of_2(depth), K=k,
-                         K_PO2=triton.next_power_of_2(k), LIVE=False, num_warps=4)
-    return length, tokens, c, n
-
-
-def live_triton(live, hist, total_len, slots, tail, depth: int, k: int):
-    """``corpus.LiveCorpus.draft`` of ``live`` over the rows ``hist`` (int32,
-    contiguous) in one launch."""
-    from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
-
-    b = tail.shape[0]
-    dev = tail.device
-    length = torch.zeros(b, dtype=torch.int64, device=dev)
-    tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
-    tail = tail.to(torch.int64).contiguous()
-    _corpus_kernel[(b,)](tail, tail.stride(0), hist, live.table, length, tokens, c, n,
-                         hist.stride(0), total_len.to(torch.int64), slots.to(torch.int64),
-                         HASH_MUL=int(HASH_MUL), NB=live.buckets, SLOTS=SLOTS, DEPTH=depth,
-                         DEPTH_PO2=triton.next_power_of_2(depth), K=k,
-                         K_PO2=triton.next_power_of_2(k), LIVE=True, num_warps=4)
+                         K_PO2=triton.next_power_of_2(k), LIVE=live is not None, LNB=lnb,
+                         num_warps=4)
     return length, tokens, c, n
 
 

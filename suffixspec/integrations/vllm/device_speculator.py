@@ -48,8 +48,8 @@ try:
 except ImportError:  # no vLLM (the device check on a bare GPU machine): the same methods
     BaseSpeculator = object
 
-from suffixspec.device.corpus import (DeviceCorpus, LiveCorpus, OneTokenPaths, better_of,
-                                      corpus_on_host, family_scan_on_host, scan_on_host)
+from suffixspec.device.corpus import (DeviceCorpus, LiveCorpus, OneTokenPaths, corpus_on_host,
+                                      family_scan_on_host, scan_on_host, vote_over)
 from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
                                          fused_ref)
 from suffixspec.device.graphs import Replay
@@ -107,9 +107,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self.corpus = DeviceCorpus(CORPUS_TOKENS if self.config.cross_pool_tokens != 0 else 0,
                                    device)
         self.paths = OneTokenPaths(self.vocab_size, k, device)
-        # The other requests' open outputs, where the host would draft from them (its pool).
+        # The other requests' open outputs, where the host would draft from them (its
+        # pool): their candidates vote with the corpus's (on whenever the corpus is).
         self.live = None
-        if (pooled and settings.device_live
+        if (pooled and settings.device_live and self.corpus.capacity > 1
                 and LiveCorpus.fits(req_states.all_token_ids.gpu.shape[1])):
             self.live = LiveCorpus(self.max_num_reqs, 2 * (k + 1), device=device)
         self.out = StepOutputs.empty(self.max_num_reqs, k, device)
@@ -140,16 +141,14 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self._cuda = cuda
         if cuda:
             from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                        fused_triton, live_triton, scan_triton)
+                                                        fused_triton, scan_triton)
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
-            self._live_kernel = live_triton
             self._family_scan = family_scan_triton
             self._side = torch.cuda.Stream(device)
             direct_sources(device)  # made here, not in a step (a copy from the host)
         else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
             self._fused, self._scan, self._side = fused_ref, None, None
-            self._live_kernel = LiveCorpus.draft
             self._host_views = (req_states.all_token_ids.gpu.numpy(),
                                 req_states.total_len.gpu.numpy())
             self._family_views = (self.windows.family.numpy(), self.windows.family_len.numpy())
@@ -248,12 +247,13 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         idx = self._idx[:n]
         depth = self.window_spec.scan_depth
         corpus = None
-        if self.corpus.capacity > 1 or self.live is not None:
+        if self.corpus.capacity > 1:
             def corpus(tail):
-                got = None
-                if self.corpus.capacity > 1:
-                    got = self._corpus_kernel(self.corpus, tail, depth, self.k)
-                return better_of(got, self._live_draft(idx, tail, depth))
+                live = None
+                if self.live is not None:  # the batch rows' new tokens, then both vote
+                    self.live.index(rs.all_token_ids.gpu, rs.total_len.gpu, idx)
+                    live = (self.live, rs.all_token_ids.gpu, rs.total_len.gpu, idx)
+                return self._corpus_kernel(self.corpus, tail, depth, self.k, live=live)
         total = rs.total_len.gpu[idx]
         family = None
         if self.window_spec.family:
@@ -265,28 +265,21 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         """``_draft_on_device`` on CPU tensors, with the tiers' Numba twins (as replay)."""
         depth = self.window_spec.scan_depth
         corpus = None
-        if self.corpus.capacity > 1:
+        if self.live is not None:  # the batch rows' new tokens, then both vote (torch)
+            rs = self.req_states
+            hist, total, idx = rs.all_token_ids.gpu, rs.total_len.gpu, self._idx[:n]
+            self.live.index(hist, total, idx)
+            tail = context_tail(hist, total[idx].to(torch.int64), max(depth, 4), idx)
+            corpus = vote_over([self.corpus.candidates(tail),
+                                self.live.candidates(hist, total, idx, tail)], tail, depth,
+                               self.k)
+        elif self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
-        if self.live is not None:
-            rs = self.req_states
-            idx = self._idx[:n]
-            tail = context_tail(rs.all_token_ids.gpu, rs.total_len.gpu[idx].to(torch.int64),
-                                max(depth, 4), idx)
-            corpus = better_of(corpus, self._live_draft(idx, tail, depth))
         family = None
         if self.window_spec.family:
             family = family_scan_on_host(*self._family_views, *self._host_views, slots_np, depth)
         self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus, family)
-
-    def _live_draft(self, idx, tail, depth: int):
-        """The live corpus takes the batch rows' new tokens, then drafts for them."""
-        if self.live is None:
-            return None
-        rs = self.req_states
-        self.live.index(rs.all_token_ids.gpu, rs.total_len.gpu, idx)
-        return self._live_kernel(self.live, rs.all_token_ids.gpu, rs.total_len.gpu, idx, tail,
-                                 depth, self.k)
 
     def _draft(self, n: int, scan, corpus, family=None) -> None:
         rs = self.req_states
