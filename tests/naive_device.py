@@ -156,3 +156,20 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
     i, (gain, out, qs, ps, fines), m = best
     choice = i if i < len(windows) else FROM_SCAN - (i - len(windows))
     return out, qs, ps, fines, choice, m, recent
+
+
+def assert_drafts_as_corpus_twin(draft, ctx, ring, table, depth: int, k: int) -> None:
+    """``draft`` (``(match length, tokens, c, n)`` of one row) equals
+    ``vllm_suffix.corpus_draft`` of context ``ctx`` over the ring and table,
+    votes included, zero past the chain."""
+    from suffixspec.native import vllm_suffix
+
+    length, tokens, c, n = draft
+    chain = np.zeros(k, np.int64)
+    votes = np.zeros((k, 2), np.int64)
+    g_len, g_n = vllm_suffix.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
+    assert length.item() == g_len
+    if g_len:
+        assert tokens[0, :g_n].tolist() == chain[:g_n].tolist()
+        assert c[0].tolist() == votes[:, 0].tolist() and n[0].tolist() == votes[:, 1].tolist()
+        assert (c[0, g_n:] == 0).all()

@@ -15,6 +15,8 @@ from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, vote_over  # noqa
 from suffixspec.device.draft_ref import context_tail  # noqa: E402
 from suffixspec.native import vllm_suffix as gpu  # noqa: E402
 
+import naive_device as naive  # noqa: E402
+
 CHECKED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STAMP_MASK = (1 << 40) - 1  # a value's slot and position, without its stamp
 WIDTH = 48  # the history rows' room
@@ -62,39 +64,6 @@ def test_indexing_as_rows_grow_equals_indexing_them_whole(texts, gain):
     assert ((grown.table & STAMP_MASK) == (whole.table & STAMP_MASK)).all()
 
 
-@CHECKED
-@given(texts_st, st.data())
-def test_the_live_corpus_drafts_as_the_corpus_over_the_other_rows(texts, data):
-    """One row's draft equals ``vllm_suffix.corpus_draft`` over a ring of every
-    other row as a document of its own (in slot order), votes included."""
-    hist, total = _rows(texts)
-    own = data.draw(st.integers(0, len(texts) - 1))
-    k, depth = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
-    buckets = gpu.buckets_for(200)
-    live = LiveCorpus(len(texts), WIDTH, buckets=buckets)
-    for s in range(len(texts)):
-        live.start(s, 1)
-    live.index(hist, total, torch.arange(len(texts)))
-    ring = np.full(200, -1, np.int32)
-    table = np.full((2, buckets, gpu.SLOTS), -1, np.int64)
-    head = np.zeros(2, np.int64)
-    for s, t in enumerate(texts):
-        if s != own:
-            row = np.asarray(t, np.int32)
-            gpu.ingest(ring, table, head, row, 0, row.shape[0])
-    ctx = np.asarray(texts[own], np.int32)
-    rows = torch.tensor([own])
-    tail = context_tail(hist, total.to(torch.int64)[rows], max(depth, 4), rows)
-    length, tokens, c, n = live.draft(hist, total, rows, tail, depth, k)
-    chain = np.zeros(k, np.int64)
-    votes = np.zeros((k, 2), np.int64)
-    g_len, g_n = gpu.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
-    assert length.item() == g_len
-    if g_len:
-        assert tokens[0, :g_n].tolist() == chain[:g_n].tolist()
-        assert c[0].tolist() == votes[:, 0].tolist() and n[0].tolist() == votes[:, 1].tolist()
-
-
 def test_a_slot_taken_again_drafts_nothing_of_its_old_request():
     """Entries left by a slot's earlier request name positions of the new one:
     checked like any candidate, never read past the row's end."""
@@ -135,7 +104,8 @@ def test_a_row_never_drafts_from_itself():
 def test_the_corpus_and_the_open_outputs_vote_as_one_corpus(finished, texts, data):
     """``vote_over`` the ring's and the live corpus's candidates equals the
     corpus's Numba twin over one ring holding the finished outputs, then the
-    other rows (newer), each a document of its own."""
+    other rows (newer, in slot order), each a document of its own; with no
+    finished outputs, the live corpus's own draft does."""
     buckets = gpu.buckets_for(400)
     corpus = DeviceCorpus(400)
     for doc in finished:
@@ -155,16 +125,10 @@ def test_the_corpus_and_the_open_outputs_vote_as_one_corpus(finished, texts, dat
         gpu.ingest(ring, table, head, row, 0, row.shape[0])
     rows = torch.tensor([own])
     tail = context_tail(hist, total.to(torch.int64)[rows], max(depth, 4), rows)
-    length, tokens, c, n = vote_over([corpus.candidates(tail),
-                                      live.candidates(hist, total, rows, tail)], tail, depth, k)
-    ctx = np.asarray(texts[own], np.int32)
-    chain = np.zeros(k, np.int64)
-    votes = np.zeros((k, 2), np.int64)
-    g_len, g_n = gpu.corpus_draft(ctx, ctx.shape[0], ring, table, depth, k, chain, votes)
-    assert length.item() == g_len
-    if g_len:
-        assert tokens[0, :g_n].tolist() == chain[:g_n].tolist()
-        assert c[0].tolist() == votes[:, 0].tolist() and n[0].tolist() == votes[:, 1].tolist()
+    both = (vote_over([corpus.candidates(tail), live.candidates(hist, total, rows, tail)], tail,
+                      depth, k) if finished else live.draft(hist, total, rows, tail, depth, k))
+    naive.assert_drafts_as_corpus_twin(both, np.asarray(texts[own], np.int32), ring, table,
+                                       depth, k)
 
 
 def test_an_open_output_outvotes_a_finished_one_on_a_tie():
