@@ -210,8 +210,16 @@ class LiveCorpus:
         end = total_len[slots].to(torch.int64)
         at = end[:, None] - self.window + torch.arange(self.window, device=end.device)
         use = (at >= self.indexed[slots][:, None]) & (at >= 0)
-        rows = hist[slots].to(torch.int64)
-        b4, b2 = _hashes(rows, at.clamp(min=0), 0, self.buckets)
+        # The 4 tokens before each position (0 before the row's start), gathered alone.
+        src = at[:, :, None] - 1 - torch.arange(4, device=at.device)          # [B, W, 4]
+        before = hist[slots[:, None, None], src.clamp(0, hist.shape[1] - 1)].to(torch.int64)
+        before = torch.where(src >= 0, before, 0)
+        hv = torch.zeros_like(at)
+        for d in range(4):
+            hv = (hv ^ before[..., d]) * HASH_MUL
+            if d == 1:
+                b2 = _bucket(hv, self.buckets)
+        b4 = _bucket(hv, self.buckets)
         val = (self.stamp << _STAMP_SHIFT) | (slots[:, None] << _SLOT_SHIFT) | at.clamp(min=0)
         entry = (slots % SLOTS)[:, None]
         for t, (b, key) in enumerate(((b4, 4), (b2, 2))):
