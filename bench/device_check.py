@@ -220,8 +220,6 @@ def _state(device, b: int, history: int, max_len: int, rng):
 def _step_fn(device, state):
     from suffixspec.device.draft_ref import draft_step, fused_ref
 
-    from suffixspec.device.corpus import vote_over
-
     spec, hist, total, windows, calibration, corpus, paths, out, idx, sampled, live = state
     cuda = device.type == "cuda"
     if cuda:
@@ -230,11 +228,10 @@ def _step_fn(device, state):
     depth = spec.scan_depth
 
     def both(tail):  # the corpus and the open outputs vote together, as the speculator's
-        live.index(hist, total, idx)
         if cuda:
+            live.index(hist, total, idx)
             return corpus_triton(corpus, tail, depth, K, live=(live, hist, total, idx))
-        return vote_over([corpus.candidates(tail), live.candidates(hist, total, idx, tail)],
-                         tail, depth, K)
+        return live.index_and_vote(corpus.candidates, hist, total, idx, depth, K)
 
     def step():
         scan = (scan_triton(hist, total[idx], idx, depth) if cuda else None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from suffixspec.device.draft_ref import context_tail
 from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buckets_for,
                                            corpus_draft, family_match, local_match)
 
@@ -236,6 +237,16 @@ class LiveCorpus:
         tokens are ``tail`` (as ``DeviceCorpus.draft``): ``(match length,
         tokens, c, n)``."""
         return vote_over([self.candidates(hist, total_len, slots, tail)], tail, depth, k)
+
+    def index_and_vote(self, ring, hist: torch.Tensor, total_len: torch.Tensor,
+                       slots: torch.Tensor, depth: int, k: int):
+        """The device's corpus draft in torch ops: rows ``slots`` take their new
+        tokens (``index``), then the ring's candidates (``ring(tail)``, e.g.
+        ``DeviceCorpus.candidates``) and these vote together (``vote_over``)."""
+        self.index(hist, total_len, slots)
+        tail = context_tail(hist, total_len[slots].to(torch.int64), max(depth, 4), slots)
+        return vote_over([ring(tail), self.candidates(hist, total_len, slots, tail)], tail,
+                         depth, k)
 
     def candidates(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor,
                    tail: torch.Tensor):

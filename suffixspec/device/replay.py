@@ -26,10 +26,9 @@ from suffixspec.native import vllm_suffix as gpu
 from suffixspec.proposer import SuffixProposer
 from suffixspec.tokens import as_token_ids
 from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_SCAN, FROM_SHORT,
-                                         StepOutputs, context_tail, draft_step)
+                                         StepOutputs, draft_step)
 from suffixspec.device.corpus import (LiveCorpus, OneTokenPaths, corpus_on_host,
-                                      family_scan_on_host, ring_candidates, scan_on_host,
-                                      vote_over)
+                                      family_scan_on_host, ring_candidates, scan_on_host)
 from suffixspec.device.fit import fit_batch
 from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec, family_row,
                                       family_width)
@@ -220,14 +219,11 @@ class DeviceWindowsProposer:
             corpus = corpus_on_host(self.hist, self.total, slots, self.corpus, self.table,
                                     depth, self.spec.k)
         else:  # the corpus's candidates and the open outputs' vote together
-            hist, total, rows = (torch.from_numpy(x) for x in (self.hist, self.total, slots))
             self.live.tick()
-            self.live.index(hist, total, rows)
-            tail = context_tail(hist, total.to(torch.int64)[rows], max(depth, 4), rows)
-            corpus = vote_over([ring_candidates(torch.from_numpy(self.corpus),
-                                                torch.from_numpy(self.table), tail),
-                                self.live.candidates(hist, total, rows, tail)],
-                               tail, depth, self.spec.k)
+            ring, table = torch.from_numpy(self.corpus), torch.from_numpy(self.table)
+            corpus = self.live.index_and_vote(
+                lambda tail: ring_candidates(ring, table, tail), torch.from_numpy(self.hist),
+                torch.from_numpy(self.total), torch.from_numpy(slots), depth, self.spec.k)
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,

@@ -49,7 +49,7 @@ except ImportError:  # no vLLM (the device check on a bare GPU machine): the sam
     BaseSpeculator = object
 
 from suffixspec.device.corpus import (DeviceCorpus, LiveCorpus, OneTokenPaths, corpus_on_host,
-                                      family_scan_on_host, scan_on_host, vote_over)
+                                      family_scan_on_host, scan_on_host)
 from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
                                          fused_ref)
 from suffixspec.device.graphs import Replay
@@ -267,12 +267,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         corpus = None
         if self.live is not None:  # the batch rows' new tokens, then both vote (torch)
             rs = self.req_states
-            hist, total, idx = rs.all_token_ids.gpu, rs.total_len.gpu, self._idx[:n]
-            self.live.index(hist, total, idx)
-            tail = context_tail(hist, total[idx].to(torch.int64), max(depth, 4), idx)
-            corpus = vote_over([self.corpus.candidates(tail),
-                                self.live.candidates(hist, total, idx, tail)], tail, depth,
-                               self.k)
+            corpus = self.live.index_and_vote(self.corpus.candidates, rs.all_token_ids.gpu,
+                                              rs.total_len.gpu, self._idx[:n], depth, self.k)
         elif self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
