@@ -136,10 +136,9 @@ def correctness(device, cases: int, batches=(1, 8, 32, 64)) -> dict:
 
 def live_mismatches(device, cases: int, rng) -> int:
     """The open outputs' corpus (``LiveCorpus``) indexing rows as they grow,
-    its candidates voting with a corpus's (``vote_over``): on ``device``
-    against the same on CPU tensors, and on a GPU the Triton vote
-    (``corpus_triton(..., live=...)``) against the torch one; cases that differ."""
-    from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, vote_over
+    then drafting: on ``device`` against the same on CPU tensors, and on a GPU
+    the Triton vote (``live_triton``) against the torch one; cases that differ."""
+    from suffixspec.device.corpus import LiveCorpus
     from suffixspec.device.draft_ref import context_tail
 
     bad = 0
@@ -147,12 +146,8 @@ def live_mismatches(device, cases: int, rng) -> int:
         hist = torch.from_numpy(rng.integers(0, 4, (16, 200)).astype(np.int32))
         slots = torch.from_numpy(rng.choice(16, 8, replace=False))
         final = torch.from_numpy(rng.integers(8, 201, 16).astype(np.int32))
-        docs = [torch.from_numpy(rng.integers(0, 4, 40).astype(np.int32)) for _ in range(12)]
         results = []
         for dev in (torch.device("cpu"), device):
-            corpus = DeviceCorpus(4096, dev)
-            for doc in docs:
-                corpus.ingest(doc.to(dev))
             live = LiveCorpus(16, 2 * (K + 1), device=dev)
             h, s = hist.to(dev), slots.to(dev)
             for slot in range(16):
@@ -164,12 +159,11 @@ def live_mismatches(device, cases: int, rng) -> int:
                 live.index(h, shown.to(dev), s)
             total = shown.to(dev)
             tail = context_tail(h, total[s].to(torch.int64), 24, s)
-            results.append([x.cpu() for x in vote_over(
-                [corpus.candidates(tail), live.candidates(h, total, s, tail)], tail, 24, K)])
+            results.append([x.cpu() for x in live.draft(h, total, s, tail, 24, K)])
             if dev.type == "cuda":
-                from suffixspec.device.draft_triton import corpus_triton
+                from suffixspec.device.draft_triton import live_triton
 
-                got = corpus_triton(corpus, tail, 24, K, live=(live, h, total, s))
+                got = live_triton(live, h, total, s, tail, 24, K)
                 results.append([x.cpu() for x in got])
         bad += not all(all(torch.equal(a, c) for a, c in zip(results[0], r))
                        for r in results[1:])
@@ -224,22 +218,26 @@ def _step_fn(device, state):
     cuda = device.type == "cuda"
     if cuda:
         from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                    fused_triton, scan_triton)
+                                                    fused_triton, live_triton, scan_triton)
     depth = spec.scan_depth
 
-    def both(tail):  # the corpus and the open outputs vote together, as the speculator's
+    def ring(tail):
+        return corpus_triton(corpus, tail, depth, K) if cuda else corpus.draft(tail, depth, K)
+
+    def open_outputs(tail):  # the batch rows' new tokens, then their draft, as the speculator's
+        live.index(hist, total, idx)
         if cuda:
-            live.index(hist, total, idx)
-            return corpus_triton(corpus, tail, depth, K, live=(live, hist, total, idx))
-        return live.index_and_vote(corpus.candidates, hist, total, idx, depth, K)
+            return live_triton(live, hist, total, idx, tail, depth, K)
+        return live.draft(hist, total, idx, tail, depth, K)
 
     def step():
         scan = (scan_triton(hist, total[idx], idx, depth) if cuda else None)
         family = (family_scan_triton(windows.family, windows.family_len, hist, total[idx], idx,
                                      depth) if cuda else None)
         return draft_step(hist, total, idx, sampled, windows, calibration, K, 152_000, out,
-                          scan=scan, scan_depth=depth, family_scan=family, corpus=both,
-                          short=paths.draft, fused=fused_triton if cuda else fused_ref)
+                          scan=scan, scan_depth=depth, family_scan=family, corpus=ring,
+                          short=paths.draft, fused=fused_triton if cuda else fused_ref,
+                          live=open_outputs)
 
     def scan_only():
         if cuda:

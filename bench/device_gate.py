@@ -53,7 +53,7 @@ RUNS = {  # name -> (engine, settings)
     "device, no family row": ("suffixspec-device", dict(K16, family=False)),
     "device, no live corpus": ("suffixspec-device", dict(K16, live=False)),
 }
-SOURCES = ("window", "scan", "corpus", "short", "family", "none")
+SOURCES = ("window", "scan", "corpus", "live", "short", "family", "none")
 OPTIONAL = ("device, no arbiter", "device, no family row",
             "device, no live corpus")  # A/Bs, run when asked
 

@@ -96,11 +96,13 @@ def family_match(family, ctx, depth):
 
 
 def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
-              k, vocab, head, scan_depth=24, extra=(), reference=False, family=None):
+              k, vocab, head, scan_depth=24, extra=(), reference=False, family=None,
+              live=None):
     """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
     [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
     n, match, source)`` after the scan (``None``: none); ``family`` the slot's
-    family row (a list; None: none), its candidate after them; ``reference``:
+    family row (a list; None: none), its candidate after them; ``live`` the open
+    outputs' draft ``(tokens, c, n, match)`` (None: none), last; ``reference``:
     the scan's continuation rates the other candidates' tokens.  Returns
     ``(tokens, q, p, buckets, choice, match, recent)``."""
     recent = recent_of(last_valid, sampled)
@@ -141,6 +143,9 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
         f_len, f_end = family_match(family, ctx, scan_depth)
         f_tok = list(family[f_end:f_end + k]) if f_len > 0 else []
         cands.append((f_tok, [1] * len(f_tok), [1] * len(f_tok), f_len, cal.SRC_REQUEST))
+    if live is not None:
+        cands.extend([None] * (4 + len(windows) - len(cands)))  # the tiers before it
+        cands.append((*live, cal.SRC_LIVE))
     ref = s_tok if reference else []
     best, best_gain = None, 0.0
     for i, cand in enumerate(cands):

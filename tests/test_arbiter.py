@@ -88,7 +88,7 @@ def test_a_ring_of_k_plus_one_slots_loses_no_pair(steps):
 
 def test_cells_are_distinct_rows():
     seen = set()
-    for source in range(3):
+    for source in range(arbiter.N_SOURCES):
         for m in range(arbiter.N_MATCH):
             for r in range(1, arbiter.N_REFERENCE + 1):
                 for later in range(arbiter.N_PART):

@@ -263,32 +263,37 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     assert after < 0.5 * before
 
 
-def test_a_table_kept_by_suffixspec_0_1_keeps_every_row_but_the_dropped_source():
-    old_src = cal.N_SRC_0_1
-    old_coarse = old_src * cal.N_SHARED
-    rows = cal.N_SHARED + old_coarse + old_coarse * cal.N_RECENT * cal.N_DEPTH
-    old = np.random.default_rng(0).random((rows, 2))
+@pytest.mark.parametrize("version", sorted(cal.EARLIER_LAYOUTS))
+def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_all_share(version):
+    old_src, planes = cal.EARLIER_LAYOUTS[version]
+    old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
+    old_coarse = old_src * cal.N_SHARED
+    old_plane = old_coarse * (1 + cal.N_RECENT * cal.N_DEPTH)
     rng = np.random.default_rng(1)
-    for _ in range(500):  # a bucket's rows hold what 0.1 kept for it, at 0.1's row numbers
+    for _ in range(1000):  # a bucket's rows hold what the old table kept for it, at its rows
         src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
+        agree = rng.integers(cal.N_AGREE)
         n = rng.integers(1, 40)
-        fine = cal.bucket(src + cal.N_SRC * recent, rng.integers(0, 40), rng.integers(0, 12),
-                          rng.integers(1, n + 1), n)
+        fine = cal.bucket(cal.with_agreement(src + cal.N_SRC * recent, agree),
+                          rng.integers(0, 40), rng.integers(0, 12), rng.integers(1, n + 1), n)
         shared, depth = cal.shared_of(fine), (fine - cal.N_SHARED - cal.N_COARSE) % cal.N_DEPTH
-        old_fine = (cal.N_SHARED + old_coarse
+        assert np.array_equal(new[shared], old[shared])
+        if src >= cal.N_SRC_KEPT or agree >= planes:  # a row the old table did not have
+            assert not new[fine].any() and not new[cal.coarse_of(fine)].any()
+            continue
+        base = cal.N_SHARED + agree * old_plane
+        old_fine = (base + old_coarse
                     + ((src * cal.N_SHARED + shared) * cal.N_RECENT + recent) * cal.N_DEPTH + depth)
         assert np.array_equal(new[fine], old[old_fine])
-        assert np.array_equal(new[cal.coarse_of(fine)], old[cal.N_SHARED + src * cal.N_SHARED
-                                                           + shared])
-        assert np.array_equal(new[shared], old[shared])
+        assert np.array_equal(new[cal.coarse_of(fine)], old[base + src * cal.N_SHARED + shared])
+    # Every row kept once: only the rows of a source no longer drafted are gone.
+    lost = old_plane // old_src * max(old_src - cal.N_SRC_KEPT, 0) * planes
+    assert (new[:, 1] > 0).sum() == old.shape[0] - lost
+
+
+def test_a_table_of_no_known_layout_is_not_upgraded():
     assert cal.upgrade_table(np.zeros((3, 2))) is None
-
-
-def test_a_table_kept_by_suffixspec_0_2_keeps_every_row_and_gains_empty_planes():
-    old = np.random.default_rng(0).random((cal.PLANE_ROWS, 2))
-    new = cal.upgrade_table(old)
-    assert new.shape == (cal.TABLE_ROWS, 2)
-    assert np.array_equal(new[:cal.PLANE_ROWS], old)
-    assert not new[cal.PLANE_ROWS:].any()
+    assert cal.upgrade_table(np.zeros((cal.TABLE_ROWS + 1, 2))) is None
+    assert cal.upgrade_table(np.zeros((cal.TABLE_ROWS, 3))) is None

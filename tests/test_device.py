@@ -169,7 +169,7 @@ def _random_windows(data, rows: int, width: int, vocab: int):
         c = [0] * head + data.draw(st.lists(st.integers(0, 5), min_size=size - head,
                                             max_size=size - head))
         n = [0] * head + [ci + data.draw(st.integers(0, 3)) for ci in c[head:]]
-        meta = [data.draw(st.integers(0, cal.N_SRC - 1)), data.draw(st.integers(0, 40)), head,
+        meta = [data.draw(st.integers(0, cal.SRC_LIVE - 1)), data.draw(st.integers(0, 40)), head,
                 size, data.draw(st.integers(0, 40))]
         pad = width - size
         windows.append((tokens + [-1] * pad, c + [0] * pad, n + [0] * pad, meta))
@@ -181,7 +181,8 @@ def _random_windows(data, rows: int, width: int, vocab: int):
 def test_draft_step_is_its_brute_force(data):
     """Tiny vocabularies (windows overlap the context everywhere), empty and
     short windows, -1 padding, prefilling rows, poisoned outputs; family rows
-    with separators, tokens past their length that must not be read."""
+    with separators, tokens past their length that must not be read; the
+    open outputs' draft, scored in rows of its own."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     vocab = data.draw(st.integers(2, 5))
     spec = WindowSpec(rows=data.draw(st.integers(1, 3)), width=data.draw(st.sampled_from([8, 16])),
@@ -202,6 +203,9 @@ def test_draft_step_is_its_brute_force(data):
     calibration.params[:] = torch.tensor(params, dtype=torch.float64)
     idx = data.draw(st.lists(st.integers(0, slots - 1), min_size=b, max_size=b, unique=True))
     sampled = data.draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))
+    with_live = data.draw(st.booleans())
+    live = tuple(torch.zeros((b, spec.k) if f else (b,), dtype=torch.int64) for f in
+                 (0, 1, 1, 1))
     expected = []
     for i, s in enumerate(idx):
         ctx = data.draw(st.lists(st.integers(0, vocab), min_size=1, max_size=40))
@@ -223,17 +227,27 @@ def test_draft_step_is_its_brute_force(data):
             dw.family[s] = torch.tensor(row)
             dw.family_len[s] = length
             family = row[:length]
+        drawn = None
+        if with_live:
+            m = data.draw(st.integers(0, 6))
+            n = data.draw(st.lists(st.integers(1, 4), min_size=spec.k, max_size=spec.k))
+            c = [data.draw(st.integers(0, x)) for x in n]
+            t = data.draw(st.lists(st.integers(0, vocab), min_size=spec.k, max_size=spec.k))
+            live[0][i] = m
+            for field, value in zip(live[1:], (t, c, n)):
+                field[i] = torch.tensor(value)
+            drawn = (t, c, n, m) if m > 0 else ([], [], [], m)  # no match: no candidate
         expected.append(naive.draft_row(
             ctx, sampled[i], last_valid,
             [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
             table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
-            spec.scan_depth, reference=reference, family=family))
+            spec.scan_depth, reference=reference, family=family, live=drawn))
     out = StepOutputs.empty(b + 1, spec.k)
     for field in out.__dataclass_fields__:
         getattr(out, field).fill_(77)  # poison: every written value must be the step's
     got = draft_step(torch.from_numpy(hist), torch.from_numpy(total), torch.tensor(idx),
                      torch.tensor(sampled), dw, calibration, spec.k, vocab, out,
-                     scan_depth=spec.scan_depth)
+                     scan_depth=spec.scan_depth, live=live if with_live else None)
     for i, (tokens, qs, ps, fines, choice, m, recent) in enumerate(expected):
         n = got.num_valid[i].item()
         assert n == len(tokens)

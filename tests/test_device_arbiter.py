@@ -14,14 +14,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from suffixspec.device.cases import random_case  # noqa: E402
-from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_NOTHING,  # noqa: E402
-                                         FROM_SCAN, FROM_SHORT, PAIR_CELL, PAIR_PICK,
+from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_LIVE,  # noqa: E402
+                                         FROM_NOTHING, FROM_SCAN, FROM_SHORT, PAIR_CELL, PAIR_PICK,
                                          PAIR_REFERENCE, fused_ref)
 from suffixspec.device.layout import P_ARBITRATE, P_REFERENCE, W_SOURCE  # noqa: E402
 from suffixspec.native import arbiter  # noqa: E402
@@ -55,7 +55,8 @@ def _source(choice: int, slot: int, meta) -> int:
     if choice >= 0:
         return min(int(meta[slot, choice, W_SOURCE]), lay.FROM_ANCHOR)
     return {FROM_SCAN: lay.FROM_REQUEST, FROM_CORPUS: lay.FROM_CROSS,
-            FROM_SHORT: lay.FROM_CROSS, FROM_FAMILY: lay.FROM_REQUEST}[choice]
+            FROM_SHORT: lay.FROM_CROSS, FROM_FAMILY: lay.FROM_REQUEST,
+            FROM_LIVE: lay.FROM_LIVE}[choice]
 
 
 @settings(max_examples=150, deadline=None)
@@ -113,7 +114,7 @@ def test_the_device_arbitrates_as_the_host_rule_says(seed):
         else:
             assert got.choice[b] == pick.choice[b] and got.buckets[b].tolist() == \
                 pick.buckets[b].tolist()
-    assert got.choice.min() >= min(FROM_FAMILY, FROM_NOTHING)
+    assert got.choice.min() >= min(FROM_LIVE, FROM_NOTHING)
 
 
 PRESET_SCORED = arbiter.DEVICE_MIN_SCORED
@@ -180,7 +181,8 @@ def test_the_host_scores_the_devices_pairs_and_ships_its_choice(monkeypatch):
     assert q.host.pending.arbiter.sum() == 0 and q.counts["scan"] == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.large_base_example])  # a row per cell
 @given(st.lists(st.tuples(st.floats(-50, 50), st.floats(-50, 50), st.integers(0, 40)),
                 min_size=arbiter.ARB_ROWS, max_size=arbiter.ARB_ROWS))
 def test_the_device_swaps_only_where_the_lead_passes_the_margin(rows):

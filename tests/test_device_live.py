@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from suffixspec.device.corpus import DeviceCorpus, LiveCorpus, vote_over  # noqa: E402
+from suffixspec.device.corpus import LiveCorpus  # noqa: E402
 from suffixspec.device.draft_ref import context_tail  # noqa: E402
 from suffixspec.native import vllm_suffix as gpu  # noqa: E402
 
@@ -98,18 +98,12 @@ def test_a_row_never_drafts_from_itself():
 
 
 @CHECKED
-@given(st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=3),
-       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=5),
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=5),
        st.data())
-def test_the_corpus_and_the_open_outputs_vote_as_one_corpus(finished, texts, data):
-    """``vote_over`` the ring's and the live corpus's candidates equals the
-    corpus's Numba twin over one ring holding the finished outputs, then the
-    other rows (newer, in slot order), each a document of its own; with no
-    finished outputs, the live corpus's own draft does."""
+def test_the_open_outputs_draft_as_one_corpus_of_the_other_rows(texts, data):
+    """``LiveCorpus.draft`` equals the corpus's Numba twin over one ring
+    holding the other rows, in slot order, each a document of its own."""
     buckets = gpu.buckets_for(400)
-    corpus = DeviceCorpus(400)
-    for doc in finished:
-        corpus.ingest(torch.tensor(doc, dtype=torch.int32))
     hist, total = _rows(texts)
     own = data.draw(st.integers(0, len(texts) - 1))
     k, depth = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8))
@@ -120,29 +114,10 @@ def test_the_corpus_and_the_open_outputs_vote_as_one_corpus(finished, texts, dat
     ring = np.full(400, -1, np.int32)
     table = np.full((2, buckets, gpu.SLOTS), -1, np.int64)
     head = np.zeros(2, np.int64)
-    for doc in finished + [t for s, t in enumerate(texts) if s != own]:
+    for doc in [t for s, t in enumerate(texts) if s != own]:
         row = np.asarray(doc, np.int32)
         gpu.ingest(ring, table, head, row, 0, row.shape[0])
     rows = torch.tensor([own])
     tail = context_tail(hist, total.to(torch.int64)[rows], max(depth, 4), rows)
-    both = (vote_over([corpus.candidates(tail), live.candidates(hist, total, rows, tail)], tail,
-                      depth, k) if finished else live.draft(hist, total, rows, tail, depth, k))
-    naive.assert_drafts_as_corpus_twin(both, np.asarray(texts[own], np.int32), ring, table,
-                                       depth, k)
-
-
-def test_an_open_output_outvotes_a_finished_one_on_a_tie():
-    """One vote each for the token after "1 2": the open output is the newer."""
-    corpus = DeviceCorpus(64)
-    corpus.ingest(torch.tensor([1, 2, 5], dtype=torch.int32))
-    hist, total = _rows([[1, 2, 6, 6], [7, 1, 2]])
-    live = LiveCorpus(2, WIDTH)
-    for s in range(2):
-        live.start(s, 1)
-    live.index(hist, total, torch.arange(2))
-    rows = torch.tensor([1])
-    tail = context_tail(hist, total.to(torch.int64)[rows], 4, rows)
-    length, tokens, c, n = vote_over([corpus.candidates(tail),
-                                      live.candidates(hist, total, rows, tail)], tail, 4, 2)
-    assert length.item() == 2 and tokens[0].tolist() == [6, 6]
-    assert c[0].tolist() == [1, 1] and n[0].tolist() == [2, 1]
+    naive.assert_drafts_as_corpus_twin(live.draft(hist, total, rows, tail, depth, k),
+                                       np.asarray(texts[own], np.int32), ring, table, depth, k)

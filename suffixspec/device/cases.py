@@ -34,7 +34,7 @@ def random_case(rng, device="cpu", batch=None):
             c[:head] = 0
             dw.c[s, r, :size] = torch.from_numpy(c)
             dw.n[s, r, :size] = torch.from_numpy(c + rng.integers(0, 3, size))
-            dw.meta[s, r] = torch.tensor([rng.integers(0, cal.N_SRC), rng.integers(0, 40), head,
+            dw.meta[s, r] = torch.tensor([rng.integers(0, cal.SRC_LIVE), rng.integers(0, 40), head,
                                           size, rng.integers(0, 40)])
     calibration = Calibration(device, dtype=torch.float32)
     tried = rng.integers(0, 30, cal.TABLE_ROWS)

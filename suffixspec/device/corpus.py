@@ -15,7 +15,8 @@ step:
   its votes ``(c, n)``, which calibration scores like a trie's counts.
 * ``LiveCorpus``: the same index over the open outputs of the other
   requests in flight, read in place from the device's history rows; its
-  candidates vote with the corpus's (``vote_over``).
+  draft is a candidate of its own, scored in calibration rows of its own
+  (``calibration.SRC_LIVE``).
 * ``OneTokenPaths``: per token id, the pool's most frequent continuation of
   that single token with its counts (``SuffixProposer.one_token_paths``),
   compiled by the host now and then.
@@ -35,7 +36,7 @@ from suffixspec.native.vllm_suffix import (HASH_MUL, PROMPT_CONTEXT, SLOTS, buck
                                            corpus_draft, family_match, local_match)
 
 __all__ = ["DeviceCorpus", "LiveCorpus", "OneTokenPaths", "PROMPT_CONTEXT", "corpus_on_host",
-           "ring_candidates", "scan_on_host", "vote_over"]
+           "scan_on_host", "vote_over"]
 
 _KEYS = (4, 2)  # key lengths of table 0 and table 1
 
@@ -116,35 +117,29 @@ class DeviceCorpus:
         (``[B, >= max(depth, 4)]``, newest first, -2 before the context's start):
         ``(match length, tokens, c, n)`` (``[B]``, ``[B, k]`` x3), length 0
         when no candidate matches (``vllm_suffix.corpus_draft``)."""
-        return vote_over([self.candidates(tail)], tail, depth, k)
+        return vote_over(self.candidates(tail), tail, depth, k)
 
     def candidates(self, tail: torch.Tensor):
         """``(vals, ident, read)`` of the contexts whose last tokens are ``tail``
         (``vote_over``)."""
-        return ring_candidates(self.tokens[:max(self.capacity, 1)], self.table, tail)
+        tokens, table = self.tokens[:max(self.capacity, 1)], self.table
+        cap = tokens.shape[0]
+        b4, b2, _ = _tail_buckets(tail.to(torch.int64), table.shape[1])
+        vals = torch.cat([table[0][b4], table[1][b2]], dim=1)                # [B, C]
+        cpos = vals & 0xFFFFFFFF
 
+        def read(offsets):
+            at = cpos[:, :, None] + offsets
+            inside = (at >= 0) & (at < cap)
+            return torch.where(inside, tokens[at.clamp(0, max(cap - 1, 0))].to(torch.int64), -1)
 
-def ring_candidates(tokens: torch.Tensor, table: torch.Tensor, tail: torch.Tensor):
-    """A ring's candidates (``DeviceCorpus``'s layout: ``tokens`` the ring,
-    ``table`` its hash tables) for the contexts ending in ``tail``."""
-    cap = tokens.shape[0]
-    b4, b2, _ = _tail_buckets(tail.to(torch.int64), table.shape[1])
-    vals = torch.cat([table[0][b4], table[1][b2]], dim=1)                # [B, C]
-    cpos = vals & 0xFFFFFFFF
-
-    def read(offsets):
-        at = cpos[:, :, None] + offsets
-        inside = (at >= 0) & (at < cap)
-        return torch.where(inside, tokens[at.clamp(0, max(cap - 1, 0))].to(torch.int64), -1)
-
-    return vals, cpos, read
+        return vals, cpos, read
 
 
 #: ``LiveCorpus`` values: ``stamp << 40 | slot << 24 | position``.
 _STAMP_SHIFT, _SLOT_SHIFT = 40, 24
 LIVE_STAMPS = 1 << 22  # index calls before the tables start afresh (the stamp's room)
 LIVE_TOKENS = 1 << 18  # open-output tokens the live corpus's tables are sized for
-LIVE_NEWER = 1 << 62  # set in a live candidate's value: newer than a finished output's
 
 
 class LiveCorpus:
@@ -236,30 +231,26 @@ class LiveCorpus:
         """The draft from the other rows for the contexts of ``slots``, whose last
         tokens are ``tail`` (as ``DeviceCorpus.draft``): ``(match length,
         tokens, c, n)``."""
-        return vote_over([self.candidates(hist, total_len, slots, tail)], tail, depth, k)
+        return vote_over(self.candidates(hist, total_len, slots, tail), tail, depth, k)
 
-    def index_and_vote(self, ring, hist: torch.Tensor, total_len: torch.Tensor,
-                       slots: torch.Tensor, depth: int, k: int):
-        """The device's corpus draft in torch ops: rows ``slots`` take their new
-        tokens (``index``), then the ring's candidates (``ring(tail)``, e.g.
-        ``DeviceCorpus.candidates``) and these vote together (``vote_over``)."""
+    def index_and_draft(self, hist: torch.Tensor, total_len: torch.Tensor,
+                        slots: torch.Tensor, depth: int, k: int):
+        """Rows ``slots`` take their new tokens (``index``), then ``draft``s."""
         self.index(hist, total_len, slots)
         tail = context_tail(hist, total_len[slots].to(torch.int64), max(depth, 4), slots)
-        return vote_over([ring(tail), self.candidates(hist, total_len, slots, tail)], tail,
-                         depth, k)
+        return self.draft(hist, total_len, slots, tail, depth, k)
 
     def candidates(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor,
                    tail: torch.Tensor):
         """``(vals, ident, read)`` from the other rows for the contexts of
-        ``slots`` (``vote_over``); each counts as newer than any finished
-        output's (``LIVE_NEWER`` set in its value)."""
+        ``slots`` (``vote_over``)."""
         b4, b2, _ = _tail_buckets(tail.to(torch.int64), self.buckets)
         vals = torch.cat([self.table[0][b4], self.table[1][b2]], dim=1)      # [B, C]
         where = vals & ((1 << _STAMP_SHIFT) - 1)
         c_slot = (where >> _SLOT_SHIFT).clamp(max=hist.shape[0] - 1)
         c_pos = where & ((1 << _SLOT_SHIFT) - 1)
         own = slots.to(torch.int64)[:, None]
-        vals = torch.where((vals >= 0) & (c_slot != own), vals | LIVE_NEWER, -1)
+        vals = torch.where((vals >= 0) & (c_slot != own), vals, -1)
         ends = total_len.to(torch.int64)[c_slot]                             # [B, C]
         width = hist.shape[1]
 
@@ -269,27 +260,19 @@ class LiveCorpus:
             got = hist[c_slot[:, :, None], at.clamp(0, width - 1)].to(torch.int64)
             return torch.where(inside, got, -1)
 
-        return vals, where | LIVE_NEWER, read
+        return vals, where, read
 
 
-def vote_over(parts, tail: torch.Tensor, depth: int, k: int):
-    """The draft of every candidate of ``parts`` (``(vals, ident, read)`` each,
-    ``SLOTS`` keyed by 4 tokens then ``SLOTS`` by 2) voting together (``vote``):
-    ``(match length, tokens, c, n)``."""
+def vote_over(part, tail: torch.Tensor, depth: int, k: int):
+    """The draft of the candidates ``part`` (``(vals, ident, read)``: ``SLOTS``
+    keyed by 4 tokens then ``SLOTS`` by 2) voting (``vote``): ``(match length,
+    tokens, c, n)``."""
     tail = tail.to(torch.int64)
     if tail.shape[1] < max(depth, 4):
         raise ValueError(f"a corpus draft needs the last {max(depth, 4)} tokens")
     _, _, held = _tail_buckets(tail, 2)
-    vals = torch.cat([p[0] for p in parts], dim=1)
-    ident = torch.cat([p[1] for p in parts], dim=1)
-    cuts = [p[0].shape[1] for p in parts]
-
-    def read(offsets):
-        return torch.cat([p[2](offsets) for p in parts], dim=1)
-
-    key_len = torch.cat([torch.where(torch.arange(n, device=vals.device) < SLOTS, 4, 2)
-                         for n in cuts])
-    return vote(vals, ident, read, tail[:, :depth], held, k, key_len)
+    vals, ident, read = part
+    return vote(vals, ident, read, tail[:, :depth], held, k)
 
 
 def _tail_buckets(tail: torch.Tensor, buckets: int):
@@ -304,7 +287,7 @@ def _tail_buckets(tail: torch.Tensor, buckets: int):
     return _bucket(hv, buckets), b2, (tail[:, :4] >= 0).sum(dim=1)
 
 
-def vote(vals, ident, read, tail, held, k: int, key_len=None):
+def vote(vals, ident, read, tail, held, k: int):
     """The draft of the candidates ``vals`` (``[B, C]``, -1 none; the first
     ``SLOTS`` keyed by 4 tokens, the rest by 2; larger is newer) for contexts
     whose last tokens are ``tail`` (``[B, depth]``, newest first): each
@@ -314,14 +297,12 @@ def vote(vals, ident, read, tail, held, k: int, key_len=None):
     (the most votes, then the newest); the chain of the best running product
     of vote shares drafts.  ``read(offsets)`` gives each candidate's tokens at
     those offsets from its position (``[B, C, len(offsets)]``, -1 where it
-    has none).  ``key_len``: each candidate's key length, when not the layout
-    above.  ``(match length, tokens, c, n)`` as ``DeviceCorpus.draft``."""
+    has none).  ``(match length, tokens, c, n)`` as ``DeviceCorpus.draft``."""
     dev = vals.device
     b, c = vals.shape
     depth = tail.shape[1]
     cand = torch.arange(c, device=dev)
-    if key_len is None:
-        key_len = torch.where(cand < SLOTS, 4, 2)
+    key_len = torch.where(cand < SLOTS, 4, 2)
     d = torch.arange(depth, device=dev)
     same = (vals[:, :, None] >= 0) & (read(-1 - d) == tail[:, None, :])  # [B, C, D]
     c_len = same.to(torch.int64).cumprod(dim=2).sum(dim=2)               # [B, C]

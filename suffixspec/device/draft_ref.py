@@ -60,18 +60,20 @@ from dataclasses import dataclass
 import torch
 
 from suffixspec.native import arbiter, calibration as cal
-from suffixspec.native.layout import FROM_ANCHOR
+from suffixspec.native.layout import FROM_ANCHOR, FROM_LIVE as PICK_LIVE
 from suffixspec.device import calib
 from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE,
                                       P_THR, P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD,
                                       W_LEN, W_MATCH, W_SOURCE, Calibration, DeviceWindows)
 
 #: ``StepOutputs.choice``: drafted from the own-history scan, the pool's device
-#: corpus, the pool's one-token paths, the family row; nothing drafted.
+#: corpus, the pool's one-token paths, the family row, the open outputs of the
+#: other requests; nothing drafted.
 FROM_SCAN = -2
 FROM_CORPUS = -3
 FROM_SHORT = -4
 FROM_FAMILY = -5
+FROM_LIVE = -6
 FROM_NOTHING = -1
 
 #: ``StepOutputs.pair``'s fields.
@@ -209,7 +211,7 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
 
 
 #: Sources of the direct candidates (``direct_candidates``), in their order.
-DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS, cal.SRC_REQUEST)
+DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS, cal.SRC_REQUEST, cal.SRC_LIVE)
 
 
 @functools.cache
@@ -220,14 +222,15 @@ def direct_sources(device: torch.device) -> torch.Tensor:
 
 
 def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None,
-                      family=None):
+                      family=None, live=None):
     """The candidates found apart from the windows, ``(tokens, c, n, match)``
     (``[B, X, k]`` x3, ``[B, X]``; int64), in the order of ``DIRECT_SOURCES``:
     the own history (``scan``: ``(length, end)``; a continuation seen once),
     the pool's device corpus (``corpus``: its draft and votes), the pool's
     one-token paths (``short``), the family row (``family``: the batch's rows,
-    their lengths and their scan's ``(length, end)``; seen once).  A missing
-    one drafts nothing."""
+    their lengths and their scan's ``(length, end)``; seen once), the other
+    requests' open outputs (``live``: their draft and votes).  A missing one
+    drafts nothing."""
     b = total.shape[0]
     dev = total.device
     j = torch.arange(k, device=dev)
@@ -244,7 +247,7 @@ def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None,
         f_tok = rows.gather(1, f_at.clamp(0, rows.shape[1] - 1)).to(torch.int64)
         f_one = ((f_len[:, None] > 0) & (f_at < lengths.to(torch.int64)[:, None])).to(torch.int64)
         family = (f_len, f_tok, f_one, f_one)
-    for extra in (corpus, short, family):
+    for extra in (corpus, short, family, live):
         if extra is None:
             extra = (torch.zeros(b, dtype=torch.int64, device=dev), zero, zero, zero)
         e_len, e_tok, e_c, e_n = (x.to(torch.int64) for x in extra)
@@ -260,7 +263,7 @@ def direct_candidates(hist, slots, total, k: int, scan, corpus=None, short=None,
 def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
                calibration: Calibration, k: int, vocab_size: int, out: StepOutputs,
                scan=None, scan_depth: int = 24, corpus=None, short=None,
-               family_scan=None, fused=None) -> StepOutputs:
+               family_scan=None, fused=None, live=None) -> StepOutputs:
     """Drafts for the batch rows ``idx`` (slots); see the module docstring.
 
     ``hist`` (int32 ``[slots, max_len]``) and ``total_len`` (``[slots]``) are
@@ -273,7 +276,9 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
     (``corpus.DeviceCorpus.draft``, ``corpus.OneTokenPaths.draft``).
     ``family_scan``: the family rows' match ``(length, end)`` per row, when
     computed apart; else computed here (none where ``windows.spec.family`` is
-    0).  ``fused``: what aligns, scores and
+    0).  ``live``: the open outputs' draft, or a function of the context's
+    last tokens that gives it (``corpus.LiveCorpus.draft``; its rows indexed
+    before).  ``fused``: what aligns, scores and
     writes (``fused_ref``, or the Triton kernel's launcher).  Writes the
     first ``B`` rows of ``out`` and returns them; updates the slots' state.
     """
@@ -285,8 +290,10 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
     tail = context_tail(hist, total, windows.spec.head, slots)           # [B, D]
     if scan is None:
         scan = own_history_scan(hist[slots], total, scan_depth)
-    if callable(corpus):
-        corpus = corpus(context_tail(hist, total, max(scan_depth, 4), slots))
+    if callable(corpus) or callable(live):
+        deep = context_tail(hist, total, max(scan_depth, 4), slots)
+        corpus = corpus(deep) if callable(corpus) else corpus
+        live = live(deep) if callable(live) else live
     if callable(short):
         short = short(tail[:, 0])
     family = None
@@ -295,7 +302,7 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
         if family_scan is None:
             family_scan = suffix_scan(rows, lengths, context_tail(hist, total, scan_depth, slots))
         family = (rows, lengths, family_scan)
-    direct = direct_candidates(hist, slots, total, k, scan, corpus, short, family)
+    direct = direct_candidates(hist, slots, total, k, scan, corpus, short, family, live)
     o = out.rows(b)
     (fused or fused_ref)(tail, total, sampled, recent, slots, windows, direct, calibration, k,
                          vocab_size, o)
@@ -409,7 +416,8 @@ def _arbitrate(best, drafts_ok, tokens, kept, match, origin, has_ref, sampled, r
     same = ((pick_tok == ref_tok) & pick_kept & ref_kept).to(torch.int64).cumprod(dim=1).sum(1)
     paired = (has_ref & (calibration.params[P_ARBITRATE] > 0) & (sampled > 0)
               & ~((same == n_pick) & (same == n_ref)))
-    source = origin.gather(1, best[:, None])[:, 0].clamp(max=FROM_ANCHOR)
+    source = origin.gather(1, best[:, None])[:, 0]
+    source = torch.where(source == cal.SRC_LIVE, PICK_LIVE, source.clamp(max=FROM_ANCHOR))
     m = match.gather(1, best[:, None])[:, 0]
     policy = torch.where(n_pick > 0, source * arbiter.N_MATCH + m.clamp(max=arbiter.N_MATCH - 1),
                          arbiter.N_POLICY - 1)

@@ -25,7 +25,7 @@ from suffixspec.device.layout import (P_DEPTH, P_FACTOR, P_OFFSET, P_THR, P_W_CO
                                       P_W_SHARED, W_AT, W_FIELDS, W_HEAD, W_LEN, W_MATCH,
                                       W_SOURCE, Calibration, DeviceWindows)
 from suffixspec.native import arbiter, calibration as cal
-from suffixspec.native.layout import FROM_ANCHOR
+from suffixspec.native.layout import FROM_ANCHOR, FROM_LIVE
 
 
 @triton.jit
@@ -149,6 +149,7 @@ def _fused_kernel(
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
+    PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr,
     PAIR_FIELDS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -253,7 +254,8 @@ def _fused_kernel(
     has_ref = tl.sum(tl.where(j == 0, ref_ok.to(tl.int32), 0), axis=0) > 0
     paired = (has_ref & (tl.load(params_ptr + 8) > 0) & live
               & ~((same == n_pick) & (same == n_ref)))
-    policy = tl.where(n_pick > 0, tl.minimum(best_src, FROM_ANCHOR) * A_MATCH
+    pick_src = tl.where(best_src == SRC_LIVE, PICK_LIVE, tl.minimum(best_src, FROM_ANCHOR))
+    policy = tl.where(n_pick > 0, pick_src * A_MATCH
                       + tl.minimum(best_m, A_MATCH - 1), A_POLICY - 1)
     reference = tl.minimum(tl.maximum(ref_m, 1), A_REFERENCE) - 1
     cell = (policy * A_REFERENCE + reference) * A_PART + (same > 0).to(tl.int64)
@@ -348,49 +350,39 @@ def family_scan_triton(family, family_len, hist, total, slots, depth: int, block
 
 
 @triton.jit
-def _tokens_at(corpus_ptr, rows_ptr, at, mask, is_ring, base, other, LIVE: tl.constexpr):
-    """Each candidate's tokens at positions ``at`` (``[C, X]``): the ring's for
-    ring lanes, the rows' (``base`` + position) for live lanes."""
-    got = tl.load(corpus_ptr + at, mask=mask & is_ring[:, None], other=other).to(tl.int64)
-    if LIVE:
-        row = tl.load(rows_ptr + base[:, None] + at, mask=mask & ~is_ring[:, None],
-                      other=other).to(tl.int64)
-        got = tl.where(is_ring[:, None], got, row)
-    return got
+def _tokens_at(tokens_ptr, at, mask, base, other):
+    """Each candidate's tokens at positions ``at`` (``[C, X]``) of its row
+    (``base``: the row's first token)."""
+    return tl.load(tokens_ptr + base[:, None] + at, mask=mask, other=other).to(tl.int64)
 
 
 @triton.jit
 def _corpus_kernel(
     tail_ptr,        # *int64  [B, T]  each context's last tokens, newest first (-2: none)
     tail_stride,
-    corpus_ptr,      # *int32  [C]     the ring (-1 separates documents)
-    table_ptr,       # *int64  [2, NB, SLOTS]
+    tokens_ptr,      # *int32  the ring [C] (-1 separates documents); LIVE: the history rows
+    table_ptr,       # *int64  [2, NB, SLOTS]  the ring's tables; LIVE: the live corpus's
     length_ptr,      # *int64  [B]     (out) match length, 0: none
-    tokens_ptr,      # *int64  [B, K]  (out)
+    out_ptr,         # *int64  [B, K]  (out) tokens
     c_ptr,           # *int64  [B, K]  (out) votes for each token
     n_ptr,           # *int64  [B, K]  (out) candidates still matching
-    cap,
-    rows_ptr,        # LIVE: *int32 [slots, row_stride]  the history rows
-    row_stride,
-    live_ptr,        # LIVE: *int64 [2, LNB, SLOTS]       the live corpus's tables
+    cap,             # the ring's tokens
+    row_stride,      # LIVE: the history rows' stride
     total_ptr,       # LIVE: *int64 [slots]  each row's tokens
     own_ptr,         # LIVE: *int64 [B]      each context's own slot
     HASH_MUL: tl.constexpr, NB: tl.constexpr, SLOTS: tl.constexpr, DEPTH: tl.constexpr,
     DEPTH_PO2: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr, LIVE: tl.constexpr,
-    LNB: tl.constexpr,
 ):
-    """``corpus.DeviceCorpus.draft`` for one row per program; with ``LIVE``, the
-    live corpus's candidates vote beside the ring's (``corpus.vote_over`` of
-    ``DeviceCorpus.candidates`` and ``LiveCorpus.candidates``)."""
+    """``corpus.DeviceCorpus.draft`` for one row per program; with ``LIVE``,
+    ``corpus.LiveCorpus.draft`` (its tables, read in the history rows)."""
     b = tl.program_id(0).to(tl.int64)
-    C: tl.constexpr = (4 if LIVE else 2) * SLOTS
+    C: tl.constexpr = 2 * SLOTS
     ci = tl.arange(0, C).to(tl.int64)
     di = tl.arange(0, DEPTH_PO2).to(tl.int64)
     ki = tl.arange(0, K_PO2).to(tl.int64)
     tail = tl.load(tail_ptr + b * tail_stride + di, mask=di < DEPTH, other=-2)
     hv = tl.zeros((), tl.int64)
     b2 = tl.zeros((), tl.int64)
-    l2 = tl.zeros((), tl.int64)
     held = tl.zeros((), tl.int64)
     for d in tl.static_range(4):
         t = tl.load(tail_ptr + b * tail_stride + d)
@@ -398,41 +390,32 @@ def _corpus_kernel(
         hv = (hv ^ tl.where(t >= 0, t, 0)) * HASH_MUL
         if d == 1:
             b2 = ((hv >> 29) ^ hv) & (NB - 1)
-            l2 = ((hv >> 29) ^ hv) & (LNB - 1)
     b4 = ((hv >> 29) ^ hv) & (NB - 1)
-    l4 = ((hv >> 29) ^ hv) & (LNB - 1)
-    is_ring = ci < 2 * SLOTS
-    li = ci % (2 * SLOTS)  # the lane within its table's candidates
-    is4 = li < SLOTS
+    is4 = ci < SLOTS
     key_len = tl.where(is4, 4, 2)
-    vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + li, (NB + b2) * SLOTS + li - SLOTS),
-                   mask=is_ring, other=-1)
-    cpos = vals & 0xFFFFFFFF
-    ident = cpos
-    end = tl.zeros_like(cpos) + cap
-    base = tl.zeros_like(cpos)
-    if LIVE:  # stamp << 40 | slot << 24 | position, newer than any ring entry
-        raw = tl.load(live_ptr + tl.where(is4, l4 * SLOTS + li, (LNB + l2) * SLOTS + li - SLOTS),
-                      mask=~is_ring, other=-1)
-        where = raw & ((1 << 40) - 1)
+    vals = tl.load(table_ptr + tl.where(is4, b4 * SLOTS + ci, (NB + b2) * SLOTS + ci - SLOTS))
+    if LIVE:  # stamp << 40 | slot << 24 | position, in another slot's row
+        where = vals & ((1 << 40) - 1)
         cslot = where >> 24
-        own = tl.load(own_ptr + b)
-        live_ok = ~is_ring & (raw >= 0) & (cslot != own)
-        vals = tl.where(is_ring, vals, tl.where(live_ok, raw | (1 << 62), -1))
-        cpos = tl.where(is_ring, cpos, where & ((1 << 24) - 1))
-        ident = tl.where(is_ring, ident, where | (1 << 62))
-        end = tl.where(is_ring, end, tl.load(total_ptr + cslot, mask=live_ok, other=0))
-        base = tl.where(live_ok, cslot * row_stride, 0)
+        vals = tl.where((vals >= 0) & (cslot != tl.load(own_ptr + b)), vals, -1)
+        cpos = where & ((1 << 24) - 1)
+        ident = where
+        end = tl.load(total_ptr + cslot, mask=vals >= 0, other=0)
+        base = tl.where(vals >= 0, cslot * row_stride, 0)
+    else:
+        cpos = vals & 0xFFFFFFFF
+        ident = cpos
+        end = tl.zeros_like(cpos) + cap
+        base = tl.zeros_like(cpos)
     src = cpos[:, None] - 1 - di[None, :]
-    ring = _tokens_at(corpus_ptr, rows_ptr, src,
+    ring = _tokens_at(tokens_ptr, src,
                       (vals[:, None] >= 0) & (src >= 0) & (src < end[:, None])
-                      & (di[None, :] < DEPTH), is_ring, base, -3, LIVE)
+                      & (di[None, :] < DEPTH), base, -3)
     miss = (ring != tail[None, :]).to(tl.int32)
     c_len = tl.sum((tl.cumsum(miss, axis=1) == 0).to(tl.int64), axis=1)
     at = cpos[:, None] + ki[None, :]
-    cont = _tokens_at(corpus_ptr, rows_ptr, at,
-                      (vals[:, None] >= 0) & (ki[None, :] < K) & (at < end[:, None]), is_ring,
-                      base, -1, LIVE)
+    cont = _tokens_at(tokens_ptr, at,
+                      (vals[:, None] >= 0) & (ki[None, :] < K) & (at < end[:, None]), base, -1)
     nxt = tl.sum(tl.where(ki[None, :] == 0, cont, 0), axis=1)
     ok = (vals >= 0) & (nxt >= 0) & (c_len >= key_len) & (held >= key_len)
     earlier = ci[:, None] < ci[None, :]
@@ -484,35 +467,40 @@ def _corpus_kernel(
     found = best_len > 0
     tl.store(length_ptr + b, tl.where(found, best_len, 0))
     out = b * K + ki
-    tl.store(tokens_ptr + out, tl.where(found, best_tok, 0), mask=ki < K)
+    tl.store(out_ptr + out, tl.where(found, best_tok, 0), mask=ki < K)
     tl.store(c_ptr + out, tl.where(found, best_c, 0), mask=ki < K)
     tl.store(n_ptr + out, tl.where(found, best_n, 0), mask=ki < K)
 
 
-def corpus_triton(corpus, tail, depth: int, k: int, live=None):
-    """``corpus.DeviceCorpus.draft`` of ``corpus`` in one launch; with ``live``
-    (``(LiveCorpus, hist, total_len, slots)``, ``hist`` int32 and contiguous),
-    its candidates vote beside the corpus's (``corpus.vote_over``)."""
+def _vote(tokens, table, buckets: int, tail, depth: int, k: int, cap: int = 0, live=None):
+    """One launch of ``_corpus_kernel``: ``(match length, tokens, c, n)``."""
     from suffixspec.native.vllm_suffix import HASH_MUL, SLOTS
 
     b = tail.shape[0]
     dev = tail.device
     length = torch.zeros(b, dtype=torch.int64, device=dev)
-    tokens, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
-    tail = tail.to(torch.int64).contiguous()
-    if live is None:
-        rows, stride, table, total, own, lnb = corpus.tokens, 0, corpus.table, length, length, 1
-    else:
-        table_of, rows, total, own = live
-        stride, table, lnb = rows.stride(0), table_of.table, table_of.buckets
-        total, own = total.to(torch.int64), own.to(torch.int64)
-    _corpus_kernel[(b,)](tail, tail.stride(0), corpus.tokens, corpus.table, length, tokens, c, n,
-                         corpus.capacity, rows, stride, table, total, own,
-                         HASH_MUL=int(HASH_MUL), NB=corpus.buckets, SLOTS=SLOTS, DEPTH=depth,
+    out, c, n = (torch.zeros(b, k, dtype=torch.int64, device=dev) for _ in range(3))
+    stride, total, own = (0, length, length) if live is None else live
+    _corpus_kernel[(b,)](tail.to(torch.int64).contiguous(), tail.stride(0), tokens, table,
+                         length, out, c, n, cap, stride, total, own, HASH_MUL=int(HASH_MUL),
+                         NB=buckets, SLOTS=SLOTS, DEPTH=depth,
                          DEPTH_PO2=triton.next_power_of_2(depth), K=k,
-                         K_PO2=triton.next_power_of_2(k), LIVE=live is not None, LNB=lnb,
-                         num_warps=4)
-    return length, tokens, c, n
+                         K_PO2=triton.next_power_of_2(k), LIVE=live is not None, num_warps=4)
+    return length, out, c, n
+
+
+def corpus_triton(corpus, tail, depth: int, k: int):
+    """``corpus.DeviceCorpus.draft`` of ``corpus`` in one launch."""
+    return _vote(corpus.tokens, corpus.table, corpus.buckets, tail, depth, k, corpus.capacity)
+
+
+def live_triton(live, hist, total_len, slots, tail, depth: int, k: int):
+    """``corpus.LiveCorpus.draft`` of ``live`` in one launch (``hist`` int32 and
+    contiguous)."""
+    tail = tail.contiguous()
+    return _vote(hist, live.table, live.buckets, tail, depth, k,
+                 live=(hist.stride(0), total_len.to(torch.int64).contiguous(),
+                       slots.to(torch.int64).contiguous()))
 
 
 def constexprs(windows: DeviceWindows, k: int) -> dict:
@@ -527,6 +515,7 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,
+                PICK_LIVE=FROM_LIVE, SRC_LIVE=cal.SRC_LIVE,
                 PAIR_FIELDS=PAIR_FIELDS)
 
 

@@ -25,10 +25,10 @@ from suffixspec.native.warmup import warmup
 from suffixspec.native import vllm_suffix as gpu
 from suffixspec.proposer import SuffixProposer
 from suffixspec.tokens import as_token_ids
-from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_SCAN, FROM_SHORT,
-                                         StepOutputs, draft_step)
+from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_LIVE, FROM_SCAN, FROM_SHORT,
+                                         StepOutputs, context_tail, draft_step)
 from suffixspec.device.corpus import (LiveCorpus, OneTokenPaths, corpus_on_host,
-                                      family_scan_on_host, ring_candidates, scan_on_host)
+                                      family_scan_on_host, scan_on_host)
 from suffixspec.device.fit import fit_batch
 from suffixspec.device.layout import (Calibration, DeviceWindows, WindowSpec, family_row,
                                       family_width)
@@ -77,7 +77,8 @@ class DeviceWindowsProposer:
         self._emitted: dict[Hashable, int] = {}
         self._alloc(slots, max_len)
         self._staged = lay.windows(slots, self.spec.rows, self.spec.width)
-        self.counts = {"window": 0, "scan": 0, "corpus": 0, "short": 0, "family": 0, "none": 0}
+        self.counts = dict.fromkeys(("window", "scan", "corpus", "live", "short", "family",
+                                     "none"), 0)
         self.corpus = np.full(max(corpus_tokens, 0), -1, np.int32)
         self.table = np.full((2, gpu.buckets_for(corpus_tokens) if corpus_tokens else 1,
                               gpu.SLOTS), -1, np.int64)
@@ -215,20 +216,21 @@ class DeviceWindowsProposer:
         family = (family_scan_on_host(self.windows.family.numpy(),
                                       self.windows.family_len.numpy(), self.hist, self.total,
                                       slots, depth) if self.spec.family else None)
-        if self.live is None:
-            corpus = corpus_on_host(self.hist, self.total, slots, self.corpus, self.table,
-                                    depth, self.spec.k)
-        else:  # the corpus's candidates and the open outputs' vote together
+        corpus = corpus_on_host(self.hist, self.total, slots, self.corpus, self.table,
+                                depth, self.spec.k)
+        live = None
+        if self.live is not None:  # the open outputs' draft, a candidate of its own
             self.live.tick()
-            ring, table = torch.from_numpy(self.corpus), torch.from_numpy(self.table)
-            corpus = self.live.index_and_vote(
-                lambda tail: ring_candidates(ring, table, tail), torch.from_numpy(self.hist),
-                torch.from_numpy(self.total), torch.from_numpy(slots), depth, self.spec.k)
+            hist_t, total_t, slots_t = (torch.from_numpy(self.hist), torch.from_numpy(self.total),
+                                        torch.from_numpy(slots))
+            self.live.index(hist_t, total_t, slots_t)
+            tail = context_tail(hist_t, total_t[slots_t].to(torch.int64), max(depth, 4), slots_t)
+            live = self.live.draft(hist_t, total_t, slots_t, tail, depth, self.spec.k)
         out = draft_step(torch.from_numpy(self.hist), torch.from_numpy(self.total),
                          torch.from_numpy(slots), sampled, self.windows, self.calibration,
                          self.spec.k, host.vocab_size or (1 << 31) - 1, self.out, scan=scan,
                          corpus=corpus,
-                         short=self.short.draft, family_scan=family)
+                         short=self.short.draft, family_scan=family, live=live)
         if self.arbiter:  # else the device keeps no pairs
             host.adopt_pairs(req_ids, out.pair.numpy(), out.pair_tokens.numpy())
         if fitted:
@@ -251,7 +253,8 @@ class DeviceWindowsProposer:
             kind = ("none" if m == 0 else "scan" if choice[i] == FROM_SCAN
                     else "corpus" if choice[i] == FROM_CORPUS
                     else "short" if choice[i] == FROM_SHORT
-                    else "family" if choice[i] == FROM_FAMILY else "window")
+                    else "family" if choice[i] == FROM_FAMILY
+                    else "live" if choice[i] == FROM_LIVE else "window")
             self.counts[kind] += 1
             if m == 0:
                 drafts.append(Draft(match_len=int(match[i])))

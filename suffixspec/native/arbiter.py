@@ -27,7 +27,9 @@ there swapping on any lead lowered est on sql by 0.67% in replay; with the
 margin no trace lost more than 0.06% (docs/device.md has the figures).  On
 the host the same margin was mixed, so the host swaps on any lead.
 
-A cell is the pick's source (own tree, cross pool, start-anchored query) and
+A cell is the pick's source (own tree, cross pool, start-anchored query; on
+the device also the other requests' open outputs, whose cells only the
+device's pairs fill) and
 match length (0 .. 4, 5 or more; or no pick), the reference's match length
 (1 .. 4, 5 or more), and whether the two drafts part at their first token
 or later.  Counts are halved once a cell has scored ``HALF_LIFE`` drafts.
@@ -44,7 +46,8 @@ import numpy as np
 from numba import njit
 
 N_MATCH = 6                   # a match length: 0 .. 4, 5 or more
-N_POLICY = 3 * N_MATCH + 1    # the pick: its source and match length; or no pick
+N_SOURCES = 4                 # the pick's source: a ``FROM_*`` code, FROM_REQUEST .. FROM_LIVE
+N_POLICY = N_SOURCES * N_MATCH + 1  # the pick: its source and match length; or no pick
 N_REFERENCE = 5               # the reference's match length: 1 .. 4, 5 or more
 N_PART = 2                    # the drafts part at their first token; later
 ARB_ROWS = N_POLICY * N_REFERENCE * N_PART

@@ -4,7 +4,8 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
-whole-prompt key), how the request's previous draft fared, the match
+whole-prompt key; drafting on the device, the other requests' open outputs),
+how the request's previous draft fared, the match
 length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
@@ -57,7 +58,8 @@ from .layout import Stats
 SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
-N_SRC = 5
+SRC_LIVE = 5  # drafting on the device: the open outputs of the other requests in flight
+N_SRC = 6
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0
@@ -103,28 +105,44 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: Sources of the tables suffixspec 0.1 kept (a sixth, the recency candidate, came last).
-N_SRC_0_1 = 6
+#: Sources every layout of the table shares (request, cross, three anchors), and
+#: the (sources, planes) of the tables earlier versions kept: 0.1's sixth source
+#: was its recency candidate, 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``.
+N_SRC_KEPT = SRC_LIVE
+EARLIER_LAYOUTS = {"0.1": (6, 1), "0.2": (5, 1), "0.3": (5, N_AGREE)}
+
+
+def layout_rows(n_src: int, planes: int) -> int:
+    """Rows of a table of ``n_src`` sources and ``planes`` agreement planes."""
+    return N_SHARED + planes * n_src * N_SHARED * (1 + N_RECENT * N_DEPTH)
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
-    """A table of this layout from one kept by an earlier version, or None when
-    ``table`` is of no known layout.  suffixspec 0.1's had a sixth source,
-    dropped here with its rows; 0.2's had no agreement planes, which start
-    empty here; every other row keeps its counts."""
+    """A table of this layout from one kept by an earlier version
+    (``EARLIER_LAYOUTS``), or None when ``table`` is of no known layout.
+    Rows of the sources every layout shares keep their counts; the rest (0.1's
+    recency source, a source or plane an earlier table lacked) start empty."""
     if table.shape == (TABLE_ROWS, 2):
         return table
-    if table.ndim != 2:
+    if table.ndim != 2 or table.shape[1] != 2:
         return None
-    if table.shape == (PLANE_ROWS, 2):
-        return np.concatenate([table, np.zeros((TABLE_ROWS - PLANE_ROWS, 2), table.dtype)])
-    old_coarse = N_SRC_0_1 * N_SHARED
-    if table.shape != (N_SHARED + old_coarse + old_coarse * N_RECENT * N_DEPTH, 2):
+    for n_src, planes in EARLIER_LAYOUTS.values():
+        if table.shape[0] == layout_rows(n_src, planes):
+            break
+    else:
         return None
-    shared = table[:N_SHARED]
-    coarse = table[N_SHARED:N_SHARED + old_coarse].reshape(N_SRC_0_1, N_SHARED, 2)[:N_SRC]
-    fine = table[N_SHARED + old_coarse:].reshape(N_SRC_0_1, -1, 2)[:N_SRC]
-    return upgrade_table(np.concatenate([shared, coarse.reshape(-1, 2), fine.reshape(-1, 2)]))
+    out = np.zeros((TABLE_ROWS, 2), table.dtype)
+    out[:N_SHARED] = table[:N_SHARED]
+    at = N_SHARED
+    for plane in range(planes):
+        base = N_SHARED if plane == AGREE_NONE else PLANE_ROWS + (plane - 1) * PLANE
+        for per_src, new_at in ((N_SHARED, base), (N_SHARED * N_RECENT * N_DEPTH,
+                                                    base + N_COARSE)):
+            rows = table[at:at + n_src * per_src].reshape(n_src, per_src, 2)
+            out[new_at:new_at + N_SRC * per_src].reshape(N_SRC, per_src, 2)[:N_SRC_KEPT] = \
+                rows[:N_SRC_KEPT]
+            at += n_src * per_src
+    return out
 
 
 def table_problem(table: np.ndarray) -> str | None:

@@ -70,6 +70,7 @@ FROM_NONE = -1
 FROM_REQUEST = 0
 FROM_CROSS = 1
 FROM_ANCHOR = 2
+FROM_LIVE = 3  # drafting on the device: the other requests' open outputs
 
 # --------------------------------------------------------------------------
 # Records.

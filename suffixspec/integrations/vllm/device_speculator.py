@@ -108,7 +108,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                                    device)
         self.paths = OneTokenPaths(self.vocab_size, k, device)
         # The other requests' open outputs, where the host would draft from them (its
-        # pool): their candidates vote with the corpus's (on whenever the corpus is).
+        # pool): a candidate of their own (on whenever the corpus is).
         self.live = None
         if (pooled and settings.device_live and self.corpus.capacity > 1
                 and LiveCorpus.fits(req_states.all_token_ids.gpu.shape[1])):
@@ -141,9 +141,11 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self._cuda = cuda
         if cuda:
             from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
+                                                        live_triton,
                                                         fused_triton, scan_triton)
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
+            self._live_kernel = live_triton
             self._family_scan = family_scan_triton
             self._side = torch.cuda.Stream(device)
             direct_sources(device)  # made here, not in a step (a copy from the host)
@@ -246,44 +248,47 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         rs = self.req_states
         idx = self._idx[:n]
         depth = self.window_spec.scan_depth
-        corpus = None
+        corpus = live = None
         if self.corpus.capacity > 1:
             def corpus(tail):
-                live = None
-                if self.live is not None:  # the batch rows' new tokens, then both vote
-                    self.live.index(rs.all_token_ids.gpu, rs.total_len.gpu, idx)
-                    live = (self.live, rs.all_token_ids.gpu, rs.total_len.gpu, idx)
-                return self._corpus_kernel(self.corpus, tail, depth, self.k, live=live)
+                return self._corpus_kernel(self.corpus, tail, depth, self.k)
+        if self.live is not None:
+            def live(tail):  # the batch rows' new tokens, then the open outputs' draft
+                self.live.index(rs.all_token_ids.gpu, rs.total_len.gpu, idx)
+                return self._live_kernel(self.live, rs.all_token_ids.gpu, rs.total_len.gpu, idx,
+                                         tail, depth, self.k)
         total = rs.total_len.gpu[idx]
         family = None
         if self.window_spec.family:
             family = self._family_scan(self.windows.family, self.windows.family_len,
                                        rs.all_token_ids.gpu, total, idx, depth)
-        self._draft(n, self._scan(rs.all_token_ids.gpu, total, idx, depth), corpus, family)
+        self._draft(n, self._scan(rs.all_token_ids.gpu, total, idx, depth), corpus, family,
+                    live)
 
     def _draft_on_host(self, n: int, slots_np) -> None:
         """``_draft_on_device`` on CPU tensors, with the tiers' Numba twins (as replay)."""
         depth = self.window_spec.scan_depth
-        corpus = None
-        if self.live is not None:  # the batch rows' new tokens, then both vote (torch)
-            rs = self.req_states
-            corpus = self.live.index_and_vote(self.corpus.candidates, rs.all_token_ids.gpu,
-                                              rs.total_len.gpu, self._idx[:n], depth, self.k)
-        elif self.corpus.capacity > 1:
+        corpus = live = None
+        if self.corpus.capacity > 1:
             corpus = corpus_on_host(*self._host_views, slots_np, *self._corpus_views, depth,
                                     self.k)
+        if self.live is not None:  # the batch rows' new tokens, then the open outputs' draft
+            rs = self.req_states
+            live = self.live.index_and_draft(rs.all_token_ids.gpu, rs.total_len.gpu,
+                                             self._idx[:n], depth, self.k)
         family = None
         if self.window_spec.family:
             family = family_scan_on_host(*self._family_views, *self._host_views, slots_np, depth)
-        self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus, family)
+        self._draft(n, scan_on_host(*self._host_views, slots_np, depth), corpus, family, live)
 
-    def _draft(self, n: int, scan, corpus, family=None) -> None:
+    def _draft(self, n: int, scan, corpus, family=None, live=None) -> None:
         rs = self.req_states
         out = draft_step(rs.all_token_ids.gpu, rs.total_len.gpu, self._idx[:n],
                          self._sampled[:n], self.windows, self.calibration, self.k,
                          self.vocab_size, self.out, scan=scan,
                          scan_depth=self.window_spec.scan_depth, corpus=corpus,
-                         short=self.paths.draft, family_scan=family, fused=self._fused)
+                         short=self.paths.draft, family_scan=family, fused=self._fused,
+                         live=live)
         if self.leader:
             self._stage_snapshot(n, out)
 
