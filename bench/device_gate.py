@@ -24,7 +24,8 @@ through:
 
 Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
-scan, the corpus, the one-token paths, the family row, or not at all.  Slices:
+scan, the corpus, the open outputs, the one-token paths, the family row,
+or not at all.  Slices:
 policy_bench's times ``--fraction``.  Writes ``device_gate.json`` and
 ``device_gate.md``.
 """
@@ -54,6 +55,8 @@ RUNS = {  # name -> (engine, settings)
     "device, no live corpus": ("suffixspec-device", dict(K16, live=False)),
 }
 SOURCES = ("window", "scan", "corpus", "live", "short", "family", "none")
+SOURCE_NAMES = {"window": "window", "scan": "scan", "corpus": "corpus", "live": "open outputs",
+                "short": "one-token", "family": "family", "none": "none"}
 OPTIONAL = ("device, no arbiter", "device, no family row",
             "device, no live corpus")  # A/Bs, run when asked
 
@@ -112,7 +115,7 @@ def markdown(rows: list[dict], args) -> str:
     out = ["| trace | in flight | host est | device est | device / host | "
            + ("windows only / host | " if bare else "")
            + "".join(f"{run} | device / {run} | " for run in abs_)
-           + "steps from window / scan / corpus / one-token / family / none |",
+           + f"steps from {' / '.join(SOURCE_NAMES[s] for s in SOURCES)} |",
            "|---|---|---|---|---|" + ("---|" if bare else "") + "---|---|" * len(abs_)
            + "---|"]
     for r in rows:
