@@ -427,6 +427,31 @@ def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_pat
     assert np.isfinite(kept).all() and (kept >= 0).all()  # the bad one was not written back
 
 
+def test_a_table_the_previous_version_kept_is_upgraded_and_drafts(tmp_path, caplog):
+    """A pool written before the open outputs' source (five sources, three
+    planes) opens with its counts in the upgraded rows, with no warning."""
+    from suffixspec.native import calibration as cal
+
+    path = tmp_path / "pool.lmdb"
+    pool = pool_at(path)
+    n_src, planes = cal.EARLIER_LAYOUTS["0.3"]
+    old = np.zeros((cal.layout_rows(n_src, planes), 2))
+    old[:, 1] = 4.0
+    old[:, 0] = 3.0
+    pool.save_calibration(old)
+    pool.close()
+    pool = pool_at(path)
+    with caplog.at_level("WARNING"):
+        prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
+    assert not [r for r in caplog.records if "calibration" in r.getMessage()]
+    assert np.array_equal(prop.stats.table, cal.upgrade_table(old))
+    assert prop.stats.table[:, 1].sum() == old[:, 1].sum()  # every row of five sources kept
+    run_request(prop, "a", [1, 2], PATTERN)
+    prop.start_request("b", [1, 2])
+    assert len(prop.propose(["b"])[0]) > 0
+    prop.close()
+
+
 def test_a_closed_proposer_refuses_every_call_in_one_line(tmp_path):
     from suffixspec.locking import Closed
 
