@@ -141,12 +141,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self._cuda = cuda
         if cuda:
             from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                        live_triton,
-                                                        fused_triton, scan_triton)
+                                                        fused_triton, live_triton, scan_triton)
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
-            self._live_kernel = live_triton
-            self._family_scan = family_scan_triton
+            self._live_kernel, self._family_scan = live_triton, family_scan_triton
             self._side = torch.cuda.Stream(device)
             direct_sources(device)  # made here, not in a step (a copy from the host)
         else:  # CPU tensors are host memory: the tiers' Numba twins, as replay drafts
