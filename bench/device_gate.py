@@ -55,8 +55,7 @@ RUNS = {  # name -> (engine, settings)
     "device, no live corpus": ("suffixspec-device", dict(K16, live=False)),
 }
 SOURCES = ("window", "scan", "corpus", "live", "short", "family", "none")
-SOURCE_NAMES = {"window": "window", "scan": "scan", "corpus": "corpus", "live": "open outputs",
-                "short": "one-token", "family": "family", "none": "none"}
+SOURCE_NAMES = {"live": "open outputs", "short": "one-token"}  # the rest as named
 OPTIONAL = ("device, no arbiter", "device, no family row",
             "device, no live corpus")  # A/Bs, run when asked
 
@@ -115,7 +114,7 @@ def markdown(rows: list[dict], args) -> str:
     out = ["| trace | in flight | host est | device est | device / host | "
            + ("windows only / host | " if bare else "")
            + "".join(f"{run} | device / {run} | " for run in abs_)
-           + f"steps from {' / '.join(SOURCE_NAMES[s] for s in SOURCES)} |",
+           + f"steps from {' / '.join(SOURCE_NAMES.get(s, s) for s in SOURCES)} |",
            "|---|---|---|---|---|" + ("---|" if bare else "") + "---|---|" * len(abs_)
            + "---|"]
     for r in rows:
