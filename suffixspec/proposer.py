@@ -177,6 +177,7 @@ class SuffixProposer:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
         self._pending.n[seq] = 0
         self._pending.recent[seq] = cal.RECENT_NONE
+        self._pending.start[seq] = self.requests.index.seqs[seq, lay.SEQ_LEN]
         self._pending.keep_meta[seq, :, arbiter.K_START] = -1  # no kept drafts of another
         self._draw_from[req_id] = draw
         self._table_of[req_id] = self._table_for(own)

@@ -106,7 +106,7 @@ def compile_sm90() -> dict:
     kernel = dt._fused_kernel
     names = kernel.arg_names
     types = {"tail_ptr": "*i64", "total_ptr": "*i64", "sampled_ptr": "*i64",
-             "recent_ptr": "*i64", "slots_ptr": "*i64", "win_tok_ptr": "*i32",
+             "state_ptr": "*i64", "slots_ptr": "*i64", "win_tok_ptr": "*i32",
              "win_c_ptr": "*i32", "win_n_ptr": "*i32", "win_meta_ptr": "*i32",
              "d_tok_ptr": "*i64", "d_c_ptr": "*i64", "d_n_ptr": "*i64", "d_match_ptr": "*i64",
              "d_src_ptr": "*i64", "table_ptr": "*fp32", "params_ptr": "*fp32", "prefer_ptr": "*i32",

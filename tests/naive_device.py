@@ -97,15 +97,18 @@ def family_match(family, ctx, depth):
 
 def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
               k, vocab, head, scan_depth=24, extra=(), reference=False, family=None,
-              live=None):
+              live=None, start=0):
     """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
     [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
     n, match, source)`` after the scan (``None``: none); ``family`` the slot's
     family row (a list; None: none), its candidate after them; ``live`` the open
     outputs' draft ``(tokens, c, n, match)`` (None: none), last; ``reference``:
-    the scan's continuation rates the other candidates' tokens.  Returns
+    the scan's continuation rates the other candidates' tokens; ``start``
+    where the request's output starts in ``ctx``.  Returns
     ``(tokens, q, p, buckets, choice, match, recent)``."""
     recent = recent_of(last_valid, sampled)
+    position = sum(max(len(ctx) - start, 0) >= edge for edge in cal.POSITION_EDGES)
+    state = recent + cal.N_RECENT * position
     cands = []
     for tokens, c, n, meta in windows:
         source, base, w_head, w_len, w_at = meta
@@ -152,7 +155,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
         if cand is None:
             continue
         tokens, c, n, m, source = cand
-        result = score(tokens, c, n, source + cal.N_SRC * recent, m, k, table, weights, thr,
+        result = score(tokens, c, n, source + cal.N_SRC * state, m, k, table, weights, thr,
                        factor, offset, vocab, ref)
         if result[0] > best_gain:
             best, best_gain = (i, result, m), result[0]

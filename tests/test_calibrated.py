@@ -200,14 +200,14 @@ def test_bad_and_removed_settings_are_refused_in_one_line():
 
 
 def test_table_rows_cover_every_bucket():
-    top = cal.bucket(cal.N_SRC * cal.N_RECENT - 1, 10_000, 10_000, 10_000, 10_000)
+    top = cal.bucket(cal.N_SRC * cal.N_STATE - 1, 10_000, 10_000, 10_000, 10_000)
     assert top == cal.PLANE_ROWS - 1
     assert cal.coarse_of(top) == cal.N_SHARED + cal.N_COARSE - 1
     assert cal.shared_of(top) == cal.N_SHARED - 1
     low = cal.bucket(0, 0, 0, 0, 1)
     assert low == cal.N_SHARED + cal.N_COARSE
     assert cal.coarse_of(low) == cal.N_SHARED and cal.shared_of(low) == 0
-    last = cal.bucket(cal.with_agreement(cal.N_SRC * cal.N_RECENT - 1, cal.N_AGREE - 1),
+    last = cal.bucket(cal.with_agreement(cal.N_SRC * cal.N_STATE - 1, cal.N_AGREE - 1),
                       10_000, 10_000, 10_000, 10_000)
     assert last == cal.TABLE_ROWS - 1
 
@@ -215,7 +215,7 @@ def test_table_rows_cover_every_bucket():
 def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
     seen = {}
     for agree in range(cal.N_AGREE):
-        for src in range(cal.N_SRC * cal.N_RECENT):
+        for src in range(cal.N_SRC * cal.N_STATE):
             for n in (1, 2, 3, 5, 9, 17):
                 for c in range(0, n + 1):
                     for m in (0, 1, 2, 3, 4, 6, 9, 16, 32):
@@ -264,8 +264,8 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
 
 
 @pytest.mark.parametrize("version", sorted(cal.EARLIER_LAYOUTS))
-def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_all_share(version):
-    old_src, planes = cal.EARLIER_LAYOUTS[version]
+def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_shares(version):
+    old_src, planes, kept = cal.EARLIER_LAYOUTS[version]
     old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
@@ -274,23 +274,36 @@ def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_all_sh
     rng = np.random.default_rng(1)
     for _ in range(1000):  # a bucket's rows hold what the old table kept for it, at its rows
         src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
+        state = cal.request_state(recent, rng.integers(0, 400))
         agree = rng.integers(cal.N_AGREE)
         n = rng.integers(1, 40)
-        fine = cal.bucket(cal.with_agreement(src + cal.N_SRC * recent, agree),
+        fine = cal.bucket(cal.with_agreement(src + cal.N_SRC * state, agree),
                           rng.integers(0, 40), rng.integers(0, 12), rng.integers(1, n + 1), n)
         shared, depth = cal.shared_of(fine), (fine - cal.N_SHARED - cal.N_COARSE) % cal.N_DEPTH
         assert np.array_equal(new[shared], old[shared])
-        if src >= cal.N_SRC_KEPT or agree >= planes:  # a row the old table did not have
+        if src >= kept or agree >= planes:  # a row the old table did not have
             assert not new[fine].any() and not new[cal.coarse_of(fine)].any()
             continue
         base = cal.N_SHARED + agree * old_plane
-        old_fine = (base + old_coarse
+        old_fine = (base + old_coarse  # the old layout knew no position: one row for all
                     + ((src * cal.N_SHARED + shared) * cal.N_RECENT + recent) * cal.N_DEPTH + depth)
         assert np.array_equal(new[fine], old[old_fine])
         assert np.array_equal(new[cal.coarse_of(fine)], old[base + src * cal.N_SHARED + shared])
-    # Every row kept once: only the rows of a source no longer drafted are gone.
-    lost = old_plane // old_src * max(old_src - cal.N_SRC_KEPT, 0) * planes
-    assert (new[:, 1] > 0).sum() == old.shape[0] - lost
+    # Every old row kept, a fine one at every position: only the rows of a
+    # source no longer drafted are gone.
+    old_fine_rows = old_src * cal.N_SHARED * cal.N_RECENT * cal.N_DEPTH * planes
+    lost = old_plane // old_src * (old_src - kept) * planes
+    assert (new[:, 1] > 0).sum() == old.shape[0] - lost + (
+        old_fine_rows * kept // old_src * (cal.N_POSITION - 1))
+
+
+def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output_it_is():
+    for recent in range(cal.N_RECENT):
+        got = [cal.request_state(recent, n) for n in range(600)]
+        position = [sum(n >= edge for edge in cal.POSITION_EDGES) for n in range(600)]
+        assert got == [recent + cal.N_RECENT * p for p in position]
+    assert {cal.request_state(r, n) for r in range(cal.N_RECENT) for n in range(600)} == set(
+        range(cal.N_STATE))
 
 
 def test_a_table_of_no_known_layout_is_not_upgraded():

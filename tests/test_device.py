@@ -45,7 +45,7 @@ def test_the_calibration_port_equals_the_kernels():
     c = np.minimum(rng.integers(1, 40, 2000), n)
     m = rng.integers(0, 70, 2000)
     depth = rng.integers(0, 16, 2000)
-    src = rng.integers(0, cal.N_SRC * cal.N_RECENT, 2000)
+    src = rng.integers(0, cal.N_SRC * cal.N_STATE, 2000)
     agree = rng.integers(0, cal.N_AGREE, 2000)
     t = {k: torch.from_numpy(v)
          for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree).items()}
@@ -149,6 +149,31 @@ def test_documents_packed_on_the_host_index_the_device_corpus_as_its_numba_twin(
     assert (packer.head, packer.docs) == (state[0], state[1])
 
 
+@pytest.mark.parametrize("parts", [1, 3, 8])
+def test_the_calibration_table_reaches_the_device_slice_by_slice(parts):
+    """Each payload carries the next slice of the table (``PayloadSpec.table_at``);
+    ``apply`` writes it in place, and ``parts`` payloads carry every row."""
+    from suffixspec.device.payload import Packer, PayloadSpec, apply, views
+
+    spec = PayloadSpec(WindowSpec(k=4), rows=1, paths=1, doc_tokens=4, table_parts=parts)
+    table = np.random.default_rng(parts).random((cal.TABLE_ROWS, 2)).astype(np.float32)
+    calibration = Calibration(dtype=torch.float32)
+    windows = DeviceWindows(spec.window, 1)
+    packer = Packer(spec, trash_slot=1, trash_key=0, corpus_tokens=1, corpus_buckets=1)
+    for part in range(parts):
+        buffer = np.zeros(spec.size, np.int32)
+        v = views(buffer, spec)
+        packer.clear(v)
+        at = spec.table_at(part)
+        v["table_at"][0] = at
+        v["table"].view(np.float32)[:] = table[at:at + spec.table_rows]
+        apply(torch.from_numpy(buffer), spec, windows, calibration, None, None)
+        done = at + spec.table_rows
+        assert np.array_equal(calibration.table[:done].numpy(), table[:done])
+        assert not calibration.table[done:].any()  # later slices: not yet
+    assert spec.table_rows * parts >= cal.TABLE_ROWS
+
+
 def test_pack_doc_refuses_outputs_it_cannot_fill():
     doc = np.arange(5, dtype=np.int32)
     outs = [np.zeros(6, np.int32) for _ in range(6)]
@@ -182,7 +207,17 @@ def test_draft_step_is_its_brute_force(data):
     """Tiny vocabularies (windows overlap the context everywhere), empty and
     short windows, -1 padding, prefilling rows, poisoned outputs; family rows
     with separators, tokens past their length that must not be read; the
-    open outputs' draft, scored in rows of its own."""
+    open outputs' draft, scored in rows of its own; outputs starting anywhere
+    in the context, with the position buckets' edges scaled down to these
+    short contexts."""
+    edges = tuple(sorted(data.draw(st.lists(st.integers(0, 40), min_size=cal.N_POSITION - 1,
+                                            max_size=cal.N_POSITION - 1))))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cal, "POSITION_EDGES", edges)
+        _draft_step_against_brute_force(data)
+
+
+def _draft_step_against_brute_force(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     vocab = data.draw(st.integers(2, 5))
     spec = WindowSpec(rows=data.draw(st.integers(1, 3)), width=data.draw(st.sampled_from([8, 16])),
@@ -219,6 +254,8 @@ def test_draft_step_is_its_brute_force(data):
             dw.meta[s, r] = torch.tensor(meta)
         last_valid = data.draw(st.integers(0, spec.k))
         dw.last_valid[s] = last_valid
+        start = data.draw(st.integers(0, 45))
+        dw.start[s] = start
         family = None
         if spec.family:
             row = data.draw(st.lists(st.integers(-1, vocab), min_size=spec.family,
@@ -241,7 +278,7 @@ def test_draft_step_is_its_brute_force(data):
             ctx, sampled[i], last_valid,
             [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
             table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
-            spec.scan_depth, reference=reference, family=family, live=drawn))
+            spec.scan_depth, reference=reference, family=family, live=drawn, start=start))
     out = StepOutputs.empty(b + 1, spec.k)
     for field in out.__dataclass_fields__:
         getattr(out, field).fill_(77)  # poison: every written value must be the step's
@@ -379,6 +416,14 @@ def test_the_device_fit_is_the_rooflines(rows):
     for i in range(len(rows)):
         m = out.num_valid[i].item()
         assert (out.drafts[i, m:] == 9).all() and (out.drafts[i, :m] == 3).all()
+
+
+def test_the_request_state_is_the_hosts():
+    recent = torch.arange(cal.N_RECENT).repeat_interleave(600)
+    output_len = torch.arange(600).repeat(cal.N_RECENT)
+    got = calib.request_state(recent, output_len)
+    assert got.tolist() == [cal.request_state(int(r), int(n))
+                            for r, n in zip(recent, output_len)]
 
 
 def test_recent_follows_the_last_draft():

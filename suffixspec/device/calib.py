@@ -32,6 +32,14 @@ def depth_bucket(j: torch.Tensor) -> torch.Tensor:
     return torch.where(j <= 2, j, _steps(j, (4, 8), (3, 4, 5))).clamp(min=0)
 
 
+def request_state(recent: torch.Tensor, output_len: torch.Tensor) -> torch.Tensor:
+    """The fine level's request state (``calibration.request_state``)."""
+    position = torch.zeros_like(output_len)
+    for edge in cal.POSITION_EDGES:
+        position = position + (output_len >= edge).to(position.dtype)
+    return recent.to(position.dtype) + cal.N_RECENT * position
+
+
 def plane_base(agree: torch.Tensor) -> torch.Tensor:
     """Row of agreement plane ``agree``'s first coarse bucket (``calibration._plane_base``)."""
     return torch.where(agree == cal.AGREE_NONE, cal.N_SHARED,
@@ -40,16 +48,16 @@ def plane_base(agree: torch.Tensor) -> torch.Tensor:
 
 def bucket(src, match_len, depth, c, n, agree=None) -> torch.Tensor:
     """Fine bucket (table row) of a token chosen by ``c`` of ``n``; ``src`` is
-    ``source + N_SRC * recent``, ``agree`` the token's agreement with the
+    ``source + N_SRC * state`` (``request_state``), ``agree`` the token's agreement with the
     reference (None: none) (``calibration.bucket``)."""
     safe_n = n.clamp(min=1)
     ratio = torch.where(c >= n, torch.full_like(c, cal.N_RATIO - 1),
                         ((5 * c) // safe_n).clamp(0, cal.N_RATIO - 2))
-    recent = src // cal.N_SRC
+    state = src // cal.N_SRC
     shared = (count_bucket(n) * cal.N_RATIO + ratio) * cal.N_MATCH + match_bucket(match_len)
-    coarse = (src - cal.N_SRC * recent) * cal.N_SHARED + shared
+    coarse = (src - cal.N_SRC * state) * cal.N_SHARED + shared
     base = cal.N_SHARED if agree is None else plane_base(agree)
-    fine = base + cal.N_COARSE + (coarse * cal.N_RECENT + recent) * cal.N_DEPTH + depth_bucket(
+    fine = base + cal.N_COARSE + (coarse * cal.N_STATE + state) * cal.N_DEPTH + depth_bucket(
         depth)
     return fine.clamp(0, cal.TABLE_ROWS - 1)
 
@@ -65,7 +73,7 @@ def probability(table, weights, fine, c, n, matched) -> torch.Tensor:
     ``weights`` are the shared, coarse and fine prior weights (0-d tensors or floats)."""
     ws, wc, wf = weights
     base = plane_base(agreement_of(fine))
-    coarse = base + (fine - base - cal.N_COARSE) // (cal.N_RECENT * cal.N_DEPTH)
+    coarse = base + (fine - base - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
     shared = (coarse - base) % cal.N_SHARED
     dtype = table.dtype
     prior = c.to(dtype) / (n.to(dtype) + 1.0 / torch.sqrt(matched.clamp(min=1).to(dtype)))

@@ -57,7 +57,7 @@ def random_case(rng, device="cpu", batch=None):
     c = rng.integers(0, 4, (b, x, k))
     direct = (t(rng.integers(-1, vocab + 1, (b, x, k))), t(c),
               t(np.maximum(c, rng.integers(0, 6, (b, x, k)))), t(rng.integers(0, 30, (b, x))))
-    return (t(tail), t(total), t(rng.integers(0, 4, b)), t(rng.integers(0, cal.N_RECENT, b)),
+    return (t(tail), t(total), t(rng.integers(0, 4, b)), t(rng.integers(0, cal.N_STATE, b)),
             slot_ids, dw, direct, calibration, k, vocab, lambda: StepOutputs.empty(b, k, device))
 
 

@@ -11,7 +11,9 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
 
 1. **Outcome of the last draft.**  ``num_sampled[b] - 1`` of the slot's last
    draft (``last_valid[s]`` tokens) were accepted: how it fared (``recent``)
-   is calibration's feature, as ``calibration.learn`` sets it on the host.
+   and how far into its output the request is (``total_len[s]`` less the
+   slot's ``start``) are calibration's request state, as the host's
+   ``calibration.request_state``.
 2. **Align.**  If the context followed the window since it was built (its
    ``t`` tokens since then match the window right after the head), it ends
    ``t`` tokens into the path, and calibration sees the window's match
@@ -287,6 +289,7 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
     total = total_len[slots].to(torch.int64)
     sampled = num_sampled.to(torch.int64)
     recent = recent_of(windows.last_valid[slots], sampled)
+    state = calib.request_state(recent, (total - windows.start[slots]).clamp(min=0))
     tail = context_tail(hist, total, windows.spec.head, slots)           # [B, D]
     if scan is None:
         scan = own_history_scan(hist[slots], total, scan_depth)
@@ -304,14 +307,14 @@ def draft_step(hist, total_len, idx, num_sampled, windows: DeviceWindows,
         family = (rows, lengths, family_scan)
     direct = direct_candidates(hist, slots, total, k, scan, corpus, short, family, live)
     o = out.rows(b)
-    (fused or fused_ref)(tail, total, sampled, recent, slots, windows, direct, calibration, k,
+    (fused or fused_ref)(tail, total, sampled, state, slots, windows, direct, calibration, k,
                          vocab_size, o)
     windows.recent[slots] = recent
     windows.last_valid[slots] = o.num_valid
     return o
 
 
-def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,
+def fused_ref(tail, total, sampled, state, slots, windows: DeviceWindows, direct,
               calibration: Calibration, k: int, vocab_size: int, o: StepOutputs) -> None:
     """Align every window, score every candidate, keep the best, write ``o``:
     steps 2, 4 and 5 of the module docstring, for the batch's ``slots``.
@@ -361,7 +364,7 @@ def fused_ref(tail, total, sampled, recent, slots, windows: DeviceWindows, direc
     match = torch.cat([match, d_match], dim=1)                           # [B, C]
     sources = direct_sources(dev).expand(b, -1)
     origin = torch.cat([meta[..., W_SOURCE], sources], dim=1)           # [B, C]
-    src = origin + cal.N_SRC * recent[:, None]
+    src = origin + cal.N_SRC * state[:, None]
     # The own-history scan's continuation (the first direct candidate) is the
     # reference every candidate agrees with or not, itself included (as the
     # host's ``calibrated._reference_draft``); it rates no one where the

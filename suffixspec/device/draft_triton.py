@@ -48,7 +48,7 @@ def _depth_bucket(j):
 @triton.jit
 def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, K: tl.constexpr,
            N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
-           N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
+           N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
            N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
            PLANE: tl.constexpr):
     """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``)."""
@@ -63,16 +63,16 @@ def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, K: tl.cons
     safe_n = tl.maximum(n, 1)
     ratio = tl.where(c >= n, N_RATIO - 1, tl.minimum(tl.maximum((5 * c) // safe_n, 0),
                                                       N_RATIO - 2))
-    recent = src // N_SRC
+    state = src // N_SRC
     shared = ((tl.maximum(_count_bucket(n), 0) * N_RATIO + ratio) * N_MATCH
               + tl.maximum(_match_bucket(m), 0))
-    coarse = (src - N_SRC * recent) * N_SHARED + shared
+    coarse = (src - N_SRC * state) * N_SHARED + shared
     base = tl.where(agree == 0, N_SHARED, PLANE_ROWS + (agree - 1) * PLANE)
-    fine = base + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH + _depth_bucket(j)
+    fine = base + N_COARSE + (coarse * N_STATE + state) * N_DEPTH + _depth_bucket(j)
     fine = tl.minimum(tl.maximum(fine, 0), ROWS - 1)
     plane = tl.where(fine < PLANE_ROWS, 0, 1 + (fine - PLANE_ROWS) // PLANE)
     base = tl.where(plane == 0, N_SHARED, PLANE_ROWS + (plane - 1) * PLANE)
-    coarse_row = base + (fine - base - N_COARSE) // (N_RECENT * N_DEPTH)
+    coarse_row = base + (fine - base - N_COARSE) // (N_STATE * N_DEPTH)
     shared_row = (coarse_row - base) % N_SHARED
     mf = tl.maximum(m, 1).to(tl.float32)
     prior = c.to(tl.float32) / (n.to(tl.float32) + 1.0 / tl.sqrt_rn(mf))
@@ -115,7 +115,7 @@ def _fused_kernel(
     tail_ptr,        # *int64  [B, D]  each context's last tokens, newest first (-2: none)
     total_ptr,       # *int64  [B]
     sampled_ptr,     # *int64  [B]
-    recent_ptr,      # *int64  [B]
+    state_ptr,       # *int64  [B]  the request state (``calib.request_state``)
     slots_ptr,       # *int64  [B]
     win_tok_ptr,     # *int32  [S, R, W]
     win_c_ptr,       # *int32  [S, R, W]
@@ -145,7 +145,7 @@ def _fused_kernel(
     M_SOURCE: tl.constexpr, M_MATCH: tl.constexpr, M_HEAD: tl.constexpr, M_LEN: tl.constexpr,
     M_AT: tl.constexpr, FROM_SCAN: tl.constexpr, FROM_NOTHING: tl.constexpr,
     N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
-    N_RECENT: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
+    N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
@@ -156,7 +156,7 @@ def _fused_kernel(
     slot = tl.load(slots_ptr + b)
     total = tl.load(total_ptr + b)
     sampled = tl.load(sampled_ptr + b)
-    recent = tl.load(recent_ptr + b)
+    state = tl.load(state_ptr + b)
     depth = tl.load(params_ptr + 3).to(tl.int64)
     e = tl.arange(0, W).to(tl.int64)
     d = tl.arange(0, D).to(tl.int64)
@@ -207,9 +207,9 @@ def _fused_kernel(
         tok = tl.load(win_tok_ptr + row + pos, mask=ins, other=-1).to(tl.int64)
         c = tl.load(win_c_ptr + row + pos, mask=ins, other=0).to(tl.int64)
         n = tl.load(win_n_ptr + row + pos, mask=ins, other=0).to(tl.int64)
-        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * recent, m, j,
+        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * state, m, j,
                                         _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
-                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
+                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_STATE, N_DEPTH,
                                         N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
@@ -226,11 +226,11 @@ def _fused_kernel(
         n = tl.load(d_n_ptr + base + j, mask=j < K, other=0)
         m = tl.load(d_match_ptr + b * X + x)
         origin = tl.load(d_src_ptr + x)
-        src = origin + N_SRC * recent
+        src = origin + N_SRC * state
         # (the reference itself in the agreeing plane, as on the host)
         agree = _agreement(tok, ref, ref_ok)
         q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
-                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_RECENT, N_DEPTH,
+                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_STATE, N_DEPTH,
                                         N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
         first = x == 0
         ref_m = tl.where(first, m, ref_m)
@@ -510,7 +510,7 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 K_PO2=triton.next_power_of_2(k), M_SOURCE=W_SOURCE, M_MATCH=W_MATCH,
                 M_HEAD=W_HEAD, M_LEN=W_LEN, M_AT=W_AT, FROM_SCAN=FROM_SCAN,
                 FROM_NOTHING=FROM_NOTHING, N_SRC=cal.N_SRC, N_RATIO=cal.N_RATIO,
-                N_MATCH=cal.N_MATCH, N_RECENT=cal.N_RECENT, N_DEPTH=cal.N_DEPTH,
+                N_MATCH=cal.N_MATCH, N_STATE=cal.N_STATE, N_DEPTH=cal.N_DEPTH,
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
                 PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
@@ -519,7 +519,7 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 PAIR_FIELDS=PAIR_FIELDS)
 
 
-def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, direct,
+def fused_triton(tail, total, sampled, state, slots, windows: DeviceWindows, direct,
                  calibration: Calibration, k: int, vocab_size: int, o) -> None:
     """``draft_ref.fused_ref`` in one launch (float32 calibration)."""
     spec = windows.spec
@@ -533,7 +533,7 @@ def fused_triton(tail, total, sampled, recent, slots, windows: DeviceWindows, di
     params = calibration.params.to(torch.float32).contiguous()
     _fused_kernel[(b,)](
         tail.contiguous(), total.contiguous(), sampled.contiguous(),
-        recent.to(torch.int64).contiguous(), slots.contiguous(), windows.tokens, windows.c,
+        state.to(torch.int64).contiguous(), slots.contiguous(), windows.tokens, windows.c,
         windows.n, windows.meta, d_tok, d_c, d_n, d_match, src, table, params,
         calibration.prefer, o.drafts, o.conf, o.probs, o.num_valid, o.buckets, o.choice,
         o.match, o.last, o.pair, o.pair_tokens, vocab_size, **constexprs(windows, k), num_warps=4)

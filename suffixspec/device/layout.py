@@ -83,7 +83,8 @@ def family_row(outputs, width: int) -> np.ndarray:
 class DeviceWindows:
     """Per-slot windows and state on ``device``: ``tokens``, ``c``, ``n``
     (int32, ``[slots, rows, width]``), ``meta`` (int32, ``[slots, rows,
-    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent`` (int32, ``[slots]``),
+    W_FIELDS]``), ``epoch``, ``last_valid``, ``recent``, ``start`` (where the
+    request's output starts: its prompt's length) (int32, ``[slots]``),
     the family rows ``family`` (int32, ``[slots, max(spec.family, 1)]``, -1
     past ``family_len``) and ``family_len`` (int32, ``[slots]``).
     One more slot than asked for: the trash row of updates that name no slot
@@ -100,16 +101,19 @@ class DeviceWindows:
         self.epoch = torch.zeros(slots, dtype=torch.int32, device=device)
         self.last_valid = torch.zeros(slots, dtype=torch.int32, device=device)
         self.recent = torch.full((slots,), cal.RECENT_NONE, dtype=torch.int32, device=device)
+        self.start = torch.zeros(slots, dtype=torch.int32, device=device)
         self.family = torch.full((slots, max(spec.family, 1)), -1, dtype=torch.int32,
                                  device=device)
         self.family_len = torch.zeros(slots, dtype=torch.int32, device=device)
 
-    def reset(self, slots) -> None:
-        """Slots that a new request takes: no windows, no last draft, no family."""
+    def reset(self, slots, prompt_len) -> None:
+        """Slots that a new request takes, its prompt ``prompt_len`` tokens: no
+        windows, no last draft, no family."""
         self.family_len[slots] = 0
         self.meta[slots] = 0
         self.last_valid[slots] = 0
         self.recent[slots] = cal.RECENT_NONE
+        self.start[slots] = prompt_len
 
 
 class Calibration:

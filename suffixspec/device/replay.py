@@ -105,8 +105,8 @@ class DeviceWindowsProposer:
             n, m = old.shape
             hist[:n, :m] = old
             total[:n] = self.total
-            for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent", "family",
-                         "family_len"):
+            for name in ("tokens", "c", "n", "meta", "epoch", "last_valid", "recent", "start",
+                         "family", "family_len"):
                 getattr(windows, name)[:n] = getattr(self.windows, name)[:n]
         self.hist, self.total, self.windows = hist, total, windows
         if getattr(self, "live", None) is not None:
@@ -125,7 +125,7 @@ class DeviceWindowsProposer:
         slot = self._free.pop()
         self._slot[req_id] = slot
         self.total[slot] = 0
-        self.windows.reset(slot)
+        self.windows.reset(slot, prompt.shape[0])
         row = family_row(self.host.family_outputs(req_id), self.spec.family)
         self.windows.family[slot, :row.shape[0]] = torch.from_numpy(row)
         self.windows.family_len[slot] = row.shape[0]

@@ -12,8 +12,9 @@ request also queries the cross-request trees with its start-anchored context ``[
 matched against the starts of past outputs.
 
 ``stats`` is the ``Stats`` record (calibration table and state); ``how`` is
-``(source, recent, limit, thr)``: the calibration source, how the request's
-previous draft fared, the most tokens to draft, and the threshold.
+``(source, state, limit, thr)``: the calibration source, the request's state
+(``calibration.request_state``: how its previous draft fared, its output
+position), the most tokens to draft, and the threshold.
 """
 
 import numpy as np
@@ -383,7 +384,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     """
     sides, roots, own = trees
     lo_len, hi_len, anchor_out = span
-    src, recent, limit, thr = how
+    src, state, limit, thr = how
     cand = work.cand
     depth = side(sides, 0).active.shape[1]
     best_n = 0
@@ -412,7 +413,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         if anchor_out >= 0:
             m = anchor_out
             s = cal.SRC_ANCHOR + length - anchor_out - 1
-        s += cal.N_SRC * recent
+        s += cal.N_SRC * state
         cap = length_cap(limit, m, knobs)
         if cap <= 0:
             continue
@@ -531,7 +532,7 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     ``drafted`` tokens of it are in ``work.alt`` (all it has where the tree or
     the arbiter takes it whatever it gains)."""
     sides, roots, own = trees
-    src, recent, limit, thr = how
+    src, state, limit, thr = how
     ix = side(sides, 0)
     cap = length_cap(limit, length, knobs)
     counted = reference_counted(length, cap, knobs.depth)
@@ -542,7 +543,7 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     discount = 1 if _own_end(own, counted, (pos[0, 0], pos[0, 1], pos[0, 2])) else 0
     cand = work.alt  # whole, for the arbiter and the merged tree
     whole = knobs.tree or knobs.arbitrate
-    n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * recent, length, stats,
+    n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * state, length, stats,
                          -1.0 if whole else best, cand, (work.ref, True))
     for i in range(n):
         cand.parents[i] = i - 1
@@ -601,7 +602,7 @@ def _arbitrate(i, s, length, ref_match, n_ref, out, alt, pending):
 
 
 @njit(cache=True, nogil=True)
-def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knobs, stats, out,
+def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs, stats, out,
                   work, pending):
     """The calibrated policy for request ``i``: the best draft of all its trees.
 
@@ -640,7 +641,7 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     n, best, m, source = _tree_draft(
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
-        (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs, stats, 0.0, row, work, pos[:1],
+        (np.int64(cal.SRC_REQUEST), state, limit, thr), knobs, stats, 0.0, row, work, pos[:1],
         np.int64(longest_own))
     out.n[i] = n
     out.match[i] = m
@@ -648,12 +649,12 @@ def draft_request(i, recent, thr, local, local_roots, delta, tables, batch, knob
     n_ref = -1  # no reference
     if work.ref[0] > 0:
         drafted, n_ref = _reference_draft((mine, solo, own_local), ctx, end, longest_own,
-                                          (np.int64(cal.SRC_REQUEST), recent, limit, thr), knobs,
+                                          (np.int64(cal.SRC_REQUEST), state, limit, thr), knobs,
                                           stats, best, row, work, pos[:1])
         best = _take(drafted, best, out, i)
     solo[0] = -1
     anchored = (delta.arena, c_end, n_anchors, out_len)
-    how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
+    how = (np.int64(cal.SRC_CROSS), state, limit, thr)
     # Namespace j's trees in the in-memory part (side 0) and the snapshot
     # segments: path drafts count all together (``union``), tree drafts take
     # each apart, segments first.

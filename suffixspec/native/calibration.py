@@ -5,14 +5,13 @@ in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
 whole-prompt key; drafting on the device, the other requests' open outputs),
-how the request's previous draft fared, the match
-length, the depth in the draft, and the counts it was chosen by (``n``
+the request's *state* (how its previous draft fared, and how far into its
+output it is), the match length, the depth in the draft, and the counts it was chosen by (``n``
 occurrences of the string so far, ``c`` of them continuing with this token).
 
 ``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
 three levels: a *shared* bucket (count, ratio, match length) that pools every
-source, a *coarse* one that adds the source, and a *fine* one that adds how the
-previous draft fared and the depth.
+source, a *coarse* one that adds the source, and a *fine* one that adds the request's state and the depth.
 
 With a *reference* (``calibrated``: what followed the newest earlier
 occurrence of the request's longest own match, the rule of vLLM's own
@@ -67,6 +66,13 @@ RECENT_REJECTED = 1
 RECENT_PARTLY = 2
 RECENT_WHOLLY = 3
 N_RECENT = 4
+# How far into its output the request is (tokens): before 32, 32-127, 128 on.
+# Where an output starts it copies its family's and its prompt's wording; deep
+# in, the same counts say less.
+POSITION_EDGES = (32, 128)
+N_POSITION = len(POSITION_EDGES) + 1
+# A request's state, the fine level's key beside the depth: ``recent + N_RECENT * position``.
+N_STATE = N_RECENT * N_POSITION
 
 N_COUNT = 6   # n: 1, 2, 3-4, 5-8, 9-16, 17+
 N_RATIO = 6   # c/n: [0, .2), [.2, .4), [.4, .6), [.6, .8), [.8, 1), 1
@@ -74,7 +80,7 @@ N_MATCH = 9   # match length: 0, 1, 2, 3, 4-5, 6-8, 9-15, 16-31, 32+
 N_DEPTH = 6   # depth in the draft: 0, 1, 2, 3-4, 5-8, 9+
 N_SHARED = N_COUNT * N_RATIO * N_MATCH
 N_COARSE = N_SRC * N_SHARED
-N_FINE = N_COARSE * N_RECENT * N_DEPTH
+N_FINE = N_COARSE * N_STATE * N_DEPTH
 PLANE_ROWS = N_SHARED + N_COARSE + N_FINE  # shared rows, then plane 0's coarse, then fine
 # Agreement with the reference at a token's depth (a plane of coarse and fine rows each).
 AGREE_NONE = 0
@@ -105,28 +111,31 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: Sources every layout of the table shares (request, cross, three anchors), and
-#: the (sources, planes) of the tables earlier versions kept: 0.1's sixth source
-#: was its recency candidate, 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``.
-N_SRC_KEPT = SRC_LIVE
-EARLIER_LAYOUTS = {"0.1": (6, 1), "0.2": (5, 1), "0.3": (5, N_AGREE)}
+#: The (sources, planes, sources kept) of the tables earlier versions kept,
+#: none of which knew the output position: 0.1's sixth source was its recency
+#: candidate (not kept), 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``.
+EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE), "0.2": (5, 1, SRC_LIVE),
+                   "0.3": (5, N_AGREE, SRC_LIVE), "0.4": (N_SRC, N_AGREE, N_SRC)}
 
 
-def layout_rows(n_src: int, planes: int) -> int:
-    """Rows of a table of ``n_src`` sources and ``planes`` agreement planes."""
-    return N_SHARED + planes * n_src * N_SHARED * (1 + N_RECENT * N_DEPTH)
+def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
+    """Rows of a table of ``n_src`` sources, ``planes`` agreement planes and
+    ``positions`` output-position buckets."""
+    return N_SHARED + planes * n_src * N_SHARED * (1 + N_RECENT * positions * N_DEPTH)
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version
     (``EARLIER_LAYOUTS``), or None when ``table`` is of no known layout.
-    Rows of the sources every layout shares keep their counts; the rest (0.1's
-    recency source, a source or plane an earlier table lacked) start empty."""
+    Rows of the sources kept keep their counts; the rest (0.1's recency
+    source, a source or plane an earlier table lacked) start empty.  An
+    earlier fine row, which did not know the output position, stands for
+    its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
         return None
-    for n_src, planes in EARLIER_LAYOUTS.values():
+    for n_src, planes, kept in EARLIER_LAYOUTS.values():
         if table.shape[0] == layout_rows(n_src, planes):
             break
     else:
@@ -134,14 +143,17 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     out = np.zeros((TABLE_ROWS, 2), table.dtype)
     out[:N_SHARED] = table[:N_SHARED]
     at = N_SHARED
+    fine_old = N_SHARED * N_RECENT * N_DEPTH
     for plane in range(planes):
         base = N_SHARED if plane == AGREE_NONE else PLANE_ROWS + (plane - 1) * PLANE
-        for per_src, new_at in ((N_SHARED, base), (N_SHARED * N_RECENT * N_DEPTH,
-                                                    base + N_COARSE)):
-            rows = table[at:at + n_src * per_src].reshape(n_src, per_src, 2)
-            out[new_at:new_at + N_SRC * per_src].reshape(N_SRC, per_src, 2)[:N_SRC_KEPT] = \
-                rows[:N_SRC_KEPT]
-            at += n_src * per_src
+        rows = table[at:at + n_src * N_SHARED].reshape(n_src, N_SHARED, 2)
+        out[base:base + N_COARSE].reshape(N_SRC, N_SHARED, 2)[:kept] = rows[:kept]
+        at += n_src * N_SHARED
+        rows = table[at:at + n_src * fine_old].reshape(n_src, N_SHARED, 1, N_RECENT, N_DEPTH, 2)
+        new = out[base + N_COARSE:base + N_COARSE + N_FINE].reshape(
+            N_SRC, N_SHARED, N_POSITION, N_RECENT, N_DEPTH, 2)
+        new[:kept] = rows[:kept]  # every position
+        at += n_src * fine_old
     return out
 
 
@@ -216,9 +228,26 @@ def _depth_bucket(j):
 
 
 @njit(cache=True, inline="always")
+def position_bucket(output_len):
+    """The output-position bucket of a request ``output_len`` tokens into its output."""
+    b = 0
+    for edge in POSITION_EDGES:
+        if output_len >= edge:
+            b += 1
+    return b
+
+
+@njit(cache=True, inline="always")
+def request_state(recent, output_len):
+    """The fine level's request state: how the previous draft fared
+    (``RECENT_*``) and the output position."""
+    return recent + N_RECENT * position_bucket(output_len)
+
+
+@njit(cache=True, inline="always")
 def with_agreement(src, agree):
-    """``src`` (``source + N_SRC * recent``) with the token's agreement with the reference."""
-    return src + N_SRC * N_RECENT * agree
+    """``src`` (``source + N_SRC * state``) with the token's agreement with the reference."""
+    return src + N_SRC * N_STATE * agree
 
 
 @njit(cache=True, inline="always")
@@ -233,7 +262,7 @@ def _plane_base(agree):
 def bucket(src, match_len, depth, c, n):
     """Fine bucket (table row) of a token chosen by ``c`` of ``n`` occurrences.
 
-    ``src`` is ``source + N_SRC * recent``, and ``with_agreement`` of it
+    ``src`` is ``source + N_SRC * state`` (``request_state``), and ``with_agreement`` of it
     where a reference says something of the token.
     """
     if c >= n:
@@ -242,12 +271,12 @@ def bucket(src, match_len, depth, c, n):
         rb = (5 * c) // n
         if rb > N_RATIO - 2:
             rb = N_RATIO - 2
-    agree = src // (N_SRC * N_RECENT)
-    src = src - N_SRC * N_RECENT * agree
-    recent = src // N_SRC
+    agree = src // (N_SRC * N_STATE)
+    src = src - N_SRC * N_STATE * agree
+    state = src // N_SRC
     shared = (_count_bucket(n) * N_RATIO + rb) * N_MATCH + _match_bucket(match_len)
-    coarse = (src - N_SRC * recent) * N_SHARED + shared
-    return (_plane_base(agree) + N_COARSE + (coarse * N_RECENT + recent) * N_DEPTH
+    coarse = (src - N_SRC * state) * N_SHARED + shared
+    return (_plane_base(agree) + N_COARSE + (coarse * N_STATE + state) * N_DEPTH
             + _depth_bucket(depth))
 
 
@@ -263,7 +292,7 @@ def agreement_of(fine):
 def coarse_of(fine):
     """Table row of the coarse bucket above fine row ``fine``."""
     base = _plane_base(agreement_of(fine))
-    return base + (fine - base - N_COARSE) // (N_RECENT * N_DEPTH)
+    return base + (fine - base - N_COARSE) // (N_STATE * N_DEPTH)
 
 
 @njit(cache=True, inline="always")

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from . import calibrated, calibration as cal
-from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending, Stats,
+from .layout import (SEQ_LEN, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending, Stats,
                      Workspace)
 from .union import FIELDS, put
 
@@ -70,7 +70,8 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     thr = step_threshold(stats, knobs)
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
-        calibrated.draft_request(i, pending.recent[s], thr, local, local_roots, delta,
+        state = cal.request_state(pending.recent[s], local.seqs[s, SEQ_LEN] - pending.start[s])
+        calibrated.draft_request(i, state, thr, local, local_roots, delta,
                                  (mine, cross), batch, knobs, stats, out, work, pending)
         n = out.n[i]
         pending.n[s] = n

@@ -229,10 +229,10 @@ def _found(found, row, kind, j, length, match, source):
 
 @njit(cache=True, nogil=True)
 def _candidates(req, pools, knobs, stats, work, pos, solo, found):
-    """The policy's best candidate of each group of request ``req = (i, recent,
+    """The policy's best candidate of each group of request ``req = (i, state,
     thr, limit)``, as rows of ``found`` (``[kind, namespace, length, match,
     source]``) and their gains; returns ``(count, gains)``."""
-    i, recent, thr, limit = req
+    i, state, thr, limit = req
     local, local_roots, delta, tables, batch = pools
     depth = knobs.depth
     s = batch.seqs[i]
@@ -241,7 +241,7 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
     gains = np.zeros(found.shape[0], np.float64)
     count = 0
     sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
-    how = (np.int64(cal.SRC_REQUEST), recent, limit, thr)
+    how = (np.int64(cal.SRC_REQUEST), state, limit, thr)
     hi = longest((sides, roots, own), ctx, start, end, depth, used)
     if hi > 0:
         n, gain, m, length = _lengths((sides, roots, own), ctx, end,
@@ -252,7 +252,7 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
             gains[count] = gain
             count += 1
     c_end, n_anchors, out_len = own_output(delta, batch.cross_seqs[i])
-    how = (np.int64(cal.SRC_CROSS), recent, limit, thr)
+    how = (np.int64(cal.SRC_CROSS), state, limit, thr)
     for j in range(batch.cross_roots.shape[1]):
         sides, roots, own, used = _group(i, _CROSS, j, pools, solo)
         hi = longest((sides, roots, own), ctx, start, end, depth, used)
@@ -280,7 +280,7 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
 
 @njit(cache=True, nogil=True)
 def build_request(req, pools, knobs, stats, work, win, scratch):
-    """Windows of request ``req = (i, recent, thr, limit)`` (rows ``win.*[i]``);
+    """Windows of request ``req = (i, state, thr, limit)`` (rows ``win.*[i]``);
     returns how many it has.  ``pools`` as for ``_group``; ``scratch`` is
     ``(points, where, kept, pos, solo, found)``: branch points (see
     ``_walk``), positions (a row per side), a root row and candidate rows.
@@ -425,7 +425,9 @@ def build_batch(local, local_roots, segs, delta, batch, knobs, stats, pending, w
     filled = np.zeros(batch.seqs.shape[0], np.int64)
     pools = (local, local_roots, delta, (mine, cross), batch)
     for i in range(batch.seqs.shape[0]):
-        req = (np.int64(i), pending.recent[batch.seqs[i]], thr, batch.limits[i])
+        s = batch.seqs[i]
+        state = cal.request_state(pending.recent[s], local.seqs[s, SEQ_LEN] - pending.start[s])
+        req = (np.int64(i), state, thr, batch.limits[i])
         filled[i] = build_request(req, pools, knobs, stats, work, win, scratch)
     return filled
 

@@ -368,7 +368,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         self.epochs[slot] += 1
         epoch = int(self.epochs[slot])
         self.windows.epoch[slot] = epoch
-        self.windows.reset(slot)
+        self.windows.reset(slot, prompt_len)
         if self.live is not None:
             self.live.start(slot, prompt_len)
         if self.feeder is not None:

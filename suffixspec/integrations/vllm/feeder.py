@@ -14,7 +14,8 @@ copied to pinned memory behind an event.  The feeder, one step behind:
 2. builds the next windows of the step's requests (``candidate_windows``),
    the one-token paths that changed, the corpus documents of finished
    outputs and the family rows of requests that started, and packs them
-   with the step's threshold, calibration table and the arbiter's choice
+   with the step's threshold, a slice of the calibration table (the next in
+   turn) and the arbiter's choice
    per cell into a pinned payload (``device.payload``);
 3. publishes it: the worker's next ``propose`` copies it to the device.
 
@@ -141,7 +142,9 @@ class WindowFeeder:
         for v in self.buffers:
             packer.clear(v)
             v["params"].view(np.float32)[:] = params
+            v["table_at"][0] = 0
             v["table"].view(np.float32)[:] = 0.0
+        self._table_part = 0  # the table's slice the next payload carries
         self.proposer = None
         self.requests: dict[str, Followed] = {}
         self.stats = FeederStats()
@@ -403,7 +406,10 @@ class WindowFeeder:
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
                 prop.max_depth, prop.config.newest_window > 0,
                 self.arbiter and prop.config.arbitrate)
-            v["table"].view(np.float32)[:] = prop.stats.table
+            at = self.spec.table_at(self._table_part)
+            v["table_at"][0] = at
+            v["table"].view(np.float32)[:] = prop.stats.table[at:at + self.spec.table_rows]
+            self._table_part = (self._table_part + 1) % self.spec.table_parts
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
             self._lap("calibration")
         while self._docs:  # taken first: a document the packer refuses is not retried
