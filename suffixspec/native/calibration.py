@@ -6,12 +6,14 @@ one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
 whole-prompt key; drafting on the device, the other requests' open outputs),
 the request's *state* (how its previous draft fared, and how far into its
-output it is), the match length, the depth in the draft, and the counts it was chosen by (``n``
-occurrences of the string so far, ``c`` of them continuing with this token).
+output it is), the match length, the depth in the draft, and the counts it
+was chosen by (``n`` occurrences of the string so far, ``c`` of them
+continuing with this token).
 
 ``table`` (float64, ``[TABLE_ROWS, 2]``) holds (accepted, tried) per bucket at
 three levels: a *shared* bucket (count, ratio, match length) that pools every
-source, a *coarse* one that adds the source, and a *fine* one that adds the request's state and the depth.
+source, a *coarse* one that adds the source, and a *fine* one that adds the
+request's state and the depth.
 
 With a *reference* (``calibrated``: what followed the newest earlier
 occurrence of the request's longest own match, the rule of vLLM's own
