@@ -122,9 +122,9 @@ Stats = namedtuple("Stats", "table state")
 #: The latest draft of each request (row: its sequence in the request index),
 #: scored against the emitted tokens by ``calibration.learn``; ``recent`` is
 #: how the previous draft fared, ``start`` the sequence's length where the
-#: request's output starts (its output position is the rest).  ``keep_meta`` and ``keep_tokens`` are each
-#: request's ring of drafts the arbiter has yet to score, ``arbiter`` its
-#: table (``arbiter``).
+#: request's output starts (its output position is the rest).  ``keep_meta``
+#: and ``keep_tokens`` are each request's ring of drafts the arbiter has yet
+#: to score, ``arbiter`` its table (``arbiter``).
 Pending = namedtuple("Pending",
                      "tokens parents buckets n recent start keep_meta keep_tokens arbiter")
 

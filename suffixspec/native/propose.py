@@ -13,8 +13,8 @@ import numpy as np
 from numba import njit
 
 from . import calibrated, calibration as cal
-from .layout import (SEQ_LEN, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending, Stats,
-                     Workspace)
+from .layout import (SEQ_LEN, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending,
+                     Stats, Workspace)
 from .union import FIELDS, put
 
 
@@ -45,6 +45,13 @@ def side_tables(local, segs, delta):
     return mine, cross
 
 
+@njit(cache=True, inline="always")
+def state_of(local, pending, s):
+    """The calibration state (``calibration.request_state``) of the request in
+    own sequence ``s``: how its last draft fared, how far into its output it is."""
+    return cal.request_state(pending.recent[s], local.seqs[s, SEQ_LEN] - pending.start[s])
+
+
 @njit(cache=True, nogil=True)
 def step_threshold(stats, knobs):
     """The probability a drafted token must beat this step: the cost threshold,
@@ -70,8 +77,7 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
     thr = step_threshold(stats, knobs)
     for i in range(batch.seqs.shape[0]):
         s = batch.seqs[i]
-        state = cal.request_state(pending.recent[s], local.seqs[s, SEQ_LEN] - pending.start[s])
-        calibrated.draft_request(i, state, thr, local, local_roots, delta,
+        calibrated.draft_request(i, state_of(local, pending, s), thr, local, local_roots, delta,
                                  (mine, cross), batch, knobs, stats, out, work, pending)
         n = out.n[i]
         pending.n[s] = n

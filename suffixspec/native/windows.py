@@ -43,7 +43,7 @@ from .layout import (Batch, Candidate, Heap, Index, Knobs, Merged, Pending, SEQ_
                      SEQ_ROOT, SEQ_SLOT, Stats, Windows, Workspace)
 from .tokens import SYNTHETIC_BASE
 from .trie import anchors, suffix_position, tail
-from .propose import side_tables, step_threshold
+from .propose import side_tables, state_of, step_threshold
 from .union import (NOWHERE, _count_all, advance, advance_all, best_next, counts_of, position,
                     side)
 
@@ -425,9 +425,7 @@ def build_batch(local, local_roots, segs, delta, batch, knobs, stats, pending, w
     filled = np.zeros(batch.seqs.shape[0], np.int64)
     pools = (local, local_roots, delta, (mine, cross), batch)
     for i in range(batch.seqs.shape[0]):
-        s = batch.seqs[i]
-        state = cal.request_state(pending.recent[s], local.seqs[s, SEQ_LEN] - pending.start[s])
-        req = (np.int64(i), state, thr, batch.limits[i])
+        req = (np.int64(i), state_of(local, pending, batch.seqs[i]), thr, batch.limits[i])
         filled[i] = build_request(req, pools, knobs, stats, work, win, scratch)
     return filled
 
