@@ -40,6 +40,11 @@ prints one line per slice.  ``--drop`` names features to leave out;
 occurrence of the longest match, in the request's history or its corpus)
 as one more candidate; ``--refits N`` fits again N times over the second
 half, on every candidate token recorded so far (the newest ``MAX_ROWS``).
+``--lexical`` adds what the token ids say with the tokenizer's help
+(``LEXICAL``): how many tokens the context's line holds so far, and the kind
+of text (``CLASSES``: a newline, spaces, punctuation, a word with or without
+its leading space, digits, mixed) of the context's last token, of the token
+before the candidate token and of the candidate token.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import sys
 import numpy as np
 
 from suffixspec.draft import Draft
+from suffixspec.fingerprint import load_hf_tokenizer
 from suffixspec.native import warmup
 from suffixspec.native.windows import W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE
 from suffixspec.replay.harness import EST_TOKEN_COST, replay
@@ -65,8 +71,29 @@ MAX_ROWS = 2_000_000  # training rows of a fit (the newest)
 #: The classifier's features, in ``Chooser._features``' order (``--drop`` leaves some out).
 FEATURES = ("source", "match", "window", "depth", "c", "n", "ratio", "agree", "candidates",
             "on_policy", "policy_prob", "policy_len", "last_drafted", "last_accepted",
-            "position")
+            "position", "column", "last_class", "prev_class", "cand_class")
+#: The features ``--lexical`` adds: where the context's line is, and the kind
+#: of text of its last token, of the token before the candidate token and of
+#: the candidate token itself (``token_classes``).
+LEXICAL = FEATURES[-4:]
 EMA = 0.01
+MAX_COLUMN = 64
+#: Kinds of token text, in ``token_classes``' codes.
+CLASSES = ("newline", "space", "punctuation", "spaced word", "word", "digits", "mixed")
+
+
+def token_classes(tokenizer) -> np.ndarray:
+    """Per token id, the index in ``CLASSES`` of its text's kind."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    out = np.zeros(size, np.int64)
+    for t in range(size):
+        s = tokenizer.decode([t])
+        body = s[1:] if s.startswith(" ") else s
+        out[t] = (0 if "\n" in s else 1 if not s.strip() else
+                  2 if all(not ch.isalnum() for ch in s.strip()) else
+                  5 if s.strip().isdigit() else
+                  (3 if s.startswith(" ") else 4) if body.isalpha() else 6)
+    return out
 
 
 def _prefix_equal(a: np.ndarray, b: np.ndarray, j: int) -> bool:
@@ -90,10 +117,15 @@ class Chooser(Oracle):
     counts of the requests in ``scored``.  The policy (and vLLM's drafter,
     ``with_vllm``) run alongside as in ``oracle_bound.Oracle``."""
 
-    def __init__(self, requests, scored: set, use_model: bool, drop=(), with_vllm=False):
+    def __init__(self, requests, scored: set, use_model: bool, drop=(), with_vllm=False,
+                 classes=None):
         super().__init__(requests, with_vllm)
         self.scored, self.use_model = scored, use_model
+        self.classes = classes  # token_classes: the lexical features are used
+        drop = set(drop) | (set() if classes is not None else set(LEXICAL))
         self.keep = [i for i, f in enumerate(FEATURES) if f not in drop]
+        self.prompt: dict = {}
+        self.column: dict = {}  # tokens since the context's last newline
         self.model = None
         self.last: dict = {}
         self.rows_x: list = []  # since the last fit
@@ -106,17 +138,26 @@ class Chooser(Oracle):
     def start_request(self, req_id, prompt, anchors=None) -> None:
         super().start_request(req_id, prompt)
         self.last[req_id] = (0, 0)
+        self.prompt[req_id] = np.asarray(prompt, np.int64)
+        if self.classes is not None:
+            lines = np.flatnonzero(self.classes[self.prompt[req_id]] == 0)
+            self.column[req_id] = (self.prompt[req_id].shape[0] - 1 - int(lines[-1])
+                                   if lines.shape[0] else MAX_COLUMN)
 
     def extend(self, req_id, tokens) -> None:
         super().extend(req_id, tokens)
         n = int(np.asarray(tokens).shape[0])
+        if self.classes is not None:
+            for t in np.asarray(tokens, np.int64):
+                self.column[req_id] = 0 if self.classes[t] == 0 else self.column[req_id] + 1
         if req_id in self.scored:
             self.tokens += n
         self.emitted += EMA * (n - self.emitted)
 
     def finish_request(self, req_id) -> None:
         super().finish_request(req_id)
-        del self.last[req_id]
+        del self.last[req_id], self.prompt[req_id]
+        self.column.pop(req_id, None)
 
     def propose(self, req_ids, max_spec_tokens=None) -> list[Draft]:
         return [self._one(rid) for rid in req_ids]
@@ -154,8 +195,16 @@ class Chooser(Oracle):
         mine = draft.token_ids.astype(np.int64)
         probs = draft.probs.astype(np.float64)
         drafted_last, accepted_last = self.last[rid]
+        if self.classes is not None:
+            at = self.at[rid]
+            tail = self.truth[rid][at - 1] if at else self.prompt[rid][-1]
+            last_class, column = int(self.classes[tail]), min(self.column[rid], MAX_COLUMN)
+        else:
+            last_class = column = -1
         rows = []
         for src, match, r, toks, c, n in cands:
+            kinds = (self.classes[toks] if self.classes is not None
+                     else np.full(toks.shape[0], -1))
             for j in range(toks.shape[0]):
                 agree = sum(1 for o in cands if o[3] is not toks and _prefix_equal(o[3], toks, j))
                 on_policy = _prefix_equal(mine, toks, j)
@@ -163,7 +212,8 @@ class Chooser(Oracle):
                              agree, len(cands), on_policy,
                              probs[j] / (probs[j - 1] if j > 0 else 1.0) if on_policy else -1.0,
                              mine.shape[0], drafted_last, accepted_last,
-                             min(self.at[rid], 4096)))
+                             min(self.at[rid], 4096), column, last_class,
+                             kinds[j - 1] if j else last_class, kinds[j]))
         return np.asarray(rows, np.float64)[:, self.keep]
 
     def _one(self, rid) -> Draft:
@@ -222,7 +272,9 @@ class Chooser(Oracle):
         self.model = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.1,
                                                     max_leaf_nodes=63,
                                                     categorical_features=[
-                                                        self.keep.index(i) for i in (0, 2)
+                                                        self.keep.index(i) for i in (
+                                                            0, 2, *(FEATURES.index(f) for f
+                                                                    in LEXICAL[1:]))
                                                         if i in self.keep],
                                                     random_state=0).fit(x, y)
         print(f"    fitted on {x.shape[0]:,} candidate tokens ({y.mean():.3f} right)",
@@ -230,10 +282,10 @@ class Chooser(Oracle):
         self.rows_x, self.rows_y = [], []
 
 
-def run(requests, use_model: bool, drop=(), with_vllm=False, refits=0) -> dict:
+def run(requests, use_model: bool, drop=(), with_vllm=False, refits=0, classes=None) -> dict:
     half = len(requests) // 2
     scored = {r.req_id for r in requests[half:]}
-    chooser = Chooser(requests, scored, use_model, drop, with_vllm)
+    chooser = Chooser(requests, scored, use_model, drop, with_vllm, classes)
     replay(requests[:half], chooser)
     # The second half in refits + 1 parts, fitting again on every row so far before each.
     cuts = np.linspace(half, len(requests), refits + 2).astype(int)
@@ -256,14 +308,17 @@ def main():
                     help="vLLM's drafter's draft (vllm-gpu) is one more candidate")
     ap.add_argument("--refits", type=int, default=0,
                     help="fit again this many times in the second half, on every row so far")
+    ap.add_argument("--lexical", action="store_true",
+                    help="add the line's column and the kinds of token text (LEXICAL)")
     args = ap.parse_args()
     warmup()
     encode = hf_encoder(args.tokenizer)
+    classes = token_classes(load_hf_tokenizer(args.tokenizer)) if args.lexical else None
     for name in args.only:
         requests = load_slice(args.traces, name, encode, args.fraction)
         policy = run(requests, use_model=False)
         learned = run(requests, use_model=True, drop=args.drop, with_vllm=args.with_vllm,
-                      refits=args.refits)
+                      refits=args.refits, classes=classes)
         print(f"{name:8s} second half: policy MTS {policy['mts']:.3f} est {policy['est']:.3f} "
               f"drafted {policy['drafted']:.2f} | chooser MTS {learned['mts']:.3f} "
               f"est {learned['est']:.3f} drafted {learned['drafted']:.2f} | "
