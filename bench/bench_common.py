@@ -62,13 +62,24 @@ def save_results(out: str | Path, name: str, data, md: str, show: bool = True) -
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
-    """A benchmark's arguments: ``--traces``, ``--tokenizer`` and ``--out``, described by
-    the first paragraph of its docstring ``doc``."""
+    """A benchmark's arguments: ``--traces``, ``--tokenizer``, ``--out`` and
+    ``--no-kinds``, described by the first paragraph of its docstring ``doc``."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--traces", default="../shared/data/traces")
     ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--no-kinds", action="store_true",
+                    help="suffixspec drafts without the tokenizer's token kinds")
     return ap
+
+
+def token_kinds(args):
+    """The tokenizer's token kinds for suffixspec (``SuffixProposer(token_kinds=)``),
+    None with ``--no-kinds``."""
+    from suffixspec.fingerprint import load_hf_tokenizer
+    from suffixspec.token_kinds import token_kinds as kinds_of
+
+    return None if args.no_kinds else kinds_of(load_hf_tokenizer(args.tokenizer))
 
 
 def config_settings(items) -> dict:

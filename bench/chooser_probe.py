@@ -42,8 +42,8 @@ as one more candidate; ``--refits N`` fits again N times over the second
 half, on every candidate token recorded so far (the newest ``MAX_ROWS``).
 ``--lexical`` adds what the token ids say with the tokenizer's help
 (``LEXICAL``): how many tokens the context's line holds so far, and the kind
-of text (``CLASSES``: a newline, spaces, punctuation, a word with or without
-its leading space, digits, mixed) of the context's last token, of the token
+of text (``suffixspec.token_kinds.KINDS``: a newline, spaces, punctuation, a word
+with or without its leading space, digits, mixed) of the context's last token, of the token
 before the candidate token and of the candidate token.
 """
 
@@ -55,6 +55,7 @@ import numpy as np
 
 from suffixspec.draft import Draft
 from suffixspec.fingerprint import load_hf_tokenizer
+from suffixspec.token_kinds import token_kinds
 from suffixspec.native import warmup
 from suffixspec.native.windows import W_AT, W_HEAD, W_LEN, W_MATCH, W_SOURCE
 from suffixspec.replay.harness import EST_TOKEN_COST, replay
@@ -74,42 +75,10 @@ FEATURES = ("source", "match", "window", "depth", "c", "n", "ratio", "agree", "c
             "position", "column", "last_class", "prev_class", "cand_class")
 #: The features ``--lexical`` adds: where the context's line is, and the kind
 #: of text of its last token, of the token before the candidate token and of
-#: the candidate token itself (``token_classes``).
+#: the candidate token itself (``suffixspec.token_kinds``).
 LEXICAL = FEATURES[-4:]
 EMA = 0.01
 MAX_COLUMN = 64
-#: Kinds of token text, in ``token_classes``' codes.
-CLASSES = ("newline", "space", "punctuation", "spaced word", "word", "digits", "mixed")
-
-
-def token_classes(tokenizer) -> np.ndarray:
-    """Per token id, the index in ``CLASSES`` of its text's kind."""
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    out = np.zeros(size, np.int64)
-    for t in range(size):
-        s = tokenizer.decode([t])
-        body = s[1:] if s.startswith(" ") else s
-        out[t] = (0 if "\n" in s else 1 if not s.strip() else
-                  2 if all(not ch.isalnum() for ch in s.strip()) else
-                  5 if s.strip().isdigit() else
-                  (3 if s.startswith(" ") else 4) if body.isalpha() else 6)
-    return out
-
-
-def _prefix_equal(a: np.ndarray, b: np.ndarray, j: int) -> bool:
-    return a.shape[0] > j and b.shape[0] > j and bool(np.array_equal(a[:j + 1], b[:j + 1]))
-
-
-def _labels(toks: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Per token of a candidate: 1 right, 0 wrong, -1 not reached (a token
-    before it was wrong, or the output ended)."""
-    out = np.full(toks.shape[0], -1, np.int64)
-    got = accepted(toks, truth)
-    out[:got] = 1
-    if got < min(toks.shape[0], truth.shape[0]):
-        out[got] = 0
-    return out
-
 
 class Chooser(Oracle):
     """Drafts the policy's drafts until the classifier is fitted (always,
@@ -121,7 +90,7 @@ class Chooser(Oracle):
                  classes=None):
         super().__init__(requests, with_vllm)
         self.scored, self.use_model = scored, use_model
-        self.classes = classes  # token_classes: the lexical features are used
+        self.classes = classes  # token kinds: the lexical features are used
         drop = set(drop) | (set() if classes is not None else set(LEXICAL))
         self.keep = [i for i, f in enumerate(FEATURES) if f not in drop]
         self.prompt: dict = {}
@@ -313,7 +282,7 @@ def main():
     args = ap.parse_args()
     warmup()
     encode = hf_encoder(args.tokenizer)
-    classes = token_classes(load_hf_tokenizer(args.tokenizer)) if args.lexical else None
+    classes = token_kinds(load_hf_tokenizer(args.tokenizer)) if args.lexical else None
     for name in args.only:
         requests = load_slice(args.traces, name, encode, args.fraction)
         policy = run(requests, use_model=False)

@@ -42,7 +42,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import parser, save_results
+from bench_common import parser, save_results, token_kinds
 from policy_bench import SLICES, load_slice
 
 K16 = dict(max_depth=64, max_spec_tokens=16)
@@ -80,6 +80,7 @@ def main():
         return
     encode = hf_encoder(args.tokenizer)
     warmup()
+    kinds = token_kinds(args)
     rows = []
     for name in args.only or list(SLICES):
         requests = load_slice(args.traces, name, encode, args.fraction)
@@ -89,7 +90,7 @@ def main():
                 if run not in args.runs:
                     continue
                 t0 = time.perf_counter()
-                proposer = make_proposer(engine, requests, **settings)
+                proposer = make_proposer(engine, requests, token_kinds=kinds, **settings)
                 m = replay(requests, proposer, concurrency=b).metrics()
                 row[run] = {k: m[k] for k in ("mean_tokens_per_step", "est", "drafted_per_step")}
                 counts = getattr(proposer, "counts", None)

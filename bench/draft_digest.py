@@ -28,7 +28,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 
-from bench_common import config_settings, parser
+from bench_common import config_settings, parser, token_kinds
 from policy_bench import SLICES
 
 MODES = {"path": {}, "tree": {"tree": True}}
@@ -65,6 +65,7 @@ def main():
     args = ap.parse_args()
     settings = {} if args.draft_cost is None else {"draft_cost": args.draft_cost}
     settings.update(config_settings(args.set))
+    kinds = token_kinds(args)
     encode = hf_encoder(args.tokenizer)
     warmup()
     for name in args.only or list(SLICES):
@@ -73,7 +74,7 @@ def main():
         for mode in args.modes or list(MODES):
             options = MODES[mode]
             proposer = Recording(make_proposer("suffixspec", requests, cross_pool_tokens=None,
-                                               **options, **settings))
+                                               token_kinds=kinds, **options, **settings))
             m = replay(requests, proposer).metrics()
             print(f"{name:8s} {mode}: MTS {m['mean_tokens_per_step']:.4f} est {m['est']:.4f} "
                   f"drafted {m['drafted_per_step']:.4f} digest {proposer.hash.hexdigest()}",

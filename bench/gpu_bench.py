@@ -58,7 +58,7 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 from suffixspec.stepcost import H100_8B
 
-from bench_common import parser, save_results
+from bench_common import parser, save_results, token_kinds
 from policy_bench import SLICES, load_slice
 
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
@@ -134,6 +134,7 @@ def main():
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
     measured = host_costs(args.mrv2, levels, args.device_check)
+    kinds = token_kinds(args)
     rows = []
     for name in args.only or list(SLICES):
         requests = load_slice(args.traces, name, encode, args.fraction)
@@ -142,6 +143,8 @@ def main():
             for config, (engine, settings, host, overhead) in CONFIGS.items():
                 if engine == "suffixspec-device":
                     settings = dict(settings, arbiter=args.device_arbiter)
+                if engine.startswith("suffixspec"):
+                    settings = dict(settings, token_kinds=kinds)
                 t0 = time.perf_counter()
                 r = run_one(requests, engine, settings, b)
                 row[config] = tokens_per_s(r, host, overhead, measured[b])

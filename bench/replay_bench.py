@@ -43,7 +43,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import TRACES, load, save_results
+from bench_common import TRACES, load, save_results, token_kinds
 
 K16 = dict(max_depth=64, max_spec_tokens=16)
 F1 = dict(K16, max_spec_factor=1.0, min_token_prob=0.1)
@@ -70,6 +70,7 @@ RATIOS = [("new", "arctic f2"), ("new", "arctic f1"), ("new", "new, no family"),
 def run(args) -> dict:
     encode = hf_encoder(args.tokenizer)
     compile_s = warmup()
+    kinds = token_kinds(args)
     results = {"machine": platform.platform(), "python": sys.version.split()[0],
                "compile_s": round(compile_s, 2), "runs": []}
     for name in args.only or list(TRACES):
@@ -78,7 +79,8 @@ def run(args) -> dict:
         print(f"{name}: {len(requests)} requests loaded in {time.perf_counter() - t0:.0f}s",
               file=sys.stderr)
         for config, (engine, knobs, conc) in RUNS.items():
-            extra = {"cross_pool_tokens": None} if engine == "suffixspec" else {}
+            extra = ({"cross_pool_tokens": None, "token_kinds": kinds} if engine == "suffixspec"
+                     else {})
             proposer = make_proposer(engine, requests, **knobs, **extra)
             t0 = time.perf_counter()
             with tqdm(total=len(requests), desc=f"{name} {config}", file=sys.stderr,
@@ -156,6 +158,8 @@ def main():
                     help="tokenizer.json or its folder")
     ap.add_argument("--out", default="bench/results", help="folder for replay.json/.md")
     ap.add_argument("--only", nargs="*", choices=list(TRACES), help="run only these traces")
+    ap.add_argument("--no-kinds", action="store_true",
+                    help="suffixspec drafts without the tokenizer's token kinds")
     args = ap.parse_args()
     results = run(args)
     save_results(args.out, "replay", results, markdown(results))

@@ -24,6 +24,7 @@ from suffixspec.native.windows import build_batch as build_windows, one_token_pa
 from suffixspec.pools.memory import CrossPool, RequestPool
 from suffixspec.pools.store import FileBusy, PoolError
 from suffixspec.pools.view import EMPTY_VIEW
+from suffixspec.token_kinds import checked_kinds
 from suffixspec.tokens import as_token_ids
 
 
@@ -58,13 +59,17 @@ class SuffixProposer:
         For a pool path, ``PersistentPool``'s options: ``refresh_interval``
         (seconds until others' commits are drafted from; 1 s),
         ``snapshot_every`` (committed tokens between snapshots), ``ttl``...
+    token_kinds:
+        The kind of each token id's text (``suffixspec.token_kinds.token_kinds``
+        of the engine's tokenizer): the calibration then learns how each kind
+        fares beside its bucket.  None: no kinds, as without a tokenizer.
 
     A proposer is safe to share between threads: each public call holds its
     lock, so calls run one at a time.
     """
 
     def __init__(self, config: ProposerConfig | None = None, *, pool=None, tokenizer=None,
-                 pool_options: dict | None = None, **settings):
+                 pool_options: dict | None = None, token_kinds=None, **settings):
         config = ProposerConfig.from_settings(config, **settings)
         self.config = config
         self.max_depth = int(config.max_depth)
@@ -78,7 +83,8 @@ class SuffixProposer:
         self.knobs = lay.Knobs(self.max_depth, self.max_spec_factor, self.max_spec_offset,
                                self.min_token_prob, self.tree, bool(config.anchors),
                                int(config.newest_window), bool(config.arbitrate))
-        self.stats = cal.new_stats(float(config.draft_cost))
+        self.stats = cal.new_stats(float(config.draft_cost),
+                                   None if token_kinds is None else checked_kinds(token_kinds))
         # Calibration tables: the proposer's namespace's (``stats.table``) and
         # up to ``namespace_tables`` more, one per namespace, each with the
         # one threshold state; per table the (table, state) tuple the kernels take.
@@ -669,7 +675,7 @@ class SuffixProposer:
             if len(self._stats_flats) > self.config.namespace_tables:
                 return 0
             t = self._table_index[namespace] = len(self._stats_flats)
-            self._stats_flats.append((cal.new_table(), self.stats.state))
+            self._stats_flats.append((cal.new_table(), self.stats.state, self.stats.kinds))
         return t
 
     def _tables_of(self, req_ids) -> tuple[int, list | None]:

@@ -113,7 +113,7 @@ def compile_sm90() -> dict:
              "drafts_ptr": "*i64", "conf_ptr": "*fp32", "probs_ptr": "*fp32",
              "valid_ptr": "*i32", "buckets_ptr": "*i32", "choice_ptr": "*i32",
              "match_ptr": "*i32", "last_ptr": "*i64", "pair_ptr": "*i32",
-             "pair_tok_ptr": "*i64", "vocab": "i32"}
+             "pair_tok_ptr": "*i64", "vocab": "i32", "kinds_ptr": "*i32", "n_kinds": "i32"}
     signature = {n: ("constexpr" if n in consts else types[n]) for n in names}
     src = ASTSource(fn=kernel, signature=signature, constexprs=consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))

@@ -11,7 +11,7 @@ from suffixspec.native import calibration as cal
 FROM_SCAN, FROM_NOTHING = -2, -1
 
 
-def probability(table, weights, src, m, depth, c, n):
+def probability(table, weights, src, m, depth, c, n, kind=-1):
     fine = int(cal.bucket(src, m, depth, c, n))
     coarse = int(cal.coarse_of(fine))
     shared = int(cal.shared_of(fine))
@@ -19,7 +19,17 @@ def probability(table, weights, src, m, depth, c, n):
     prior = c / (n + 1.0 / np.sqrt(max(m, 1)))
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
-    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf), fine
+    p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+    if kind >= 0 and pc > 0:  # the kind's row beside the coarse row, in the lift rows after the planes
+        plane = int(cal.agreement_of(fine))
+        plane_first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
+        lift = cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - plane_first
+        p = min(p * (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc), cal.P_MAX)
+    return p, fine
+
+
+def kind_of(kinds, token):
+    return int(kinds[token]) if kinds is not None and 0 <= token < len(kinds) else -1
 
 
 def recent_of(last_valid, sampled):
@@ -44,7 +54,8 @@ def agreements(tokens, ref):
     return out
 
 
-def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, ref=()):
+def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, ref=(),
+          kinds=None):
     """(gain, drafted tokens, q per token, p per token, buckets) of one candidate."""
     cap = k if factor < 0 else int(np.floor(m * factor + offset + 1e-6))
     prob, gain = 1.0, 0.0
@@ -57,7 +68,7 @@ def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, r
         if not (cj > 0 and nj > 0 and 0 <= t < vocab):
             break
         q, fine = probability(table, weights, int(cal.with_agreement(src, agree[j])), m, j, cj,
-                              nj)
+                              nj, kind_of(kinds, t))
         p = prob * q
         if not (p > thr and j < cap):
             break
@@ -97,14 +108,15 @@ def family_match(family, ctx, depth):
 
 def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, offset, depth,
               k, vocab, head, scan_depth=24, extra=(), reference=False, family=None,
-              live=None, start=0):
+              live=None, start=0, kinds=None):
     """The device step for one request: ``windows`` is a list of ``(tokens, c, n,
     [source, match, head, length])``; ``extra`` more candidates ``(tokens, c,
     n, match, source)`` after the scan (``None``: none); ``family`` the slot's
     family row (a list; None: none), its candidate after them; ``live`` the open
     outputs' draft ``(tokens, c, n, match)`` (None: none), last; ``reference``:
     the scan's continuation rates the other candidates' tokens; ``start``
-    where the request's output starts in ``ctx``.  Returns
+    where the request's output starts in ``ctx``; ``kinds`` each token's kind
+    (None: none).  Returns
     ``(tokens, q, p, buckets, choice, match, recent)``."""
     recent = recent_of(last_valid, sampled)
     position = sum(max(len(ctx) - start, 0) >= edge for edge in cal.POSITION_EDGES)
@@ -156,7 +168,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
             continue
         tokens, c, n, m, source = cand
         result = score(tokens, c, n, source + cal.N_SRC * state, m, k, table, weights, thr,
-                       factor, offset, vocab, ref)
+                       factor, offset, vocab, ref, kinds)
         if result[0] > best_gain:
             best, best_gain = (i, result, m), result[0]
     if best is None or sampled <= 0:

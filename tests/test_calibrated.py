@@ -79,7 +79,15 @@ def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
     p.cross.delta.index.check_integrity()
 
 
-def _reference_update(table, draft, emitted, buckets):
+def _lift_row(fine, kind):
+    """The lift row of ``kind`` beside fine row ``fine``'s coarse row, from the layout."""
+    plane = 0 if fine < cal.PLANE_ROWS else 1 + (fine - cal.PLANE_ROWS) // cal.PLANE
+    first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
+    coarse = first + (fine - first - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
+    return cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - first
+
+
+def _reference_update(table, draft, emitted, buckets, kinds=None):
     """What one verification outcome must add to the table, from first principles."""
     table = table.copy()
     ok = []
@@ -95,16 +103,22 @@ def _reference_update(table, draft, emitted, buckets):
         ok.append(hit)
         if buckets[t] < 0:  # the arbiter's reference: not the policy's pick
             continue
-        for row in (buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])):
+        rows = [buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])]
+        kind = -1 if kinds is None else int(kinds[int(draft.token_ids[t])])
+        if kind >= 0:
+            rows.append(_lift_row(int(buckets[t]), kind))
+        for row in rows:
             table[row, 1] += 1
             table[row, 0] += hit
     return table
 
 
+@pytest.mark.parametrize("kinds", [None, [2, -1, 5]])
 @pytest.mark.parametrize("tree", [False, True])
-def test_calibration_counts_exactly_what_the_engine_emitted(tree):
+def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
     rng = np.random.default_rng(1)
-    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=0.0)
+    p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=0.0,
+                       token_kinds=kinds)
     text = rng.integers(0, 3, 400).astype(np.int32)
     p.start_request("r", text[:200])
     pos = 200
@@ -113,13 +127,14 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree):
         d = p.propose(["r"])[0]
         buckets = p.pending.buckets[p.requests.requests["r"][1], :len(d)].copy()
         emitted = text[pos:pos + int(rng.integers(1, 5))]
-        expect = _reference_update(p.stats.table, d, emitted, buckets)
+        expect = _reference_update(p.stats.table, d, emitted, buckets, kinds)
         p.extend("r", emitted)
         np.testing.assert_array_equal(p.stats.table, expect)
         checked += len(d) > 0
         pos += emitted.shape[0]
     assert checked > 20
     assert p.stats.table[:, 1].sum() > 0
+    assert p.stats.table[cal.BASE_ROWS:, 1].any() == (kinds is not None)
 
 
 def test_calibration_learns_that_a_pattern_stopped_repeating():
@@ -209,7 +224,9 @@ def test_table_rows_cover_every_bucket():
     assert cal.coarse_of(low) == cal.N_SHARED and cal.shared_of(low) == 0
     last = cal.bucket(cal.with_agreement(cal.N_SRC * cal.N_STATE - 1, cal.N_AGREE - 1),
                       10_000, 10_000, 10_000, 10_000)
-    assert last == cal.TABLE_ROWS - 1
+    assert last == cal.BASE_ROWS - 1  # the lift rows follow
+    assert cal.lift_row(last, cal.N_KIND - 1) == cal.TABLE_ROWS - 1
+    assert cal.lift_row(low, 0) == cal.BASE_ROWS
 
 
 def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
@@ -234,7 +251,12 @@ def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
                                 + (agree - 1) * cal.PLANE)
     fines = set(seen)
     coarse = {cal.coarse_of(f) for f in fines}
-    assert not fines & coarse and max(fines) < cal.TABLE_ROWS
+    assert not fines & coarse and max(fines) < cal.BASE_ROWS
+    # one lift row per coarse row and kind, all of them after the planes
+    one_fine = {cal.coarse_of(f): f for f in fines}
+    lifts = {cal.lift_row(f, kind) for f in one_fine.values() for kind in range(cal.N_KIND)}
+    assert len(lifts) == len(one_fine) * cal.N_KIND
+    assert cal.BASE_ROWS <= min(lifts) and max(lifts) < cal.TABLE_ROWS
 
 
 def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
@@ -242,7 +264,7 @@ def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
 
     def p(c, n, match):
         return cal.probability(table, state, cal.bucket(cal.SRC_CROSS, match, 0, c, n), c, n,
-                               match)
+                               match, -1)
 
     assert p(1, 1, 1) == pytest.approx(0.5)  # seen once after one matching token
     assert p(1, 1, 1) < p(1, 1, 4) < p(1, 1, 30)
@@ -255,22 +277,23 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     table, state = cal.new_table(), cal.new_state(0.03)
     request = cal.bucket(cal.SRC_REQUEST, 2, 0, 1, 1)
     cross = cal.bucket(cal.SRC_CROSS, 2, 0, 1, 1)
-    before = cal.probability(table, state, cross, 1, 1, 2)
+    before = cal.probability(table, state, cross, 1, 1, 2, -1)
     for row in (request, cal.coarse_of(request), cal.shared_of(request)):
         table[row] = (0.0, 50.0)  # 50 request-tree tries, none accepted
-    after = cal.probability(table, state, cross, 1, 1, 2)
+    after = cal.probability(table, state, cross, 1, 1, 2, -1)
     assert cal.shared_of(request) == cal.shared_of(cross)
     assert after < 0.5 * before
 
 
 @pytest.mark.parametrize("version", sorted(cal.EARLIER_LAYOUTS))
 def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_shares(version):
-    old_src, planes, kept = cal.EARLIER_LAYOUTS[version]
-    old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes), 2)) + 1.0
+    old_src, planes, kept, positions = cal.EARLIER_LAYOUTS[version]
+    old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes, positions), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
+    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift rows
     old_coarse = old_src * cal.N_SHARED
-    old_plane = old_coarse * (1 + cal.N_RECENT * cal.N_DEPTH)
+    old_plane = old_coarse * (1 + cal.N_RECENT * positions * cal.N_DEPTH)
     rng = np.random.default_rng(1)
     for _ in range(1000):  # a bucket's rows hold what the old table kept for it, at its rows
         src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
@@ -285,16 +308,18 @@ def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_sha
             assert not new[fine].any() and not new[cal.coarse_of(fine)].any()
             continue
         base = cal.N_SHARED + agree * old_plane
-        old_fine = (base + old_coarse  # the old layout knew no position: one row for all
-                    + ((src * cal.N_SHARED + shared) * cal.N_RECENT + recent) * cal.N_DEPTH + depth)
+        position = state // cal.N_RECENT if positions > 1 else 0  # one row for all, or its own
+        old_fine = (base + old_coarse
+                    + (((src * cal.N_SHARED + shared) * positions + position) * cal.N_RECENT
+                       + recent) * cal.N_DEPTH + depth)
         assert np.array_equal(new[fine], old[old_fine])
         assert np.array_equal(new[cal.coarse_of(fine)], old[base + src * cal.N_SHARED + shared])
-    # Every old row kept, a fine one at every position: only the rows of a
-    # source no longer drafted are gone.
-    old_fine_rows = old_src * cal.N_SHARED * cal.N_RECENT * cal.N_DEPTH * planes
+    # Every old row kept (a fine one of a table without positions at every
+    # position): only the rows of a source no longer drafted are gone.
+    old_fine_rows = old_src * cal.N_SHARED * cal.N_RECENT * positions * cal.N_DEPTH * planes
     lost = old_plane // old_src * (old_src - kept) * planes
     assert (new[:, 1] > 0).sum() == old.shape[0] - lost + (
-        old_fine_rows * kept // old_src * (cal.N_POSITION - 1))
+        old_fine_rows * kept // old_src * (cal.N_POSITION // positions - 1))
 
 
 def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output_it_is():
@@ -310,3 +335,48 @@ def test_a_table_of_no_known_layout_is_not_upgraded():
     assert cal.upgrade_table(np.zeros((3, 2))) is None
     assert cal.upgrade_table(np.zeros((cal.TABLE_ROWS + 1, 2))) is None
     assert cal.upgrade_table(np.zeros((cal.TABLE_ROWS, 3))) is None
+
+
+def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty():
+    import naive_device as naive
+
+    rng = np.random.default_rng(5)
+    table = np.zeros((cal.TABLE_ROWS, 2))
+    state = cal.new_state(0.03)
+    weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
+    for empty in (True, False):
+        if not empty:
+            tried = rng.integers(0, 40, cal.TABLE_ROWS).astype(np.float64)
+            table = np.stack([np.floor(tried * rng.random(cal.TABLE_ROWS)), tried], axis=1)
+        for _ in range(3000):
+            n = int(rng.integers(1, 40))
+            c, m, d = int(rng.integers(1, n + 1)), int(rng.integers(0, 70)), int(rng.integers(16))
+            src = cal.with_agreement(int(rng.integers(cal.N_SRC * cal.N_STATE)),
+                                     int(rng.integers(cal.N_AGREE)))
+            kind = int(rng.integers(-1, cal.N_KIND))
+            fine = cal.bucket(src, m, d, c, n)
+            got = cal.probability(table, state, fine, c, n, m, kind)
+            want, _ = naive.probability(table, weights, src, m, d, c, n, kind)
+            assert got == pytest.approx(want, rel=1e-12)
+            if empty:  # no kind has been seen: the lift is exactly 1
+                assert got == pytest.approx(cal.probability(table, state, fine, c, n, m, -1),
+                                            rel=1e-12)
+
+
+def test_a_fresh_proposer_drafts_the_same_with_kinds_and_without():
+    rng = np.random.default_rng(2)
+    text = rng.integers(0, 5, 300).astype(np.int32)
+    drafts = []
+    for kinds in (None, rng.integers(-1, cal.N_KIND, 5)):
+        p = SuffixProposer(max_depth=16, max_spec_tokens=8, token_kinds=kinds)
+        p.start_request("r", text)
+        drafts.append(p.propose(["r"])[0])
+    assert len(drafts[0]) > 0
+    np.testing.assert_array_equal(drafts[0].token_ids, drafts[1].token_ids)
+    np.testing.assert_allclose(drafts[0].probs, drafts[1].probs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kinds", [[[0, 1]], [0, 7], [-2, 0], [], [0.5, 1], [300]])
+def test_kinds_a_kernel_cannot_take_are_refused_in_one_line(kinds):
+    with pytest.raises(ValueError, match="token_kinds must"):
+        SuffixProposer(token_kinds=kinds)

@@ -47,16 +47,20 @@ def test_the_calibration_port_equals_the_kernels():
     depth = rng.integers(0, 16, 2000)
     src = rng.integers(0, cal.N_SRC * cal.N_STATE, 2000)
     agree = rng.integers(0, cal.N_AGREE, 2000)
+    kind = rng.integers(-1, cal.N_KIND, 2000)  # -1: no kind, no lift
     t = {k: torch.from_numpy(v)
-         for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree).items()}
+         for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree, kind=kind).items()}
     fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"], t["agree"])
     weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
-    prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"])
+    prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"],
+                             t["kind"])
     for i in range(2000):
         f = cal.bucket(cal.with_agreement(src[i], agree[i]), m[i], depth[i], c[i], n[i])
         assert fine[i] == f
-        assert prob[i].item() == pytest.approx(cal.probability(table, state, f, c[i], n[i], m[i]),
-                                               rel=1e-12)
+        want = cal.probability(table, state, f, c[i], n[i], m[i], kind[i])
+        assert prob[i].item() == pytest.approx(want, rel=1e-12)
+    # some lifts hit the ceiling, most not: both paths are compared
+    assert 0 < (prob == cal.P_MAX).sum() < 2000 // 2
 
 
 @FAST
@@ -229,8 +233,12 @@ def _draft_step_against_brute_force(data):
     total = np.zeros(slots, np.int32)
     dw = DeviceWindows(spec, slots)
     table = _table(rng)
-    calibration = Calibration(dtype=torch.float64)
+    kinds = data.draw(st.one_of(st.none(), st.lists(st.integers(-1, cal.N_KIND - 1), min_size=1,
+                                                    max_size=vocab + 2)))
+    calibration = Calibration(dtype=torch.float64, vocab=vocab)
     calibration.table = torch.from_numpy(table)
+    if kinds is not None:
+        calibration.set_kinds(np.asarray(kinds, np.int8))
     thr = data.draw(st.sampled_from([0.0, 0.05, 0.3]))
     factor = data.draw(st.sampled_from([-1.0, 0.5, 2.0]))
     reference = data.draw(st.booleans())
@@ -278,7 +286,8 @@ def _draft_step_against_brute_force(data):
             ctx, sampled[i], last_valid,
             [(t[:meta[3]], c[:meta[3]], n[:meta[3]], meta) for t, c, n, meta in wins],
             table, params[4:7], thr, factor, 0.0, 64, spec.k, vocab, spec.head,
-            spec.scan_depth, reference=reference, family=family, live=drawn, start=start))
+            spec.scan_depth, reference=reference, family=family, live=drawn, start=start,
+            kinds=None if kinds is None else kinds[:vocab]))
     out = StepOutputs.empty(b + 1, spec.k)
     for field in out.__dataclass_fields__:
         getattr(out, field).fill_(77)  # poison: every written value must be the step's

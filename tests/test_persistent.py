@@ -428,14 +428,14 @@ def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_pat
 
 
 def test_a_table_the_previous_version_kept_is_upgraded_and_drafts(tmp_path, caplog):
-    """A pool written before the output position (six sources, three planes,
-    no position) opens with its counts in the upgraded rows, with no warning."""
+    """A pool written before the token kinds (no lift rows) opens with its
+    counts in the upgraded rows, with no warning."""
     from suffixspec.native import calibration as cal
 
     path = tmp_path / "pool.lmdb"
     pool = pool_at(path)
-    n_src, planes, _ = cal.EARLIER_LAYOUTS["0.4"]
-    old = np.zeros((cal.layout_rows(n_src, planes), 2))
+    n_src, planes, _, positions = cal.EARLIER_LAYOUTS["0.5"]
+    old = np.zeros((cal.layout_rows(n_src, planes, positions), 2))
     old[:, 1] = 4.0
     old[:, 0] = 3.0
     pool.save_calibration(old)
@@ -445,9 +445,7 @@ def test_a_table_the_previous_version_kept_is_upgraded_and_drafts(tmp_path, capl
         prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)
     assert not [r for r in caplog.records if "calibration" in r.getMessage()]
     assert np.array_equal(prop.stats.table, cal.upgrade_table(old))
-    fine = n_src * cal.N_SHARED * cal.N_RECENT * cal.N_DEPTH * planes
-    # every row kept, a fine one at every position
-    assert prop.stats.table[:, 1].sum() == 4.0 * (old.shape[0] + fine * (cal.N_POSITION - 1))
+    assert prop.stats.table[:, 1].sum() == 4.0 * old.shape[0]  # every row kept
     run_request(prop, "a", [1, 2], PATTERN)
     prop.start_request("b", [1, 2])
     assert len(prop.propose(["b"])[0]) > 0

@@ -68,9 +68,16 @@ def agreement_of(fine: torch.Tensor) -> torch.Tensor:
                        1 + (fine - cal.PLANE_ROWS) // cal.PLANE)
 
 
-def probability(table, weights, fine, c, n, matched) -> torch.Tensor:
-    """Estimated acceptance of a token of bucket ``fine`` (``calibration.probability``);
-    ``weights`` are the shared, coarse and fine prior weights (0-d tensors or floats)."""
+def kind_of(kinds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The kind of each of ``tokens`` (``calibration.kind_of``: -1 where none)."""
+    inside = (tokens >= 0) & (tokens < kinds.shape[0])
+    return torch.where(inside, kinds[tokens.clamp(0, kinds.shape[0] - 1)].to(tokens.dtype), -1)
+
+
+def probability(table, weights, fine, c, n, matched, kind=None) -> torch.Tensor:
+    """Estimated acceptance of a token of bucket ``fine`` and ``kind`` (-1 or
+    None: none) (``calibration.probability``); ``weights`` are the shared,
+    coarse and fine prior weights (0-d tensors or floats)."""
     ws, wc, wf = weights
     base = plane_base(agreement_of(fine))
     coarse = base + (fine - base - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
@@ -79,4 +86,11 @@ def probability(table, weights, fine, c, n, matched) -> torch.Tensor:
     prior = c.to(dtype) / (n.to(dtype) + 1.0 / torch.sqrt(matched.clamp(min=1).to(dtype)))
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
-    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+    p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+    if kind is None:
+        return p
+    plane = agreement_of(fine)
+    lift = (cal.BASE_ROWS + (plane * cal.N_KIND + kind.clamp(min=0)) * cal.N_COARSE + coarse
+            - base)
+    lifted = p * (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc.clamp(min=1e-30))
+    return torch.where((kind >= 0) & (pc > 0), lifted.clamp(max=cal.P_MAX), p)

@@ -36,7 +36,10 @@ def random_case(rng, device="cpu", batch=None):
             dw.n[s, r, :size] = torch.from_numpy(c + rng.integers(0, 3, size))
             dw.meta[s, r] = torch.tensor([rng.integers(0, cal.SRC_LIVE), rng.integers(0, 40), head,
                                           size, rng.integers(0, 40)])
-    calibration = Calibration(device, dtype=torch.float32)
+    calibration = Calibration(device, dtype=torch.float32, vocab=vocab)
+    if rng.integers(3):  # kinds for some of the tokens, or none
+        calibration.set_kinds(rng.integers(-1, cal.N_KIND, int(rng.integers(1, vocab + 2)))
+                              .astype(np.int8))
     tried = rng.integers(0, 30, cal.TABLE_ROWS)
     calibration.table[:] = torch.from_numpy(np.stack([np.floor(tried * rng.random(
         cal.TABLE_ROWS)), tried], 1).astype(np.float32))

@@ -200,7 +200,8 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
     m = match[..., None].expand_as(tokens)
     fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n, agree)
     weights = (params[P_W_SHARED], params[P_W_COARSE], params[P_W_FINE])
-    q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m), 0.0)
+    kind = calib.kind_of(calibration.kinds, tokens)
+    q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m, kind), 0.0)
     p = q.cumprod(dim=-1)
     # The length cap: match length * factor + offset tokens, when a factor is set.
     cap = torch.where(params[P_FACTOR] >= 0,

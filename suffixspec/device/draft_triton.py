@@ -46,11 +46,13 @@ def _depth_bucket(j):
 
 
 @triton.jit
-def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, K: tl.constexpr,
+def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, kinds_ptr, n_kinds,
+           K: tl.constexpr,
            N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
            N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
            N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
-           PLANE: tl.constexpr):
+           PLANE: tl.constexpr, BASE_ROWS: tl.constexpr, N_KIND: tl.constexpr,
+           P_MAX: tl.constexpr):
     """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``)."""
     thr = tl.load(params_ptr + 0)
     factor = tl.load(params_ptr + 1)
@@ -81,6 +83,12 @@ def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, K: tl.cons
     pc = (tl.load(table_ptr + 2 * coarse_row) + wc * ps) / (
         tl.load(table_ptr + 2 * coarse_row + 1) + wc)
     q = (tl.load(table_ptr + 2 * fine) + wf * pc) / (tl.load(table_ptr + 2 * fine + 1) + wf)
+    inside = (tok >= 0) & (tok < n_kinds)
+    kind = tl.load(kinds_ptr + tl.where(inside, tok, 0), mask=inside, other=-1)
+    lift = BASE_ROWS + (plane * N_KIND + tl.maximum(kind, 0)) * N_COARSE + coarse_row - base
+    lifted = q * (tl.load(table_ptr + 2 * lift) + wc * pc) / (
+        (tl.load(table_ptr + 2 * lift + 1) + wc) * tl.maximum(pc, 1e-30))
+    q = tl.where((kind >= 0) & (pc > 0), tl.minimum(lifted, P_MAX), q)
     q = tl.where(ok, q, 0.0)
     p = tl.cumprod(q, axis=0)
     cap = tl.where(factor >= 0, tl.floor(m.to(tl.float32) * factor + offset + 1e-6),
@@ -140,6 +148,8 @@ def _fused_kernel(
     pair_ptr,        # *int32  [B, 3]  (out) the arbiter's cell (-1: none), pick's n, reference's n
     pair_tok_ptr,    # *int64  [B, 2, K] (out) the pick, the reference (-1 past each)
     vocab,
+    kinds_ptr,       # *int32  [n_kinds]  each token id's kind (-1: none)
+    n_kinds,
     R: tl.constexpr, W: tl.constexpr, D: tl.constexpr, F: tl.constexpr, X: tl.constexpr,
     K: tl.constexpr, K_PO2: tl.constexpr,
     M_SOURCE: tl.constexpr, M_MATCH: tl.constexpr, M_HEAD: tl.constexpr, M_LEN: tl.constexpr,
@@ -147,6 +157,7 @@ def _fused_kernel(
     N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
     N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
+    BASE_ROWS: tl.constexpr, N_KIND: tl.constexpr, P_MAX: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
     PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr,
@@ -209,8 +220,9 @@ def _fused_kernel(
         n = tl.load(win_n_ptr + row + pos, mask=ins, other=0).to(tl.int64)
         q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * state, m, j,
                                         _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
-                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_STATE, N_DEPTH,
-                                        N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
+                                        vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
+                                        N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
+                                        PLANE, BASE_ROWS, N_KIND, P_MAX)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
@@ -230,8 +242,9 @@ def _fused_kernel(
         # (the reference itself in the agreeing plane, as on the host)
         agree = _agreement(tok, ref, ref_ok)
         q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
-                                        vocab, K, N_SRC, N_RATIO, N_MATCH, N_STATE, N_DEPTH,
-                                        N_SHARED, N_COARSE, ROWS, PLANE_ROWS, PLANE)
+                                        vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
+                                        N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
+                                        PLANE, BASE_ROWS, N_KIND, P_MAX)
         first = x == 0
         ref_m = tl.where(first, m, ref_m)
         ref_q = tl.where(first, q, ref_q)
@@ -512,7 +525,8 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 FROM_NOTHING=FROM_NOTHING, N_SRC=cal.N_SRC, N_RATIO=cal.N_RATIO,
                 N_MATCH=cal.N_MATCH, N_STATE=cal.N_STATE, N_DEPTH=cal.N_DEPTH,
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
-                PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, A_MATCH=arbiter.N_MATCH,
+                PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, BASE_ROWS=cal.BASE_ROWS,
+                N_KIND=cal.N_KIND, P_MAX=cal.P_MAX, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,
                 PICK_LIVE=FROM_LIVE, SRC_LIVE=cal.SRC_LIVE,
@@ -536,7 +550,8 @@ def fused_triton(tail, total, sampled, state, slots, windows: DeviceWindows, dir
         state.to(torch.int64).contiguous(), slots.contiguous(), windows.tokens, windows.c,
         windows.n, windows.meta, d_tok, d_c, d_n, d_match, src, table, params,
         calibration.prefer, o.drafts, o.conf, o.probs, o.num_valid, o.buckets, o.choice,
-        o.match, o.last, o.pair, o.pair_tokens, vocab_size, **constexprs(windows, k), num_warps=4)
+        o.match, o.last, o.pair, o.pair_tokens, vocab_size, calibration.kinds,
+        calibration.kinds.shape[0], **constexprs(windows, k), num_warps=4)
 
 
 __all__ = ["fused_triton", "P_DEPTH", "P_FACTOR", "P_OFFSET", "P_THR", "P_W_COARSE",

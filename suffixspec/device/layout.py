@@ -120,12 +120,23 @@ class Calibration:
     """The calibration table on the device (``table``: ``[TABLE_ROWS, 2]``),
     ``params`` (``P_*``), in ``dtype``, and the arbiter's choice per cell
     (``prefer``, int32 ``[arbiter.ARB_ROWS]``: 1 where the reference's draft
-    has done better than the policy's pick, ``arbiter.preferred``)."""
+    has done better than the policy's pick, ``arbiter.preferred``), and the
+    kind of each of ``vocab`` token ids (``kinds``, int32; -1, none, until
+    ``set_kinds``)."""
 
-    def __init__(self, device="cpu", dtype=torch.float32):
+    def __init__(self, device="cpu", dtype=torch.float32, vocab: int = 1):
         self.table = torch.zeros(cal.TABLE_ROWS, 2, dtype=dtype, device=device)
+        self.kinds = torch.full((max(vocab, 1),), -1, dtype=torch.int32, device=device)
         self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
         self.prefer = torch.zeros(arbiter.ARB_ROWS, dtype=torch.int32, device=device)
+
+    def set_kinds(self, kinds) -> None:
+        """The host proposer's ``stats.kinds`` (checked there), sent once, in
+        place (a captured graph holds ``self.kinds``): ids past ``vocab`` are
+        of no kind, as are ids past ``kinds``."""
+        n = min(int(kinds.shape[0]), self.kinds.shape[0])
+        self.kinds[n:] = -1
+        self.kinds[:n] = torch.as_tensor(kinds[:n]).to(self.kinds)
 
     @staticmethod
     def host_params(state, thr: float, factor: float, offset: float, depth: int,

@@ -70,8 +70,10 @@ class DeviceWindowsProposer:
         self.use_scan = scan
         self.arbiter = arbiter
         self.max_spec_tokens = k
-        self.calibration = Calibration(dtype=torch.float64)
+        self.calibration = Calibration(dtype=torch.float64,
+                                       vocab=int(self.host.stats.kinds.shape[0]))
         self.calibration.table = torch.from_numpy(self.host.stats.table)  # shared, learned here
+        self.calibration.set_kinds(self.host.stats.kinds)
         self._slot: dict[Hashable, int] = {}
         self._free = list(range(slots - 1, -1, -1))
         self._emitted: dict[Hashable, int] = {}

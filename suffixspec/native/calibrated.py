@@ -230,7 +230,7 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
         agree = agreement(ref, n, tok, on)
         on = agree == cal.AGREE_SAME
         fine, q = cal.token_probability(stats, cal.with_agreement(src, agree), match_len, n, c,
-                                        cnt)
+                                        cnt, tok)
         p = prob * q
         if p <= thr:
             break
@@ -259,7 +259,7 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
     prob, parent, d = entry
     ref, on = follow
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
-    table, state = stats
+    table, state, kinds = stats
     cap = heap.prob.shape[0] - 1
     if off < edge_len(nodes, seqs, x):
         n = nodes[x, COUNT] - discount
@@ -267,7 +267,8 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
         if n > 0 and tok < SYNTHETIC_BASE and size < cap:
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               n, n)
-            p = prob * cal.probability(table, state, fine, n, n, match_len)
+            p = prob * cal.probability(table, state, fine, n, n, match_len,
+                                       cal.kind_of(kinds, tok))
             if p > thr:
                 size = heap_push(heap, size, p, x, off, parent, fine, d)
         return size
@@ -283,7 +284,8 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
         if tok < SYNTHETIC_BASE and size < cap:
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               k, n)
-            p = prob * cal.probability(table, state, fine, k, n, match_len)
+            p = prob * cal.probability(table, state, fine, k, n, match_len,
+                                       cal.kind_of(kinds, tok))
             if p > thr:
                 size = heap_push(heap, size, p, c, 0, parent, fine, d)
         c = nodes[c, NEXT]
@@ -345,16 +347,22 @@ def _copy_draft(cand, out, n):
 def _first_probability(stats, src, m, c, n, ref, tok):
     """Estimated acceptance of a draft's first token ``tok`` (chosen by ``c``
     of ``n`` after a match of ``m``), in its plane against the reference
-    ``ref``; with ``tok`` -1 (not known yet) the higher of agreeing and not:
-    a bound."""
-    table, state = stats
-    if ref[0] == 0 or tok >= 0:
+    ``ref``; with ``tok`` -1 (not known yet) the highest over agreeing or
+    not and over the token's kind: a bound."""
+    table, state, kinds = stats
+    if tok >= 0:
         fine = cal.bucket(cal.with_agreement(src, agreement(ref, 0, tok, True)), m, 0, c, n)
-        return cal.probability(table, state, fine, c, n, m)
-    same = cal.bucket(cal.with_agreement(src, cal.AGREE_SAME), m, 0, c, n)
-    diff = cal.bucket(cal.with_agreement(src, cal.AGREE_DIFF), m, 0, c, n)
-    return max(cal.probability(table, state, same, c, n, m),
-               cal.probability(table, state, diff, c, n, m))
+        return cal.probability(table, state, fine, c, n, m, cal.kind_of(kinds, tok))
+    best = 0.0
+    for agree in range(cal.N_AGREE):
+        if (agree == cal.AGREE_NONE) != (ref[0] == 0):
+            continue
+        fine = cal.bucket(cal.with_agreement(src, agree), m, 0, c, n)
+        best = max(best, cal.probability(table, state, fine, c, n, m, -1))
+        if kinds.shape[0] > 1 or kinds[0] >= 0:  # a tokenizer's kinds: each may lift
+            for kind in range(cal.N_KIND):
+                best = max(best, cal.probability(table, state, fine, c, n, m, kind))
+    return best
 
 
 @njit(cache=True, nogil=True)

@@ -44,6 +44,21 @@ tree it comes from.
 Counts are halved once a bucket has been tried ``HALF_LIFE`` times, so the
 table follows a workload that changes.
 
+With the *kinds* of the tokenizer's tokens (``suffixspec.token_kinds``: a
+newline, spaces, punctuation, a word with or without its leading space,
+digits, mixed), each coarse row of each plane has a *lift* row per kind
+(``lift_row``, the rows after the planes), counting the tokens of that kind
+alone.  Its rate shrinks towards the coarse row's, and a token's estimate
+is its fine rate times its kind's lift over the coarse rate::
+
+    lift = (acc_k + W_COARSE * coarse) / (tried_k + W_COARSE)
+    p    = min(fine * lift / coarse, P_MAX)
+
+A tokenizer's kinds are information the counts lack: after the same match
+and counts, a newline or a bracket is more often what follows than a word
+is.  Without kinds (``NO_KINDS``) there is no lift and the lift rows stay
+empty.
+
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
 and tokens drafted per step, which with the draft cost give the gain a
 drafted token must beat (``threshold``), and the prior weights and half-life
@@ -90,7 +105,15 @@ AGREE_SAME = 1
 AGREE_DIFF = 2
 N_AGREE = 3
 PLANE = N_COARSE + N_FINE  # rows of a plane after the first
-TABLE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
+
+# Kinds of token text (``suffixspec.token_kinds``), one lift row each per coarse row.
+N_KIND = 7
+LIFT_ROWS = N_AGREE * N_KIND * N_COARSE
+BASE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
+TABLE_ROWS = BASE_ROWS + LIFT_ROWS
+#: The kinds of a proposer without a tokenizer's: every token is of no kind.
+NO_KINDS = np.full(1, -1, np.int8)
+P_MAX = 0.999  # a lifted estimate's ceiling
 
 W_SHARED = 4.0
 W_COARSE = 8.0
@@ -113,16 +136,18 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: The (sources, planes, sources kept) of the tables earlier versions kept,
-#: none of which knew the output position: 0.1's sixth source was its recency
-#: candidate (not kept), 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``.
-EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE), "0.2": (5, 1, SRC_LIVE),
-                   "0.3": (5, N_AGREE, SRC_LIVE), "0.4": (N_SRC, N_AGREE, N_SRC)}
+#: The (sources, planes, sources kept, output positions) of the tables earlier
+#: versions kept, none of which had lift rows: 0.1's sixth source was its
+#: recency candidate (not kept), 0.2 had no agreement planes, 0.3 no
+#: ``SRC_LIVE``, none before 0.5 knew the output position.
+EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1), "0.2": (5, 1, SRC_LIVE, 1),
+                   "0.3": (5, N_AGREE, SRC_LIVE, 1), "0.4": (N_SRC, N_AGREE, N_SRC, 1),
+                   "0.5": (N_SRC, N_AGREE, N_SRC, N_POSITION)}
 
 
 def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
     """Rows of a table of ``n_src`` sources, ``planes`` agreement planes and
-    ``positions`` output-position buckets."""
+    ``positions`` output-position buckets, without lift rows."""
     return N_SHARED + planes * n_src * N_SHARED * (1 + N_RECENT * positions * N_DEPTH)
 
 
@@ -130,31 +155,32 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version
     (``EARLIER_LAYOUTS``), or None when ``table`` is of no known layout.
     Rows of the sources kept keep their counts; the rest (0.1's recency
-    source, a source or plane an earlier table lacked) start empty.  An
-    earlier fine row, which did not know the output position, stands for
-    its bucket at every position."""
+    source, a source or plane an earlier table lacked, the lift rows) start
+    empty.  A fine row of a table that did not know the output position
+    stands for its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
         return None
-    for n_src, planes, kept in EARLIER_LAYOUTS.values():
-        if table.shape[0] == layout_rows(n_src, planes):
+    for n_src, planes, kept, positions in EARLIER_LAYOUTS.values():
+        if table.shape[0] == layout_rows(n_src, planes, positions):
             break
     else:
         return None
     out = np.zeros((TABLE_ROWS, 2), table.dtype)
     out[:N_SHARED] = table[:N_SHARED]
     at = N_SHARED
-    fine_old = N_SHARED * N_RECENT * N_DEPTH
+    fine_old = N_SHARED * N_RECENT * positions * N_DEPTH
     for plane in range(planes):
         base = N_SHARED if plane == AGREE_NONE else PLANE_ROWS + (plane - 1) * PLANE
         rows = table[at:at + n_src * N_SHARED].reshape(n_src, N_SHARED, 2)
         out[base:base + N_COARSE].reshape(N_SRC, N_SHARED, 2)[:kept] = rows[:kept]
         at += n_src * N_SHARED
-        rows = table[at:at + n_src * fine_old].reshape(n_src, N_SHARED, 1, N_RECENT, N_DEPTH, 2)
+        rows = table[at:at + n_src * fine_old].reshape(n_src, N_SHARED, positions, N_RECENT,
+                                                       N_DEPTH, 2)
         new = out[base + N_COARSE:base + N_COARSE + N_FINE].reshape(
             N_SRC, N_SHARED, N_POSITION, N_RECENT, N_DEPTH, 2)
-        new[:kept] = rows[:kept]  # every position
+        new[:kept] = rows[:kept]  # a table without positions: at every position
         at += n_src * fine_old
     return out
 
@@ -174,8 +200,10 @@ def table_problem(table: np.ndarray) -> str | None:
     return None
 
 
-def new_stats(draft_cost: float) -> Stats:
-    return Stats(new_table(), new_state(draft_cost))
+def new_stats(draft_cost: float, kinds: np.ndarray | None = None) -> Stats:
+    """A fresh table and state; ``kinds`` per token id (``suffixspec.token_kinds``,
+    None: ``NO_KINDS``)."""
+    return Stats(new_table(), new_state(draft_cost), NO_KINDS if kinds is None else kinds)
 
 
 def new_state(draft_cost: float) -> np.ndarray:
@@ -188,6 +216,14 @@ def new_state(draft_cost: float) -> np.ndarray:
     state[ST_HALF_LIFE] = HALF_LIFE
     state[ST_W_SHARED] = W_SHARED
     return state
+
+
+@njit(cache=True, inline="always")
+def kind_of(kinds, tok):
+    """The kind of token ``tok`` (-1: none, or not a token ``kinds`` covers)."""
+    if tok < 0 or tok >= kinds.shape[0]:
+        return -1
+    return kinds[tok]
 
 
 @njit(cache=True, inline="always")
@@ -304,8 +340,18 @@ def shared_of(fine):
 
 
 @njit(cache=True, inline="always")
-def probability(table, state, fine, c, n, matched):
-    """Estimated chance that a token of bucket ``fine`` is accepted once reached.
+def lift_row(fine, kind):
+    """Table row of the lift of tokens of ``kind`` (``0 <= kind < N_KIND``) over
+    the coarse bucket above fine row ``fine``."""
+    agree = agreement_of(fine)
+    return (BASE_ROWS + (agree * N_KIND + kind) * N_COARSE + coarse_of(fine)
+            - _plane_base(agree))
+
+
+@njit(cache=True, inline="always")
+def probability(table, state, fine, c, n, matched, kind):
+    """Estimated chance that a token of bucket ``fine`` and ``kind`` (-1: none)
+    is accepted once reached.
 
     ``matched`` is the length of the match the draft starts from.
     """
@@ -317,15 +363,20 @@ def probability(table, state, fine, c, n, matched):
     wf = state[ST_W_FINE]
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
-    return (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+    p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
+    if kind < 0 or pc <= 0.0:
+        return p
+    lift = lift_row(fine, kind)
+    p *= (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc)
+    return p if p < P_MAX else P_MAX
 
 
 @njit(cache=True, inline="always")
-def token_probability(stats, src, match_len, depth, c, n):
-    """``(fine bucket, estimated acceptance)`` of a drafted token chosen by ``c`` of ``n``."""
-    table, state = stats
+def token_probability(stats, src, match_len, depth, c, n, tok):
+    """``(fine bucket, estimated acceptance)`` of drafted token ``tok`` chosen by ``c`` of ``n``."""
+    table, state, kinds = stats
     fine = bucket(src, match_len, depth, c, n)
-    return fine, probability(table, state, fine, c, n, match_len)
+    return fine, probability(table, state, fine, c, n, match_len, kind_of(kinds, tok))
 
 
 @njit(cache=True, inline="always")
@@ -363,7 +414,7 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     token at its depth.  Every reached token counts one try in its buckets;
     the pending draft is then cleared.
     """
-    table, state = stats
+    table, state, kinds = stats
     pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending[:5]
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
@@ -397,6 +448,9 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
             _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
+            kind = kind_of(kinds, pend_tokens[s, t])
+            if kind >= 0:
+                _count(table, lift_row(fine, kind), hit, state[ST_HALF_LIFE])
         pend_n[s] = 0
         if n == 0:
             pend_recent[s] = RECENT_NONE

@@ -115,9 +115,10 @@ Knobs = namedtuple("Knobs", "depth factor offset min_prob tree anchors newest ar
 #: Drafts of a step, row ``i`` for request ``i``; ``source`` holds ``FROM_*`` codes.
 Outputs = namedtuple("Outputs", "tokens parents probs n score match source buckets")
 
-#: Calibration statistics: the (accepted, tried) table and the state
-#: (running means, draft cost, settings); see ``calibration``.
-Stats = namedtuple("Stats", "table state")
+#: Calibration statistics: the (accepted, tried) table, the state (running
+#: means, draft cost, settings) and the kind of each token id (int8, -1: none);
+#: see ``calibration``.
+Stats = namedtuple("Stats", "table state kinds")
 
 #: The latest draft of each request (row: its sequence in the request index),
 #: scored against the emitted tokens by ``calibration.learn``; ``recent`` is

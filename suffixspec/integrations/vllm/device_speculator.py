@@ -58,7 +58,8 @@ from suffixspec.device.payload import Packer, PayloadSpec, apply, views
 from suffixspec.integrations.vllm import hooks
 from suffixspec.integrations.vllm.feeder import WindowFeeder, snapshot_columns, snapshot_width
 from suffixspec.integrations.vllm.prometheus import Publisher
-from suffixspec.integrations.vllm.service import (build_proposer, pool_tokenizer,
+from suffixspec.integrations.vllm.service import (build_proposer, engine_token_kinds,
+                                                  pool_tokenizer,
                                                   proposer_config)
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
@@ -103,7 +104,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
             k=k, family=family_width(self.config.family_outputs) if pooled else 0)
         self.payload_spec = PayloadSpec(self.window_spec, rows=min(self.max_num_reqs, 64))
         self.windows = DeviceWindows(self.window_spec, self.max_num_reqs, device)
-        self.calibration = Calibration(device)
+        self.calibration = Calibration(device, vocab=self.vocab_size)
         self.corpus = DeviceCorpus(CORPUS_TOKENS if self.config.cross_pool_tokens != 0 else 0,
                                    device)
         self.paths = OneTokenPaths(self.vocab_size, k, device)
@@ -187,6 +188,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                                    arbiter=settings.device_arbiter)
         self.publisher = Publisher(self.stats)
         self._tokenizer = pool_tokenizer(model, settings, self.config)
+        self._model = model
         if start:
             self.start()
 
@@ -196,8 +198,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
         from suffixspec.native.warmup import DEVICE, STEPS, warmup
 
         def build():
-            proposer = build_proposer(self.config, self.settings, self._tokenizer)
+            proposer = build_proposer(self.config, self.settings, self._tokenizer,
+                                      engine_token_kinds(self._model, self.settings))
             proposer.vocab_size = self.vocab_size
+            self.calibration.set_kinds(proposer.stats.kinds)
             warmup(steps=DEVICE)
             return proposer
 

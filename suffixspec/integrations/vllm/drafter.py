@@ -15,7 +15,8 @@ from suffixspec.integrations.vllm import runner
 from suffixspec.integrations.vllm.hooks import install_runner_hooks
 from suffixspec.integrations.vllm.prometheus import Publisher
 from suffixspec.integrations.vllm.service import (NAMESPACE_ARG, DraftService, Step,
-                                                  build_proposer, pool_tokenizer,
+                                                  build_proposer, engine_token_kinds,
+                                                  pool_tokenizer,
                                                   proposer_config, tensor_parallel_group)
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
@@ -67,7 +68,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         tokenizer = pool_tokenizer(model, settings, config)
 
         def build():
-            return build_proposer(config, settings, tokenizer)
+            return build_proposer(config, settings, tokenizer,
+                                  engine_token_kinds(model, settings))
 
         if from_cache():
             self.service.ready(build())

@@ -105,20 +105,22 @@ def trie_depth(spec_config) -> int:
     return max(int(spec_config.suffix_decoding_max_tree_depth), 2)
 
 
-def build_proposer(config: ProposerConfig, settings: Settings, tokenizer=None):
+def build_proposer(config: ProposerConfig, settings: Settings, tokenizer=None,
+                   token_kinds=None):
     """The proposer, on the persistent pool ``settings.pool`` (checked against
-    ``tokenizer``, the engine's) when one is set and the cross pool is on."""
+    ``tokenizer``, the engine's) when one is set and the cross pool is on;
+    ``token_kinds`` as ``SuffixProposer`` takes them (``engine_token_kinds``)."""
     from suffixspec.proposer import SuffixProposer
 
     if settings.pool is None or config.cross_pool_tokens == 0:
-        return SuffixProposer(config)
+        return SuffixProposer(config, token_kinds=token_kinds)
     from suffixspec.pools.persistent import PersistentPool
 
     pool = PersistentPool(settings.pool, tokenizer=tokenizer, max_depth=config.max_depth,
                           max_tokens=config.cross_pool_tokens,
                           snapshot_every=settings.snapshot_every or None,
                           refresh_interval=settings.refresh_interval)
-    return SuffixProposer(config, pool=pool)
+    return SuffixProposer(config, pool=pool, token_kinds=token_kinds)
 
 
 class DraftService:
@@ -423,15 +425,14 @@ def check_pool(path: str, tokenizer, depth: int) -> None:
     PoolStore(path, tokenizer, depth).close()
 
 
-def engine_tokenizer(model_config, settings: Settings):
-    """The ``TokenizerId`` a persistent pool is checked against."""
-    from suffixspec.fingerprint import tokenizer_id
-
+def tokenizer_file(model_config, settings: Settings) -> str | None:
+    """The engine's ``tokenizer.json`` (or its folder): ``SUFFIXSPEC_TOKENIZER``,
+    else the model's, else the Hugging Face cache's; None where none is found."""
     if settings.tokenizer:
-        return tokenizer_id(settings.tokenizer)
+        return settings.tokenizer
     name = model_config.tokenizer
     if Path(name, "tokenizer.json").is_file():
-        return tokenizer_id(name)
+        return name
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -439,10 +440,36 @@ def engine_tokenizer(model_config, settings: Settings):
                                         revision=model_config.tokenizer_revision)
     except Exception:
         cached = None
-    if isinstance(cached, str):
-        return tokenizer_id(cached)
-    raise ValueError(f"suffixspec: no tokenizer.json found for {name!r}; set "
-                     "SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")
+    return cached if isinstance(cached, str) else None
+
+
+def engine_tokenizer(model_config, settings: Settings):
+    """The ``TokenizerId`` a persistent pool is checked against."""
+    from suffixspec.fingerprint import tokenizer_id
+
+    path = tokenizer_file(model_config, settings)
+    if path is None:
+        raise ValueError(f"suffixspec: no tokenizer.json found for {model_config.tokenizer!r}; "
+                         "set SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")
+    return tokenizer_id(path)
+
+
+def engine_token_kinds(model_config, settings: Settings):
+    """The kinds of the engine's tokens (``suffixspec.token_kinds``), or None
+    with one logged line where its ``tokenizer.json`` cannot be read: the
+    calibration then goes without them."""
+    from suffixspec.fingerprint import load_hf_tokenizer
+    from suffixspec.token_kinds import token_kinds
+
+    try:
+        path = tokenizer_file(model_config, settings)
+        if path is None:
+            raise ValueError("no tokenizer.json found")
+        return token_kinds(load_hf_tokenizer(path))
+    except Exception as exc:  # the kinds are an aid: never a reason not to serve
+        logger.warning("suffixspec: no token kinds for %r (%s); drafting without them",
+                       getattr(model_config, "tokenizer", None), exc)
+        return None
 
 
 def pool_tokenizer(model_config, settings: Settings, config: ProposerConfig):
