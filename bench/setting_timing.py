@@ -25,7 +25,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder, load_trace
 
-from bench_common import config_settings, parser
+from bench_common import config_settings, parser, token_kinds
 from policy_bench import SLICES
 
 
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--variant", action="append", type=variant, required=True)
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)
+    kinds = token_kinds(args)
     warmup()
     for name in args.only or list(SLICES):
         file, kw = SLICES[name]
@@ -49,7 +50,7 @@ def main():
         for rep in range(args.reps):
             for label, settings in args.variant:
                 proposer = make_proposer("suffixspec", requests, cross_pool_tokens=None,
-                                         **settings)
+                                         token_kinds=kinds, **settings)
                 m = replay(requests, proposer).metrics()
                 p50[label].append(m["proposer_us_per_step_p50"])
                 print(f"{name:8s} {label:14s} rep {rep}: p50 {p50[label][-1]:6.2f} µs  "
