@@ -31,7 +31,6 @@ and prints the Markdown.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -43,7 +42,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import TRACES, load, save_results, token_kinds
+from bench_common import TRACES, load, parser, save_results, token_kinds
 
 K16 = dict(max_depth=64, max_spec_tokens=16)
 F1 = dict(K16, max_spec_factor=1.0, min_token_prob=0.1)
@@ -152,14 +151,8 @@ def _ratio(x, y) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--traces", default="../shared/data/traces", help="folder of trace files")
-    ap.add_argument("--tokenizer", default="../shared/tokenizers/qwen",
-                    help="tokenizer.json or its folder")
-    ap.add_argument("--out", default="bench/results", help="folder for replay.json/.md")
+    ap = parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=list(TRACES), help="run only these traces")
-    ap.add_argument("--no-kinds", action="store_true",
-                    help="suffixspec drafts without the tokenizer's token kinds")
     args = ap.parse_args()
     results = run(args)
     save_results(args.out, "replay", results, markdown(results))

@@ -20,12 +20,19 @@ def probability(table, weights, src, m, depth, c, n, kind=-1):
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
     p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
-    if kind >= 0 and pc > 0:  # the kind's row beside the coarse row, in the lift rows after the planes
-        plane = int(cal.agreement_of(fine))
-        plane_first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
-        lift = cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - plane_first
+    if kind >= 0 and pc > 0:
+        lift = lift_row(fine, kind)
         p = min(p * (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc), cal.P_MAX)
     return p, fine
+
+
+def lift_row(fine, kind):
+    """The lift row of ``kind`` beside fine row ``fine``'s coarse row: the lift
+    rows follow the planes, per plane and kind one row per coarse row."""
+    plane = 0 if fine < cal.PLANE_ROWS else 1 + (fine - cal.PLANE_ROWS) // cal.PLANE
+    first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
+    coarse = first + (fine - first - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
+    return cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - first
 
 
 def kind_of(kinds, token):

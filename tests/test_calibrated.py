@@ -13,6 +13,8 @@ from suffixspec.native import calibration as cal
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.pools.memory import CrossPool
 
+import naive_device as naive
+
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -79,14 +81,6 @@ def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
     p.cross.delta.index.check_integrity()
 
 
-def _lift_row(fine, kind):
-    """The lift row of ``kind`` beside fine row ``fine``'s coarse row, from the layout."""
-    plane = 0 if fine < cal.PLANE_ROWS else 1 + (fine - cal.PLANE_ROWS) // cal.PLANE
-    first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
-    coarse = first + (fine - first - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
-    return cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - first
-
-
 def _reference_update(table, draft, emitted, buckets, kinds=None):
     """What one verification outcome must add to the table, from first principles."""
     table = table.copy()
@@ -106,7 +100,7 @@ def _reference_update(table, draft, emitted, buckets, kinds=None):
         rows = [buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])]
         kind = -1 if kinds is None else int(kinds[int(draft.token_ids[t])])
         if kind >= 0:
-            rows.append(_lift_row(int(buckets[t]), kind))
+            rows.append(naive.lift_row(int(buckets[t]), kind))
         for row in rows:
             table[row, 1] += 1
             table[row, 0] += hit
@@ -338,8 +332,6 @@ def test_a_table_of_no_known_layout_is_not_upgraded():
 
 
 def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty():
-    import naive_device as naive
-
     rng = np.random.default_rng(5)
     table = np.zeros((cal.TABLE_ROWS, 2))
     state = cal.new_state(0.03)
