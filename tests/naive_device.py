@@ -11,7 +11,7 @@ from suffixspec.native import calibration as cal
 FROM_SCAN, FROM_NOTHING = -2, -1
 
 
-def probability(table, weights, src, m, depth, c, n, kind=-1):
+def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1):
     fine = int(cal.bucket(src, m, depth, c, n))
     coarse = int(cal.coarse_of(fine))
     shared = int(cal.shared_of(fine))
@@ -21,8 +21,12 @@ def probability(table, weights, src, m, depth, c, n, kind=-1):
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
     p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
     if kind >= 0 and pc > 0:
-        lift = lift_row(fine, kind)
-        p = min(p * (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc), cal.P_MAX)
+        row = lift_row(fine, kind)
+        lift = (table[row, 0] + wc * pc) / (table[row, 1] + wc)
+        if before >= 0:
+            row = pair_row(fine, before, kind)
+            lift = (table[row, 0] + wf * lift) / (table[row, 1] + wf)
+        p = min(p * lift / pc, cal.P_MAX)
     return p, fine
 
 
@@ -33,6 +37,17 @@ def lift_row(fine, kind):
     first = cal.N_SHARED if plane == 0 else cal.PLANE_ROWS + (plane - 1) * cal.PLANE
     coarse = first + (fine - first - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
     return cal.BASE_ROWS + (plane * cal.N_KIND + kind) * cal.N_COARSE + coarse - first
+
+
+def pair_row(fine, before, kind):
+    """The pair row of ``kind`` after ``before`` beside ``lift_row(fine, kind)``:
+    the pair rows follow the lift rows, per plane, kind before and kind one
+    row per coarse row."""
+    lift = lift_row(fine, kind)
+    plane, rest = divmod(lift - cal.BASE_ROWS, cal.N_KIND * cal.N_COARSE)
+    coarse = rest % cal.N_COARSE
+    return (cal.BASE_ROWS + cal.LIFT_ROWS
+            + ((plane * cal.N_KIND + before) * cal.N_KIND + kind) * cal.N_COARSE + coarse)
 
 
 def kind_of(kinds, token):
@@ -62,8 +77,9 @@ def agreements(tokens, ref):
 
 
 def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, ref=(),
-          kinds=None):
-    """(gain, drafted tokens, q per token, p per token, buckets) of one candidate."""
+          kinds=None, last=-1):
+    """(gain, drafted tokens, q per token, p per token, buckets) of one
+    candidate drafted after token ``last``."""
     cap = k if factor < 0 else int(np.floor(m * factor + offset + 1e-6))
     prob, gain = 1.0, 0.0
     out, qs, ps, fines = [], [], [], []
@@ -74,8 +90,9 @@ def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, r
         t, cj, nj = tokens[j], c[j], n[j]
         if not (cj > 0 and nj > 0 and 0 <= t < vocab):
             break
+        before = last if j == 0 else tokens[j - 1]
         q, fine = probability(table, weights, int(cal.with_agreement(src, agree[j])), m, j, cj,
-                              nj, kind_of(kinds, t))
+                              nj, kind_of(kinds, t), kind_of(kinds, before))
         p = prob * q
         if not (p > thr and j < cap):
             break
@@ -175,7 +192,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
             continue
         tokens, c, n, m, source = cand
         result = score(tokens, c, n, source + cal.N_SRC * state, m, k, table, weights, thr,
-                       factor, offset, vocab, ref, kinds)
+                       factor, offset, vocab, ref, kinds, ctx[-1] if len(ctx) else -1)
         if result[0] > best_gain:
             best, best_gain = (i, result, m), result[0]
     if best is None or sampled <= 0:

@@ -81,8 +81,9 @@ def test_no_draft_ever_holds_a_synthetic_id(requests, tree, cost):
     p.cross.delta.index.check_integrity()
 
 
-def _reference_update(table, draft, emitted, buckets, kinds=None):
-    """What one verification outcome must add to the table, from first principles."""
+def _reference_update(table, draft, emitted, buckets, kinds=None, last=-1):
+    """What one verification outcome must add to the table, from first
+    principles; ``last`` is the context's last token, before the draft."""
     table = table.copy()
     ok = []
     depth = []
@@ -98,16 +99,19 @@ def _reference_update(table, draft, emitted, buckets, kinds=None):
         if buckets[t] < 0:  # the arbiter's reference: not the policy's pick
             continue
         rows = [buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])]
-        kind = -1 if kinds is None else int(kinds[int(draft.token_ids[t])])
+        kind = naive.kind_of(kinds, int(draft.token_ids[t]))
         if kind >= 0:
             rows.append(naive.lift_row(int(buckets[t]), kind))
+            before = naive.kind_of(kinds, last if parent < 0 else int(draft.token_ids[parent]))
+            if before >= 0:
+                rows.append(naive.pair_row(int(buckets[t]), before, kind))
         for row in rows:
             table[row, 1] += 1
             table[row, 0] += hit
     return table
 
 
-@pytest.mark.parametrize("kinds", [None, [2, -1, 5]])
+@pytest.mark.parametrize("kinds", [None, [2, -1, 5], [2, 0, 5]])
 @pytest.mark.parametrize("tree", [False, True])
 def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
     rng = np.random.default_rng(1)
@@ -121,7 +125,7 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
         d = p.propose(["r"])[0]
         buckets = p.pending.buckets[p.requests.requests["r"][1], :len(d)].copy()
         emitted = text[pos:pos + int(rng.integers(1, 5))]
-        expect = _reference_update(p.stats.table, d, emitted, buckets, kinds)
+        expect = _reference_update(p.stats.table, d, emitted, buckets, kinds, int(text[pos - 1]))
         p.extend("r", emitted)
         np.testing.assert_array_equal(p.stats.table, expect)
         checked += len(d) > 0
@@ -129,6 +133,8 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
     assert checked > 20
     assert p.stats.table[:, 1].sum() > 0
     assert p.stats.table[cal.BASE_ROWS:, 1].any() == (kinds is not None)
+    pairs = p.stats.table[cal.BASE_ROWS + cal.LIFT_ROWS:, 1].sum()
+    assert (pairs > 0) == (kinds is not None)  # each kind follows a kind here
 
 
 def test_calibration_learns_that_a_pattern_stopped_repeating():
@@ -218,9 +224,11 @@ def test_table_rows_cover_every_bucket():
     assert cal.coarse_of(low) == cal.N_SHARED and cal.shared_of(low) == 0
     last = cal.bucket(cal.with_agreement(cal.N_SRC * cal.N_STATE - 1, cal.N_AGREE - 1),
                       10_000, 10_000, 10_000, 10_000)
-    assert last == cal.BASE_ROWS - 1  # the lift rows follow
-    assert cal.lift_row(last, cal.N_KIND - 1) == cal.TABLE_ROWS - 1
+    assert last == cal.BASE_ROWS - 1  # the lift rows follow, then the pair rows
+    assert cal.lift_row(last, cal.N_KIND - 1) == cal.BASE_ROWS + cal.LIFT_ROWS - 1
     assert cal.lift_row(low, 0) == cal.BASE_ROWS
+    assert cal.pair_row(last, cal.N_KIND - 1, cal.N_KIND - 1) == cal.TABLE_ROWS - 1
+    assert cal.pair_row(low, 0, 0) == cal.BASE_ROWS + cal.LIFT_ROWS
 
 
 def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
@@ -250,7 +258,12 @@ def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
     one_fine = {cal.coarse_of(f): f for f in fines}
     lifts = {cal.lift_row(f, kind) for f in one_fine.values() for kind in range(cal.N_KIND)}
     assert len(lifts) == len(one_fine) * cal.N_KIND
-    assert cal.BASE_ROWS <= min(lifts) and max(lifts) < cal.TABLE_ROWS
+    assert cal.BASE_ROWS <= min(lifts) and max(lifts) < cal.BASE_ROWS + cal.LIFT_ROWS
+    # and one pair row per lift row and kind before, after the lift rows
+    pairs = {cal.pair_row(f, before, kind) for f in one_fine.values()
+             for before in range(cal.N_KIND) for kind in range(cal.N_KIND)}
+    assert len(pairs) == len(one_fine) * cal.N_KIND ** 2
+    assert cal.BASE_ROWS + cal.LIFT_ROWS <= min(pairs) and max(pairs) < cal.TABLE_ROWS
 
 
 def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
@@ -258,7 +271,7 @@ def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
 
     def p(c, n, match):
         return cal.probability(table, state, cal.bucket(cal.SRC_CROSS, match, 0, c, n), c, n,
-                               match, -1)
+                               match, -1, -1)
 
     assert p(1, 1, 1) == pytest.approx(0.5)  # seen once after one matching token
     assert p(1, 1, 1) < p(1, 1, 4) < p(1, 1, 30)
@@ -271,10 +284,10 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     table, state = cal.new_table(), cal.new_state(0.03)
     request = cal.bucket(cal.SRC_REQUEST, 2, 0, 1, 1)
     cross = cal.bucket(cal.SRC_CROSS, 2, 0, 1, 1)
-    before = cal.probability(table, state, cross, 1, 1, 2, -1)
+    before = cal.probability(table, state, cross, 1, 1, 2, -1, -1)
     for row in (request, cal.coarse_of(request), cal.shared_of(request)):
         table[row] = (0.0, 50.0)  # 50 request-tree tries, none accepted
-    after = cal.probability(table, state, cross, 1, 1, 2, -1)
+    after = cal.probability(table, state, cross, 1, 1, 2, -1, -1)
     assert cal.shared_of(request) == cal.shared_of(cross)
     assert after < 0.5 * before
 
@@ -285,7 +298,7 @@ def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_sha
     old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes, positions), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
-    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift rows
+    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift or pair rows
     old_coarse = old_src * cal.N_SHARED
     old_plane = old_coarse * (1 + cal.N_RECENT * positions * cal.N_DEPTH)
     rng = np.random.default_rng(1)
@@ -325,6 +338,14 @@ def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output
         range(cal.N_STATE))
 
 
+def test_a_table_with_lift_rows_and_no_pair_rows_keeps_every_row():
+    old = np.random.default_rng(3).random((cal.LIFT_LAYOUT_ROWS, 2)) + 1.0
+    new = cal.upgrade_table(old)
+    assert new.shape == (cal.TABLE_ROWS, 2)
+    assert np.array_equal(new[:cal.LIFT_LAYOUT_ROWS], old)
+    assert not new[cal.LIFT_LAYOUT_ROWS:].any()
+
+
 def test_a_table_of_no_known_layout_is_not_upgraded():
     assert cal.upgrade_table(np.zeros((3, 2))) is None
     assert cal.upgrade_table(np.zeros((cal.TABLE_ROWS + 1, 2))) is None
@@ -332,6 +353,7 @@ def test_a_table_of_no_known_layout_is_not_upgraded():
 
 
 def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty():
+    """The lift of a token's kind, after the kind of the token before it."""
     rng = np.random.default_rng(5)
     table = np.zeros((cal.TABLE_ROWS, 2))
     state = cal.new_state(0.03)
@@ -345,13 +367,13 @@ def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty()
             c, m, d = int(rng.integers(1, n + 1)), int(rng.integers(0, 70)), int(rng.integers(16))
             src = cal.with_agreement(int(rng.integers(cal.N_SRC * cal.N_STATE)),
                                      int(rng.integers(cal.N_AGREE)))
-            kind = int(rng.integers(-1, cal.N_KIND))
+            kind, before = (int(x) for x in rng.integers(-1, cal.N_KIND, 2))
             fine = cal.bucket(src, m, d, c, n)
-            got = cal.probability(table, state, fine, c, n, m, kind)
-            want, _ = naive.probability(table, weights, src, m, d, c, n, kind)
+            got = cal.probability(table, state, fine, c, n, m, kind, before)
+            want, _ = naive.probability(table, weights, src, m, d, c, n, kind, before)
             assert got == pytest.approx(want, rel=1e-12)
             if empty:  # no kind has been seen: the lift is exactly 1
-                assert got == pytest.approx(cal.probability(table, state, fine, c, n, m, -1),
+                assert got == pytest.approx(cal.probability(table, state, fine, c, n, m, -1, -1),
                                             rel=1e-12)
 
 

@@ -48,16 +48,18 @@ def test_the_calibration_port_equals_the_kernels():
     src = rng.integers(0, cal.N_SRC * cal.N_STATE, 2000)
     agree = rng.integers(0, cal.N_AGREE, 2000)
     kind = rng.integers(-1, cal.N_KIND, 2000)  # -1: no kind, no lift
+    before = rng.integers(-1, cal.N_KIND, 2000)  # -1: no pair
     t = {k: torch.from_numpy(v)
-         for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree, kind=kind).items()}
+         for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree, kind=kind,
+                          before=before).items()}
     fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"], t["agree"])
     weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
     prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"],
-                             t["kind"])
+                             t["kind"], t["before"])
     for i in range(2000):
         f = cal.bucket(cal.with_agreement(src[i], agree[i]), m[i], depth[i], c[i], n[i])
         assert fine[i] == f
-        want = cal.probability(table, state, f, c[i], n[i], m[i], kind[i])
+        want = cal.probability(table, state, f, c[i], n[i], m[i], kind[i], before[i])
         assert prob[i].item() == pytest.approx(want, rel=1e-12)
     # some lifts hit the ceiling, most not: both paths are compared
     assert 0 < (prob == cal.P_MAX).sum() < 2000 // 2

@@ -74,10 +74,11 @@ def kind_of(kinds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(inside, kinds[tokens.clamp(0, kinds.shape[0] - 1)].to(tokens.dtype), -1)
 
 
-def probability(table, weights, fine, c, n, matched, kind=None) -> torch.Tensor:
-    """Estimated acceptance of a token of bucket ``fine`` and ``kind`` (-1 or
-    None: none) (``calibration.probability``); ``weights`` are the shared,
-    coarse and fine prior weights (0-d tensors or floats)."""
+def probability(table, weights, fine, c, n, matched, kind=None, before=None) -> torch.Tensor:
+    """Estimated acceptance of a token of bucket ``fine`` and ``kind``, after a
+    token of kind ``before`` (-1 or None: none) (``calibration.probability``);
+    ``weights`` are the shared, coarse and fine prior weights (0-d tensors or
+    floats)."""
     ws, wc, wf = weights
     base = plane_base(agreement_of(fine))
     coarse = base + (fine - base - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
@@ -90,7 +91,13 @@ def probability(table, weights, fine, c, n, matched, kind=None) -> torch.Tensor:
     if kind is None:
         return p
     plane = agreement_of(fine)
-    lift = (cal.BASE_ROWS + (plane * cal.N_KIND + kind.clamp(min=0)) * cal.N_COARSE + coarse
-            - base)
-    lifted = p * (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc.clamp(min=1e-30))
+    kind_at = plane * cal.N_KIND + kind.clamp(min=0)
+    row = cal.BASE_ROWS + kind_at * cal.N_COARSE + coarse - base
+    lift = (table[row, 0] + wc * pc) / (table[row, 1] + wc)
+    if before is not None:
+        row = (cal.BASE_ROWS + cal.LIFT_ROWS
+               + ((plane * cal.N_KIND + before.clamp(min=0)) * cal.N_KIND + kind.clamp(min=0))
+               * cal.N_COARSE + coarse - base)
+        lift = torch.where(before >= 0, (table[row, 0] + wf * lift) / (table[row, 1] + wf), lift)
+    lifted = p * lift / pc.clamp(min=1e-30)
     return torch.where((kind >= 0) & (pc > 0), lifted.clamp(max=cal.P_MAX), p)

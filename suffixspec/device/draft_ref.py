@@ -185,10 +185,12 @@ def agreement(tokens, ref, ref_ok):
 
 
 def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size: int,
-           agree=None):
+           agree=None, last=None):
     """Probabilities and gains of candidates: ``tokens``/``c``/``n``/``valid``
     ``[..., k]``, ``src``/``match`` ``[...]``, ``agree`` (``[..., k]``, None:
-    none) each token's agreement with the reference.  Returns ``(q, p, kept,
+    none) each token's agreement with the reference, ``last`` (``[...]``,
+    None: none) the token each candidate follows, the context's last: a
+    token's kind is lifted after the kind of the one before it.  Returns ``(q, p, kept,
     gain, buckets)``: each token's estimate, running product, whether it is
     drafted, the candidate's gain, the tokens' buckets."""
     params = calibration.params
@@ -201,7 +203,12 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
     fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n, agree)
     weights = (params[P_W_SHARED], params[P_W_COARSE], params[P_W_FINE])
     kind = calib.kind_of(calibration.kinds, tokens)
-    q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m, kind), 0.0)
+    before = None
+    if last is not None:
+        before = calib.kind_of(calibration.kinds,
+                               torch.cat([last[..., None], tokens[..., :-1]], dim=-1))
+    q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m, kind,
+                                          before), 0.0)
     p = q.cumprod(dim=-1)
     # The length cap: match length * factor + offset tokens, when a factor is set.
     cap = torch.where(params[P_FACTOR] >= 0,
@@ -375,7 +382,8 @@ def fused_ref(tail, total, sampled, state, slots, windows: DeviceWindows, direct
     agree = agreement(tokens, d_tok[:, 0], ref_ok)
     q, p, kept, gain, fine = _score(tokens, counts, totals,
                                     torch.ones_like(tokens, dtype=torch.bool), src, match,
-                                    calibration, vocab_size, agree)
+                                    calibration, vocab_size, agree,
+                                    tail[:, :1].expand(b, tokens.shape[1]))
 
     # The best candidate: windows in row order, then the others in order.
     best = gain.argmax(dim=1)                                            # the first of equals

@@ -46,14 +46,15 @@ def _depth_bucket(j):
 
 
 @triton.jit
-def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, kinds_ptr, n_kinds,
-           K: tl.constexpr,
+def _score(tok, before_tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, kinds_ptr,
+           n_kinds, K: tl.constexpr,
            N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
            N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
            N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
-           PLANE: tl.constexpr, BASE_ROWS: tl.constexpr, N_KIND: tl.constexpr,
-           P_MAX: tl.constexpr):
-    """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``)."""
+           PLANE: tl.constexpr, BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr,
+           N_KIND: tl.constexpr, P_MAX: tl.constexpr):
+    """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``);
+    ``before_tok`` holds the token before each of ``tok``."""
     thr = tl.load(params_ptr + 0)
     factor = tl.load(params_ptr + 1)
     offset = tl.load(params_ptr + 2)
@@ -85,9 +86,16 @@ def _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab, kinds_ptr,
     q = (tl.load(table_ptr + 2 * fine) + wf * pc) / (tl.load(table_ptr + 2 * fine + 1) + wf)
     inside = (tok >= 0) & (tok < n_kinds)
     kind = tl.load(kinds_ptr + tl.where(inside, tok, 0), mask=inside, other=-1)
-    lift = BASE_ROWS + (plane * N_KIND + tl.maximum(kind, 0)) * N_COARSE + coarse_row - base
-    lifted = q * (tl.load(table_ptr + 2 * lift) + wc * pc) / (
-        (tl.load(table_ptr + 2 * lift + 1) + wc) * tl.maximum(pc, 1e-30))
+    row = BASE_ROWS + (plane * N_KIND + tl.maximum(kind, 0)) * N_COARSE + coarse_row - base
+    lift = (tl.load(table_ptr + 2 * row) + wc * pc) / (tl.load(table_ptr + 2 * row + 1) + wc)
+    inside = (before_tok >= 0) & (before_tok < n_kinds)
+    before = tl.load(kinds_ptr + tl.where(inside, before_tok, 0), mask=inside, other=-1)
+    row = (BASE_ROWS + LIFT_ROWS
+           + ((plane * N_KIND + tl.maximum(before, 0)) * N_KIND + tl.maximum(kind, 0)) * N_COARSE
+           + coarse_row - base)
+    lift = tl.where(before >= 0, (tl.load(table_ptr + 2 * row) + wf * lift) / (
+        tl.load(table_ptr + 2 * row + 1) + wf), lift)
+    lifted = q * lift / tl.maximum(pc, 1e-30)
     q = tl.where((kind >= 0) & (pc > 0), tl.minimum(lifted, P_MAX), q)
     q = tl.where(ok, q, 0.0)
     p = tl.cumprod(q, axis=0)
@@ -157,7 +165,8 @@ def _fused_kernel(
     N_SRC: tl.constexpr, N_RATIO: tl.constexpr, N_MATCH: tl.constexpr,
     N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
-    BASE_ROWS: tl.constexpr, N_KIND: tl.constexpr, P_MAX: tl.constexpr,
+    BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr, N_KIND: tl.constexpr,
+    P_MAX: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
     PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr,
@@ -173,6 +182,7 @@ def _fused_kernel(
     d = tl.arange(0, D).to(tl.int64)
     j = tl.arange(0, K_PO2).to(tl.int64)
     tail = tl.load(tail_ptr + b * D + d)
+    last_tok = tl.load(tail_ptr + b * D).to(tl.int64)  # the context's last token
     at = e[:, None] - d[None, :]                                             # [W, D]
 
     best_gain = tl.zeros((), tl.float32)
@@ -216,13 +226,15 @@ def _fused_kernel(
         # (a scalar condition joins a block through where: the interpreter's & would not)
         ins = tl.where(on_path | found, (pos < w_len) & (pos < W) & (j < K), False)
         tok = tl.load(win_tok_ptr + row + pos, mask=ins, other=-1).to(tl.int64)
+        prior_tok = tl.load(win_tok_ptr + row + pos - 1, mask=ins & (j > 0), other=-1)
+        prior_tok = tl.where(j == 0, last_tok, prior_tok.to(tl.int64))
         c = tl.load(win_c_ptr + row + pos, mask=ins, other=0).to(tl.int64)
         n = tl.load(win_n_ptr + row + pos, mask=ins, other=0).to(tl.int64)
-        q, p, kept, gain, fine = _score(tok, c, n, w_src + N_SRC * state, m, j,
+        q, p, kept, gain, fine = _score(tok, prior_tok, c, n, w_src + N_SRC * state, m, j,
                                         _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
-                                        PLANE, BASE_ROWS, N_KIND, P_MAX)
+                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
@@ -234,6 +246,8 @@ def _fused_kernel(
     for x in range(X):
         base = (b * X + x) * K
         tok = tl.load(d_tok_ptr + base + j, mask=j < K, other=-1)
+        prior_tok = tl.load(d_tok_ptr + base + j - 1, mask=(j > 0) & (j < K), other=-1)
+        prior_tok = tl.where(j == 0, last_tok, prior_tok)
         c = tl.load(d_c_ptr + base + j, mask=j < K, other=0)
         n = tl.load(d_n_ptr + base + j, mask=j < K, other=0)
         m = tl.load(d_match_ptr + b * X + x)
@@ -241,10 +255,11 @@ def _fused_kernel(
         src = origin + N_SRC * state
         # (the reference itself in the agreeing plane, as on the host)
         agree = _agreement(tok, ref, ref_ok)
-        q, p, kept, gain, fine = _score(tok, c, n, src, m, j, agree, table_ptr, params_ptr,
+        q, p, kept, gain, fine = _score(tok, prior_tok, c, n, src, m, j, agree, table_ptr,
+                                        params_ptr,
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
-                                        PLANE, BASE_ROWS, N_KIND, P_MAX)
+                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX)
         first = x == 0
         ref_m = tl.where(first, m, ref_m)
         ref_q = tl.where(first, q, ref_q)
@@ -526,6 +541,7 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 N_MATCH=cal.N_MATCH, N_STATE=cal.N_STATE, N_DEPTH=cal.N_DEPTH,
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
                 PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, BASE_ROWS=cal.BASE_ROWS,
+                LIFT_ROWS=cal.LIFT_ROWS,
                 N_KIND=cal.N_KIND, P_MAX=cal.P_MAX, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,

@@ -201,12 +201,13 @@ def own_reference(trees, s, arena, start, end, depth, window, ref):
 
 
 @njit(cache=True, nogil=True)
-def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand, follow):
+def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand, follow, last):
     """Most frequent continuation while its probability beats ``thr``.
 
     The string sits at positions ``pos`` on every side (``union``; node -1
     where a side lacks it), and counts add up over all of them; ``pos``
-    moves along the draft.  Returns ``(n, gain)``, the gain being
+    moves along the draft; ``last`` is the token the draft follows (the
+    context's last).  Returns ``(n, gain)``, the gain being
     ``sum(p - thr)``.  Gives up (gain -1) as soon as the path can no longer
     gain more than ``beat``: no later token is more probable than the
     current one.
@@ -230,7 +231,7 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
         agree = agreement(ref, n, tok, on)
         on = agree == cal.AGREE_SAME
         fine, q = cal.token_probability(stats, cal.with_agreement(src, agree), match_len, n, c,
-                                        cnt, tok)
+                                        cnt, tok, last)
         p = prob * q
         if p <= thr:
             break
@@ -240,6 +241,7 @@ def draft_path(sides, pos, cap, thr, discount, src, match_len, stats, beat, cand
         cand.buckets[n] = fine
         gain += p - thr
         n += 1
+        last = tok
         if gain + (cap - n) * (p - thr) <= beat:
             return n, -1.0
         advance_all(sides, pos, tok)
@@ -252,14 +254,15 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
 
     A heap entry is one candidate token: the token at offset ``off`` of node
     ``x``'s edge, its probability, its parent in the draft, bucket and depth;
-    ``entry`` is ``(probability, parent, depth)`` of what they follow.
+    ``entry`` is ``(probability, parent, depth, token)`` of what they follow.
     ``follow`` is ``(ref, on)``: the reference, and whether the parent
     follows it.
     """
-    prob, parent, d = entry
+    prob, parent, d, last = entry
     ref, on = follow
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
     table, state, kinds = stats
+    before = cal.kind_of(kinds, last)
     cap = heap.prob.shape[0] - 1
     if off < edge_len(nodes, seqs, x):
         n = nodes[x, COUNT] - discount
@@ -268,7 +271,7 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               n, n)
             p = prob * cal.probability(table, state, fine, n, n, match_len,
-                                       cal.kind_of(kinds, tok))
+                                       cal.kind_of(kinds, tok), before)
             if p > thr:
                 size = heap_push(heap, size, p, x, off, parent, fine, d)
         return size
@@ -285,7 +288,7 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               k, n)
             p = prob * cal.probability(table, state, fine, k, n, match_len,
-                                       cal.kind_of(kinds, tok))
+                                       cal.kind_of(kinds, tok), before)
             if p > thr:
                 size = heap_push(heap, size, p, c, 0, parent, fine, d)
         c = nodes[c, NEXT]
@@ -293,14 +296,16 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
 
 
 @njit(cache=True, nogil=True)
-def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap, ref):
+def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap, ref,
+               last):
     """Best-first tree of the most probable continuations, each beating ``thr``.
 
-    Returns ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
+    ``last`` is the token the draft follows (the context's last).  Returns
+    ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
     """
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
     # Typed arguments (no literals), so ``_push_next`` compiles once.
-    size = _push_next(index, np.int64(x), off, (1.0, np.int64(-1), np.int64(0)),
+    size = _push_next(index, np.int64(x), off, (1.0, np.int64(-1), np.int64(0), np.int64(last)),
                       np.int64(discount), thr, src, match_len, stats, heap, np.int64(0),
                       (ref, True))
     n = 0
@@ -315,7 +320,8 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
         n += 1
         if gain + (cap - n) * (prob - thr) <= beat:
             return n, -1.0
-        size = _push_next(index, np.int64(y), k + 1, (prob, np.int64(n - 1), np.int64(d + 1)),
+        size = _push_next(index, np.int64(y), k + 1, (prob, np.int64(n - 1), np.int64(d + 1),
+                                                      np.int64(cand.tokens[n - 1])),
                           np.int64(0), thr, src, match_len, stats, heap, np.int64(size),
                           (ref, cal.agreement_of(fine) == cal.AGREE_SAME))
     return n, gain
@@ -343,25 +349,32 @@ def _copy_draft(cand, out, n):
         out.buckets[j] = cand.buckets[j]
 
 
+@njit(cache=True, inline="always")
+def last_token(ctx, end):
+    """The last token of context ``ctx[:end]`` (-1: none)."""
+    return np.int64(ctx[end - 1]) if end > 0 else np.int64(-1)
+
+
 @njit(cache=True, nogil=True)
-def _first_probability(stats, src, m, c, n, ref, tok):
+def _first_probability(stats, src, m, c, n, ref, tok, last):
     """Estimated acceptance of a draft's first token ``tok`` (chosen by ``c``
     of ``n`` after a match of ``m``), in its plane against the reference
     ``ref``; with ``tok`` -1 (not known yet) the highest over agreeing or
     not and over the token's kind: a bound."""
     table, state, kinds = stats
+    before = cal.kind_of(kinds, last)
     if tok >= 0:
         fine = cal.bucket(cal.with_agreement(src, agreement(ref, 0, tok, True)), m, 0, c, n)
-        return cal.probability(table, state, fine, c, n, m, cal.kind_of(kinds, tok))
+        return cal.probability(table, state, fine, c, n, m, cal.kind_of(kinds, tok), before)
     best = 0.0
     for agree in range(cal.N_AGREE):
         if (agree == cal.AGREE_NONE) != (ref[0] == 0):
             continue
         fine = cal.bucket(cal.with_agreement(src, agree), m, 0, c, n)
-        best = max(best, cal.probability(table, state, fine, c, n, m, -1))
+        best = max(best, cal.probability(table, state, fine, c, n, m, -1, -1))
         if kinds.shape[0] > 1 or kinds[0] >= 0:  # a tokenizer's kinds: each may lift
             for kind in range(cal.N_KIND):
-                best = max(best, cal.probability(table, state, fine, c, n, m, kind))
+                best = max(best, cal.probability(table, state, fine, c, n, m, kind, before))
     return best
 
 
@@ -399,6 +412,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     best_len = 0
     best_length = 0
     longer = -1  # occurrences of the last length tried
+    last = last_token(ctx, end)  # what a draft's first token follows
     for length in range(hi_len, lo_len - 1, -1):
         for k in range(pos.shape[0]):
             pos[k, 0] = -1
@@ -442,17 +456,17 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
                 tok = first
         if cnt <= 0 or c <= 0:
             continue
-        q = _first_probability(stats, s, m, c, cnt, work.ref, tok)
+        q = _first_probability(stats, s, m, c, cnt, work.ref, tok, last)
         if q <= thr or (not knobs.tree and cap * (q - thr) <= best_gain):
             continue
         if knobs.tree:  # one tree: the side that holds the string
             ix = side(sides, most)
             n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
-                                 -1.0, cand, work.heap, work.ref)
+                                 -1.0, cand, work.heap, work.ref, last)
             merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
             n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand,
-                                 (work.ref, False))
+                                 (work.ref, False), last)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -552,7 +566,7 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     cand = work.alt  # whole, for the arbiter and the merged tree
     whole = knobs.tree or knobs.arbitrate
     n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * state, length, stats,
-                         -1.0 if whole else best, cand, (work.ref, True))
+                         -1.0 if whole else best, cand, (work.ref, True), last_token(ctx, end))
     for i in range(n):
         cand.parents[i] = i - 1
     if knobs.tree:

@@ -56,8 +56,17 @@ is its fine rate times its kind's lift over the coarse rate::
 
 A tokenizer's kinds are information the counts lack: after the same match
 and counts, a newline or a bracket is more often what follows than a word
-is.  Without kinds (``NO_KINDS``) there is no lift and the lift rows stay
-empty.
+is.  What comes before says more: a word after a newline is a different
+bet from a word after a word.  So each lift row has a *pair* row per kind
+of the token before (``pair_row``, after the lift rows: the draft's previous
+token, or the context's last one for a first token), whose rate shrinks
+towards the lift's with the fine weight and replaces it::
+
+    pair = (acc_pk + W_FINE * lift) / (tried_pk + W_FINE)
+    p    = min(fine * pair / coarse, P_MAX)
+
+Without kinds (``NO_KINDS``) there is no lift and the lift and pair rows
+stay empty; a token whose previous token is of no kind takes the lift alone.
 
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
 and tokens drafted per step, which with the draft cost give the gain a
@@ -109,8 +118,10 @@ PLANE = N_COARSE + N_FINE  # rows of a plane after the first
 # Kinds of token text (``suffixspec.token_kinds``), one lift row each per coarse row.
 N_KIND = 7
 LIFT_ROWS = N_AGREE * N_KIND * N_COARSE
+# ... and one pair row per kind of the token before, per lift row.
+PAIR_ROWS = N_KIND * LIFT_ROWS
 BASE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
-TABLE_ROWS = BASE_ROWS + LIFT_ROWS
+TABLE_ROWS = BASE_ROWS + LIFT_ROWS + PAIR_ROWS
 #: The kinds of a proposer without a tokenizer's: every token is of no kind.
 NO_KINDS = np.full(1, -1, np.int8)
 P_MAX = 0.999  # a lifted estimate's ceiling
@@ -143,6 +154,8 @@ def new_table() -> np.ndarray:
 EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1), "0.2": (5, 1, SRC_LIVE, 1),
                    "0.3": (5, N_AGREE, SRC_LIVE, 1), "0.4": (N_SRC, N_AGREE, N_SRC, 1),
                    "0.5": (N_SRC, N_AGREE, N_SRC, N_POSITION)}
+#: Rows of the table 0.6 kept: this layout's, lift rows but no pair rows.
+LIFT_LAYOUT_ROWS = BASE_ROWS + LIFT_ROWS
 
 
 def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
@@ -153,15 +166,19 @@ def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version
-    (``EARLIER_LAYOUTS``), or None when ``table`` is of no known layout.
-    Rows of the sources kept keep their counts; the rest (0.1's recency
-    source, a source or plane an earlier table lacked, the lift rows) start
-    empty.  A fine row of a table that did not know the output position
+    (``EARLIER_LAYOUTS``, ``LIFT_LAYOUT_ROWS``), or None when ``table`` is of
+    no known layout.  Rows of the sources kept keep their counts; the rest
+    (0.1's recency source, a source or plane an earlier table lacked, the
+    lift and pair rows) start empty.  A fine row of a table that did not know the output position
     stands for its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
         return None
+    if table.shape[0] == LIFT_LAYOUT_ROWS:  # 0.6: the pair rows start empty
+        out = np.zeros((TABLE_ROWS, 2), table.dtype)
+        out[:LIFT_LAYOUT_ROWS] = table
+        return out
     for n_src, planes, kept, positions in EARLIER_LAYOUTS.values():
         if table.shape[0] == layout_rows(n_src, planes, positions):
             break
@@ -349,9 +366,19 @@ def lift_row(fine, kind):
 
 
 @njit(cache=True, inline="always")
-def probability(table, state, fine, c, n, matched, kind):
-    """Estimated chance that a token of bucket ``fine`` and ``kind`` (-1: none)
-    is accepted once reached.
+def pair_row(fine, before, kind):
+    """Table row of the lift of tokens of ``kind`` after a token of kind
+    ``before`` (each in ``[0, N_KIND)``) over the coarse bucket above fine row
+    ``fine``."""
+    agree = agreement_of(fine)
+    return (BASE_ROWS + LIFT_ROWS + ((agree * N_KIND + before) * N_KIND + kind) * N_COARSE
+            + coarse_of(fine) - _plane_base(agree))
+
+
+@njit(cache=True, inline="always")
+def probability(table, state, fine, c, n, matched, kind, before):
+    """Estimated chance that a token of bucket ``fine`` and ``kind``, after a
+    token of kind ``before``, is accepted once reached (a kind -1: none).
 
     ``matched`` is the length of the match the draft starts from.
     """
@@ -366,17 +393,23 @@ def probability(table, state, fine, c, n, matched, kind):
     p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
     if kind < 0 or pc <= 0.0:
         return p
-    lift = lift_row(fine, kind)
-    p *= (table[lift, 0] + wc * pc) / ((table[lift, 1] + wc) * pc)
+    row = lift_row(fine, kind)
+    lift = (table[row, 0] + wc * pc) / (table[row, 1] + wc)
+    if before >= 0:
+        row = pair_row(fine, before, kind)
+        lift = (table[row, 0] + wf * lift) / (table[row, 1] + wf)
+    p *= lift / pc
     return p if p < P_MAX else P_MAX
 
 
 @njit(cache=True, inline="always")
-def token_probability(stats, src, match_len, depth, c, n, tok):
-    """``(fine bucket, estimated acceptance)`` of drafted token ``tok`` chosen by ``c`` of ``n``."""
+def token_probability(stats, src, match_len, depth, c, n, tok, before):
+    """``(fine bucket, estimated acceptance)`` of drafted token ``tok`` chosen by
+    ``c`` of ``n``, after token ``before`` (-1: none)."""
     table, state, kinds = stats
     fine = bucket(src, match_len, depth, c, n)
-    return fine, probability(table, state, fine, c, n, match_len, kind_of(kinds, tok))
+    return fine, probability(table, state, fine, c, n, match_len, kind_of(kinds, tok),
+                             kind_of(kinds, before))
 
 
 @njit(cache=True, inline="always")
@@ -402,13 +435,15 @@ def _count(table, row, hit, half_life):
 
 
 @njit(cache=True, nogil=True)
-def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
+def learn(stats, pending, seq_ids, tokens, offsets, lasts, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 
     ``stats`` and ``pending`` hold the fields of the ``Stats`` and ``Pending``
     records (plain tuples or the records).
     Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
-    ``tokens[offsets[i]:offsets[i + 1]]``.  A draft token is *reached* when its
+    ``tokens[offsets[i]:offsets[i + 1]]``; ``lasts[i]`` is the last token of
+    its context when it drafted (-1: none), the token before its draft's
+    first ones.  A draft token is *reached* when its
     parent was accepted (first tokens always are) and its depth is below the
     number of emitted tokens; it was accepted when it equals the emitted
     token at its depth.  Every reached token counts one try in its buckets;
@@ -449,8 +484,12 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
             _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
             kind = kind_of(kinds, pend_tokens[s, t])
-            if kind >= 0:
-                _count(table, lift_row(fine, kind), hit, state[ST_HALF_LIFE])
+            if kind < 0:
+                continue
+            _count(table, lift_row(fine, kind), hit, state[ST_HALF_LIFE])
+            before = kind_of(kinds, lasts[i] if p < 0 else pend_tokens[s, p])
+            if before >= 0:
+                _count(table, pair_row(fine, before, kind), hit, state[ST_HALF_LIFE])
         pend_n[s] = 0
         if n == 0:
             pend_recent[s] = RECENT_NONE
