@@ -99,10 +99,11 @@ def test_path_over_several_indexes_equals_one_index_until_a_tie(items, query):
     stats = tuple(cal.new_stats(0.0))
     many, one = lay.candidate(DEPTH), lay.candidate(DEPTH)
     no_ref = np.zeros(1, np.int64)
+    last = np.int64(query[-1])  # what the draft follows
     n2, _ = draft_path(sides, pos, DEPTH, 0.0, 0, cal.SRC_CROSS, len(query), stats, -1.0, many,
-                       (no_ref, False))
+                       (no_ref, False), last)
     n1, _ = draft_path(table([c.read_only_arrays()]), np.array([pc], np.int64), DEPTH, 0.0, 0,
-                       cal.SRC_CROSS, len(query), stats, -1.0, one, (no_ref, False))
+                       cal.SRC_CROSS, len(query), stats, -1.0, one, (no_ref, False), last)
     # Token by token, as long as the most frequent next token is unique.
     prefix = list(query)
     for i in range(max(n1, n2)):

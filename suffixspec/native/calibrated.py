@@ -296,14 +296,15 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
 
 
 @njit(cache=True, nogil=True)
-def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap, ref,
-               last):
+def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, cand, heap, follow):
     """Best-first tree of the most probable continuations, each beating ``thr``.
 
-    ``last`` is the token the draft follows (the context's last).  Returns
-    ``(n, gain)``; gives up (gain -1) once it cannot beat ``beat``.
+    ``follow`` is ``(ref, last)``: the reference, and the token the draft
+    follows (the context's last).  Returns ``(n, gain)``; gives up (gain -1)
+    once it cannot beat ``beat``.
     """
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
+    ref, last = follow
     # Typed arguments (no literals), so ``_push_next`` compiles once.
     size = _push_next(index, np.int64(x), off, (1.0, np.int64(-1), np.int64(0), np.int64(last)),
                       np.int64(discount), thr, src, match_len, stats, heap, np.int64(0),
@@ -462,7 +463,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
         if knobs.tree:  # one tree: the side that holds the string
             ix = side(sides, most)
             n, gain = draft_tree(ix, pos[most, 0], pos[most, 1], cap, thr, discount, s, m, stats,
-                                 -1.0, cand, work.heap, work.ref, last)
+                                 -1.0, cand, work.heap, (work.ref, last))
             merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
             n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand,
