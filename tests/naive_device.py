@@ -11,12 +11,21 @@ from suffixspec.native import calibration as cal
 FROM_SCAN, FROM_NOTHING = -2, -1
 
 
-def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1):
+def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1, token=-1):
     fine = int(cal.bucket(src, m, depth, c, n))
+    p = estimate(table, weights, fine, c / (n + 1.0 / np.sqrt(max(m, 1))), kind, before)
+    if token >= 0:  # its token row's ratio, shrunk towards 1
+        row = cal.TOKEN_BASE + token % cal.TOKEN_ROWS
+        p *= min((table[row, 0] + cal.W_TOKEN) / (table[row, 1] + cal.W_TOKEN), cal.TOKEN_MAX)
+    return min(p, cal.P_MAX), fine
+
+
+def estimate(table, weights, fine, prior, kind=-1, before=-1):
+    """The estimate of fine row ``fine`` with the shared level's ``prior``,
+    lifted by ``kind`` after ``before``, before its token row."""
     coarse = int(cal.coarse_of(fine))
     shared = int(cal.shared_of(fine))
     ws, wc, wf = weights
-    prior = c / (n + 1.0 / np.sqrt(max(m, 1)))
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
     p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
@@ -27,7 +36,7 @@ def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1):
             row = pair_row(fine, before, kind)
             lift = (table[row, 0] + wf * lift) / (table[row, 1] + wf)
         p = min(p * lift / pc, cal.P_MAX)
-    return p, fine
+    return p
 
 
 def lift_row(fine, kind):
@@ -92,7 +101,7 @@ def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, r
             break
         before = last if j == 0 else tokens[j - 1]
         q, fine = probability(table, weights, int(cal.with_agreement(src, agree[j])), m, j, cj,
-                              nj, kind_of(kinds, t), kind_of(kinds, before))
+                              nj, kind_of(kinds, t), kind_of(kinds, before), t)
         p = prob * q
         if not (p > thr and j < cap):
             break

@@ -85,6 +85,8 @@ def _reference_update(table, draft, emitted, buckets, kinds=None, last=-1):
     """What one verification outcome must add to the table, from first
     principles; ``last`` is the context's last token, before the draft."""
     table = table.copy()
+    state = cal.new_state(0.0)
+    weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
     ok = []
     depth = []
     for t, parent in enumerate(draft.parents.tolist()):
@@ -99,10 +101,19 @@ def _reference_update(table, draft, emitted, buckets, kinds=None, last=-1):
         if buckets[t] < 0:  # the arbiter's reference: not the policy's pick
             continue
         rows = [buckets[t], cal.coarse_of(buckets[t]), cal.shared_of(buckets[t])]
-        kind = naive.kind_of(kinds, int(draft.token_ids[t]))
+        token = int(draft.token_ids[t])
+        kind = naive.kind_of(kinds, token)
+        before = naive.kind_of(kinds, last if parent < 0 else int(draft.token_ids[parent]))
+        # its token row: accepted against what the table said, the shared
+        # row's own rate as the prior
+        shared = rows[2]
+        own = (table[shared, 0] + 1) / (table[shared, 1] + 2)
+        token_row = cal.TOKEN_BASE + token % cal.TOKEN_ROWS
+        table[token_row, 1] += naive.estimate(table, weights, int(buckets[t]), own, kind,
+                                              before)
+        table[token_row, 0] += hit
         if kind >= 0:
             rows.append(naive.lift_row(int(buckets[t]), kind))
-            before = naive.kind_of(kinds, last if parent < 0 else int(draft.token_ids[parent]))
             if before >= 0:
                 rows.append(naive.pair_row(int(buckets[t]), before, kind))
         for row in rows:
@@ -127,14 +138,15 @@ def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
         emitted = text[pos:pos + int(rng.integers(1, 5))]
         expect = _reference_update(p.stats.table, d, emitted, buckets, kinds, int(text[pos - 1]))
         p.extend("r", emitted)
-        np.testing.assert_array_equal(p.stats.table, expect)
+        np.testing.assert_allclose(p.stats.table, expect, rtol=1e-12, atol=0)
         checked += len(d) > 0
         pos += emitted.shape[0]
     assert checked > 20
     assert p.stats.table[:, 1].sum() > 0
-    assert p.stats.table[cal.BASE_ROWS:, 1].any() == (kinds is not None)
-    pairs = p.stats.table[cal.BASE_ROWS + cal.LIFT_ROWS:, 1].sum()
+    assert p.stats.table[cal.BASE_ROWS:cal.TOKEN_BASE, 1].any() == (kinds is not None)
+    pairs = p.stats.table[cal.BASE_ROWS + cal.LIFT_ROWS:cal.TOKEN_BASE, 1].sum()
     assert (pairs > 0) == (kinds is not None)  # each kind follows a kind here
+    assert p.stats.table[cal.TOKEN_BASE:, 1].any()  # with kinds or without
 
 
 def test_calibration_learns_that_a_pattern_stopped_repeating():
@@ -227,8 +239,11 @@ def test_table_rows_cover_every_bucket():
     assert last == cal.BASE_ROWS - 1  # the lift rows follow, then the pair rows
     assert cal.lift_row(last, cal.N_KIND - 1) == cal.BASE_ROWS + cal.LIFT_ROWS - 1
     assert cal.lift_row(low, 0) == cal.BASE_ROWS
-    assert cal.pair_row(last, cal.N_KIND - 1, cal.N_KIND - 1) == cal.TABLE_ROWS - 1
+    assert cal.pair_row(last, cal.N_KIND - 1, cal.N_KIND - 1) == cal.TOKEN_BASE - 1
     assert cal.pair_row(low, 0, 0) == cal.BASE_ROWS + cal.LIFT_ROWS
+    assert cal.token_row(0) == cal.TOKEN_BASE  # then the token rows
+    assert cal.token_row(cal.TOKEN_ROWS - 1) == cal.TABLE_ROWS - 1
+    assert cal.token_row(cal.TOKEN_ROWS + 5) == cal.token_row(5)  # past them: modulo
 
 
 def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
@@ -263,7 +278,7 @@ def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
     pairs = {cal.pair_row(f, before, kind) for f in one_fine.values()
              for before in range(cal.N_KIND) for kind in range(cal.N_KIND)}
     assert len(pairs) == len(one_fine) * cal.N_KIND ** 2
-    assert cal.BASE_ROWS + cal.LIFT_ROWS <= min(pairs) and max(pairs) < cal.TABLE_ROWS
+    assert cal.BASE_ROWS + cal.LIFT_ROWS <= min(pairs) and max(pairs) < cal.TOKEN_BASE
 
 
 def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
@@ -271,7 +286,7 @@ def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
 
     def p(c, n, match):
         return cal.probability(table, state, cal.bucket(cal.SRC_CROSS, match, 0, c, n), c, n,
-                               match, -1, -1)
+                               match, -1, -1, cal.NO_TOKEN)
 
     assert p(1, 1, 1) == pytest.approx(0.5)  # seen once after one matching token
     assert p(1, 1, 1) < p(1, 1, 4) < p(1, 1, 30)
@@ -284,10 +299,10 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     table, state = cal.new_table(), cal.new_state(0.03)
     request = cal.bucket(cal.SRC_REQUEST, 2, 0, 1, 1)
     cross = cal.bucket(cal.SRC_CROSS, 2, 0, 1, 1)
-    before = cal.probability(table, state, cross, 1, 1, 2, -1, -1)
+    before = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN)
     for row in (request, cal.coarse_of(request), cal.shared_of(request)):
         table[row] = (0.0, 50.0)  # 50 request-tree tries, none accepted
-    after = cal.probability(table, state, cross, 1, 1, 2, -1, -1)
+    after = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN)
     assert cal.shared_of(request) == cal.shared_of(cross)
     assert after < 0.5 * before
 
@@ -298,7 +313,7 @@ def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_sha
     old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes, positions), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
-    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift or pair rows
+    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift, pair or token rows
     old_coarse = old_src * cal.N_SHARED
     old_plane = old_coarse * (1 + cal.N_RECENT * positions * cal.N_DEPTH)
     rng = np.random.default_rng(1)
@@ -338,12 +353,24 @@ def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output
         range(cal.N_STATE))
 
 
-def test_a_table_with_lift_rows_and_no_pair_rows_keeps_every_row():
-    old = np.random.default_rng(3).random((cal.LIFT_LAYOUT_ROWS, 2)) + 1.0
+@pytest.mark.parametrize("rows", [cal.LIFT_LAYOUT_ROWS, cal.PAIR_LAYOUT_ROWS])
+def test_a_table_without_the_last_rows_keeps_every_row_it_has(rows):
+    old = np.random.default_rng(3).random((rows, 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
-    assert np.array_equal(new[:cal.LIFT_LAYOUT_ROWS], old)
-    assert not new[cal.LIFT_LAYOUT_ROWS:].any()
+    assert np.array_equal(new[:rows], old)
+    assert not new[rows:].any()
+
+
+def test_a_token_row_may_hold_more_accepted_than_expected_and_no_other_row_may():
+    table = cal.new_table()
+    table[cal.token_row(7)] = (9.0, 2.5)  # accepted more often than estimated
+    assert cal.table_problem(table) is None
+    table[cal.TOKEN_BASE - 1] = (3.0, 2.0)
+    assert "more accepted" in cal.table_problem(table)
+    table[cal.TOKEN_BASE - 1] = (0.0, 0.0)
+    table[cal.token_row(7)] = (-1.0, 2.5)
+    assert "out of range" in cal.table_problem(table)
 
 
 def test_a_table_of_no_known_layout_is_not_upgraded():
@@ -369,12 +396,16 @@ def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty()
                                      int(rng.integers(cal.N_AGREE)))
             kind, before = (int(x) for x in rng.integers(-1, cal.N_KIND, 2))
             fine = cal.bucket(src, m, d, c, n)
-            got = cal.probability(table, state, fine, c, n, m, kind, before)
-            want, _ = naive.probability(table, weights, src, m, d, c, n, kind, before)
+            token = int(rng.integers(-1, 2 * cal.TOKEN_ROWS))  # -1: no token row
+            got = cal.probability(table, state, fine, c, n, m, kind, before, token)
+            want, _ = naive.probability(table, weights, src, m, d, c, n, kind, before, token)
             assert got == pytest.approx(want, rel=1e-12)
-            if empty:  # no kind has been seen: the lift is exactly 1
-                assert got == pytest.approx(cal.probability(table, state, fine, c, n, m, -1, -1),
-                                            rel=1e-12)
+            if empty:  # nothing has been seen: the lift and the token's ratio are exactly 1
+                plain = cal.probability(table, state, fine, c, n, m, -1, -1, cal.NO_TOKEN)
+                assert got == pytest.approx(plain, rel=1e-12)
+            # a token not known yet is bounded by the largest its row may say
+            bound = cal.probability(table, state, fine, c, n, m, kind, before, cal.ANY_TOKEN)
+            assert got <= bound
 
 
 def test_a_fresh_proposer_drafts_the_same_with_kinds_and_without():

@@ -25,6 +25,7 @@ from suffixspec.device.draft_ref import (FROM_CORPUS, FROM_FAMILY, FROM_LIVE,  #
                                          PAIR_REFERENCE, fused_ref)
 from suffixspec.device.layout import P_ARBITRATE, P_REFERENCE, W_SOURCE  # noqa: E402
 from suffixspec.native import arbiter  # noqa: E402
+from suffixspec.native import calibration as cal  # noqa: E402
 from suffixspec.native import layout as lay  # noqa: E402
 
 
@@ -125,7 +126,9 @@ def _device_run(arbitrate: bool, prefer_all: bool = False, steps: int = 10):
     in the pool went "1 2 3 4", while this request's own "1 2 3" went on
     "5 6" and goes on so.  ``prefer_all``: every cell starts out preferring
     the reference.  Returns the first drafted tokens with their sources, and
-    the proposer."""
+    the proposer.  The token rows are kept empty: they would learn within
+    steps that "4" misses and "5" is accepted, and the policy would then pick
+    the reference's "5" itself, leaving the arbiter nothing to decide."""
     from suffixspec.device.replay import DeviceWindowsProposer
 
     p = DeviceWindowsProposer(max_depth=16, max_spec_tokens=4, draft_cost=0.0,
@@ -143,6 +146,7 @@ def _device_run(arbitrate: bool, prefer_all: bool = False, steps: int = 10):
         d = p.propose(["r"])[0]
         firsts.append((int(d.token_ids[0]) if len(d) else -1, d.source))
         p.extend("r", [5, 6, 400 + i, 1, 2, 3])
+        p.host.stats.table[cal.TOKEN_BASE:] = 0
     return firsts, p
 
 

@@ -393,7 +393,7 @@ def test_calibration_survives_restart_and_is_refused_when_damaged(tmp_path, capl
     pool.close()
 
 
-@pytest.mark.parametrize("bad", ["nan", "inf", "huge", "negative", "flat", "rows"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "huge", "negative", "over", "flat", "rows"])
 def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_path, caplog, bad):
     """A table kept in the pool (signed, so its checksum holds) is checked before
     it drafts: not finite, out of range or of a shape this version does not
@@ -409,6 +409,7 @@ def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_pat
              "inf": lambda t: t.__setitem__((5, 1), np.inf) or t,
              "huge": lambda t: t.__setitem__((5, 1), 1e308) or t,
              "negative": lambda t: t.__setitem__((5, 0), -5.0) or t,
+             "over": lambda t: t.__setitem__((5, 0), 5.0) or t,  # accepted past tried
              "flat": lambda t: t.ravel(),
              "rows": lambda t: t[:100]}[bad](table)
     pool.save_calibration(table)

@@ -74,11 +74,12 @@ def kind_of(kinds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.where(inside, kinds[tokens.clamp(0, kinds.shape[0] - 1)].to(tokens.dtype), -1)
 
 
-def probability(table, weights, fine, c, n, matched, kind=None, before=None) -> torch.Tensor:
-    """Estimated acceptance of a token of bucket ``fine`` and ``kind``, after a
-    token of kind ``before`` (-1 or None: none) (``calibration.probability``);
-    ``weights`` are the shared, coarse and fine prior weights (0-d tensors or
-    floats)."""
+def probability(table, weights, fine, c, n, matched, kind=None, before=None,
+                tokens=None) -> torch.Tensor:
+    """Estimated acceptance of token ``tokens`` (None or -1: none, not scaled
+    by a token row) of bucket ``fine`` and ``kind``, after a token of kind
+    ``before`` (-1 or None: none) (``calibration.probability``); ``weights``
+    are the shared, coarse and fine prior weights (0-d tensors or floats)."""
     ws, wc, wf = weights
     base = plane_base(agreement_of(fine))
     coarse = base + (fine - base - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
@@ -88,8 +89,19 @@ def probability(table, weights, fine, c, n, matched, kind=None, before=None) -> 
     ps = (table[shared, 0] + ws * prior) / (table[shared, 1] + ws)
     pc = (table[coarse, 0] + wc * ps) / (table[coarse, 1] + wc)
     p = (table[fine, 0] + wf * pc) / (table[fine, 1] + wf)
-    if kind is None:
-        return p
+    if kind is not None:
+        p = _lifted(table, (wc, wf), fine, base, coarse, pc, p, kind, before)
+    if tokens is not None:
+        row = cal.TOKEN_BASE + (tokens.clamp(min=0) & (cal.TOKEN_ROWS - 1))
+        factor = ((table[row, 0] + cal.W_TOKEN) / (table[row, 1] + cal.W_TOKEN)).clamp(
+            max=cal.TOKEN_MAX)
+        p = torch.where(tokens >= 0, p * factor, p)
+    return p.clamp(max=cal.P_MAX)
+
+
+def _lifted(table, weights, fine, base, coarse, pc, p, kind, before):
+    """``p`` with the lift of ``kind`` after ``before`` (``probability``)."""
+    wc, wf = weights
     plane = agreement_of(fine)
     kind_at = plane * cal.N_KIND + kind.clamp(min=0)
     row = cal.BASE_ROWS + kind_at * cal.N_COARSE + coarse - base

@@ -41,8 +41,9 @@ def random_case(rng, device="cpu", batch=None):
         calibration.set_kinds(rng.integers(-1, cal.N_KIND, int(rng.integers(1, vocab + 2)))
                               .astype(np.int8))
     tried = rng.integers(0, 30, cal.TABLE_ROWS)
-    calibration.table[:] = torch.from_numpy(np.stack([np.floor(tried * rng.random(
-        cal.TABLE_ROWS)), tried], 1).astype(np.float32))
+    table = np.stack([np.floor(tried * rng.random(cal.TABLE_ROWS)), tried], 1)
+    table[cal.TOKEN_BASE:, 0] = rng.integers(0, 30, cal.TOKEN_ROWS)  # may pass "expected"
+    calibration.table[:] = torch.from_numpy(table.astype(np.float32))
     calibration.params[:] = torch.tensor(calibration.host_params(
         cal.new_state(0.0), float(rng.choice([0.0, 0.05, 0.3])),
         float(rng.choice([-1.0, 0.5, 2.0])), 0.0, 64, bool(rng.integers(2)),

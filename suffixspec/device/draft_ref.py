@@ -208,7 +208,7 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
         before = calib.kind_of(calibration.kinds,
                                torch.cat([last[..., None], tokens[..., :-1]], dim=-1))
     q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m, kind,
-                                          before), 0.0)
+                                          before, tokens), 0.0)
     p = q.cumprod(dim=-1)
     # The length cap: match length * factor + offset tokens, when a factor is set.
     cap = torch.where(params[P_FACTOR] >= 0,

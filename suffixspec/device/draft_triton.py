@@ -52,7 +52,8 @@ def _score(tok, before_tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab
            N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
            N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
            PLANE: tl.constexpr, BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr,
-           N_KIND: tl.constexpr, P_MAX: tl.constexpr):
+           N_KIND: tl.constexpr, P_MAX: tl.constexpr, TOKEN_BASE: tl.constexpr,
+           TOKEN_ROWS: tl.constexpr, W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr):
     """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``);
     ``before_tok`` holds the token before each of ``tok``."""
     thr = tl.load(params_ptr + 0)
@@ -97,6 +98,10 @@ def _score(tok, before_tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab
         tl.load(table_ptr + 2 * row + 1) + wf), lift)
     lifted = q * lift / tl.maximum(pc, 1e-30)
     q = tl.where((kind >= 0) & (pc > 0), tl.minimum(lifted, P_MAX), q)
+    row = TOKEN_BASE + (tl.maximum(tok, 0) & (TOKEN_ROWS - 1))
+    scale = tl.minimum((tl.load(table_ptr + 2 * row) + W_TOKEN) / (
+        tl.load(table_ptr + 2 * row + 1) + W_TOKEN), TOKEN_MAX)
+    q = tl.minimum(tl.where(tok >= 0, q * scale, q), P_MAX)
     q = tl.where(ok, q, 0.0)
     p = tl.cumprod(q, axis=0)
     cap = tl.where(factor >= 0, tl.floor(m.to(tl.float32) * factor + offset + 1e-6),
@@ -166,7 +171,8 @@ def _fused_kernel(
     N_STATE: tl.constexpr, N_DEPTH: tl.constexpr, N_SHARED: tl.constexpr,
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
     BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr, N_KIND: tl.constexpr,
-    P_MAX: tl.constexpr,
+    P_MAX: tl.constexpr, TOKEN_BASE: tl.constexpr, TOKEN_ROWS: tl.constexpr,
+    W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
     PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr,
@@ -234,7 +240,8 @@ def _fused_kernel(
                                         _agreement(tok, ref, ref_ok), table_ptr, params_ptr,
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
-                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX)
+                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX,
+                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
@@ -259,7 +266,8 @@ def _fused_kernel(
                                         params_ptr,
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
-                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX)
+                                        PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX,
+                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX)
         first = x == 0
         ref_m = tl.where(first, m, ref_m)
         ref_q = tl.where(first, q, ref_q)
@@ -541,7 +549,8 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 N_MATCH=cal.N_MATCH, N_STATE=cal.N_STATE, N_DEPTH=cal.N_DEPTH,
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
                 PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, BASE_ROWS=cal.BASE_ROWS,
-                LIFT_ROWS=cal.LIFT_ROWS,
+                LIFT_ROWS=cal.LIFT_ROWS, TOKEN_BASE=cal.TOKEN_BASE, TOKEN_ROWS=cal.TOKEN_ROWS,
+                W_TOKEN=cal.W_TOKEN, TOKEN_MAX=cal.TOKEN_MAX,
                 N_KIND=cal.N_KIND, P_MAX=cal.P_MAX, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,

@@ -68,6 +68,21 @@ towards the lift's with the fine weight and replaces it::
 Without kinds (``NO_KINDS``) there is no lift and the lift and pair rows
 stay empty; a token whose previous token is of no kind takes the lift alone.
 
+Last, each token id has a *token* row (``token_row``, after the pair rows;
+ids past ``TOKEN_ROWS`` share them modulo): how often drafted tokens of that
+id were accepted, against how often their estimates (all of the above,
+``estimate``) said they would be.  Their ratio, shrunk towards 1, scales the
+estimate::
+
+    p = min(estimate * min((acc_t + W_TOKEN) / (expected_t + W_TOKEN), TOKEN_MAX), P_MAX)
+
+Kinds are classes of tokens; some tokens of a class are far better bets than
+others (a closing bracket than an opening one).  ``learn`` counts the
+expectation at the table as it is, with the shared row's own rate for the
+prior (the match length and counts are not kept with a pending draft).
+Token rows hold (accepted, expected), so their accepted may pass their
+expected.
+
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
 and tokens drafted per step, which with the draft cost give the gain a
 drafted token must beat (``threshold``), and the prior weights and half-life
@@ -121,7 +136,14 @@ LIFT_ROWS = N_AGREE * N_KIND * N_COARSE
 # ... and one pair row per kind of the token before, per lift row.
 PAIR_ROWS = N_KIND * LIFT_ROWS
 BASE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
-TABLE_ROWS = BASE_ROWS + LIFT_ROWS + PAIR_ROWS
+# Per token id: (accepted, expected), ``token_row``.
+TOKEN_ROWS = 1 << 18
+TOKEN_BASE = BASE_ROWS + LIFT_ROWS + PAIR_ROWS
+TABLE_ROWS = TOKEN_BASE + TOKEN_ROWS
+W_TOKEN = 16.0   # a token row's weight of no change
+TOKEN_MAX = 1.5  # the largest a token row scales an estimate by
+NO_TOKEN = -1    # ``probability`` of no particular token: not scaled
+ANY_TOKEN = -2   # of a token not known yet: scaled by ``TOKEN_MAX``, a bound
 #: The kinds of a proposer without a tokenizer's: every token is of no kind.
 NO_KINDS = np.full(1, -1, np.int8)
 P_MAX = 0.999  # a lifted estimate's ceiling
@@ -154,8 +176,10 @@ def new_table() -> np.ndarray:
 EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1), "0.2": (5, 1, SRC_LIVE, 1),
                    "0.3": (5, N_AGREE, SRC_LIVE, 1), "0.4": (N_SRC, N_AGREE, N_SRC, 1),
                    "0.5": (N_SRC, N_AGREE, N_SRC, N_POSITION)}
-#: Rows of the table 0.6 kept: this layout's, lift rows but no pair rows.
+#: Rows of the tables 0.6 and 0.7 kept: this layout's up to the lift rows,
+#: and up to the pair rows (no token rows).
 LIFT_LAYOUT_ROWS = BASE_ROWS + LIFT_ROWS
+PAIR_LAYOUT_ROWS = TOKEN_BASE
 
 
 def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
@@ -166,18 +190,18 @@ def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version
-    (``EARLIER_LAYOUTS``, ``LIFT_LAYOUT_ROWS``), or None when ``table`` is of
-    no known layout.  Rows of the sources kept keep their counts; the rest
-    (0.1's recency source, a source or plane an earlier table lacked, the
-    lift and pair rows) start empty.  A fine row of a table that did not know the output position
+    (``EARLIER_LAYOUTS``, ``LIFT_LAYOUT_ROWS``, ``PAIR_LAYOUT_ROWS``), or None
+    when ``table`` is of no known layout.  Rows of the sources kept keep
+    their counts; the rest (0.1's recency source, a source or plane an
+    earlier table lacked, the lift, pair and token rows) start empty.  A fine row of a table that did not know the output position
     stands for its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
         return None
-    if table.shape[0] == LIFT_LAYOUT_ROWS:  # 0.6: the pair rows start empty
+    if table.shape[0] in (LIFT_LAYOUT_ROWS, PAIR_LAYOUT_ROWS):  # the rows after start empty
         out = np.zeros((TABLE_ROWS, 2), table.dtype)
-        out[:LIFT_LAYOUT_ROWS] = table
+        out[:table.shape[0]] = table
         return out
     for n_src, planes, kept, positions in EARLIER_LAYOUTS.values():
         if table.shape[0] == layout_rows(n_src, planes, positions):
@@ -203,17 +227,19 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
 
 
 def table_problem(table: np.ndarray) -> str | None:
-    """Why ``table`` cannot be drafted with (None: it can): every count finite, and
-    ``0 <= accepted <= tried <= 1e9`` (the table a
-    pool keeps is read back unchecked otherwise: NaN or huge counts would stop
-    every draft, a negative one would divide by zero)."""
+    """Why ``table`` cannot be drafted with (None: it can): every count finite,
+    and ``0 <= accepted <= tried <= 1e9`` (a token row: ``0 <= accepted,
+    expected <= 1e9``; the table a pool keeps is read back unchecked
+    otherwise: NaN or huge counts would stop every draft, a negative one
+    would divide by zero)."""
     if not isinstance(table, np.ndarray) or table.shape != (TABLE_ROWS, 2):
         return f"its shape is {getattr(table, 'shape', None)}, not ({TABLE_ROWS}, 2)"
     if not np.isfinite(table).all():
         return "it holds counts that are not finite"
-    accepted, tried = table[:, 0], table[:, 1]
-    if (accepted < 0).any() or (accepted > tried).any() or (tried > 1e9).any():
+    if (table < 0).any() or (table > 1e9).any():
         return "it holds counts out of range"
+    if (table[:TOKEN_BASE, 0] > table[:TOKEN_BASE, 1]).any():
+        return "it holds more accepted than tried"
     return None
 
 
@@ -376,15 +402,42 @@ def pair_row(fine, before, kind):
 
 
 @njit(cache=True, inline="always")
-def probability(table, state, fine, c, n, matched, kind, before):
-    """Estimated chance that a token of bucket ``fine`` and ``kind``, after a
-    token of kind ``before``, is accepted once reached (a kind -1: none).
+def token_row(tok):
+    """Table row of token id ``tok`` (``>= 0``)."""
+    return TOKEN_BASE + (tok & (TOKEN_ROWS - 1))
+
+
+@njit(cache=True, inline="always")
+def token_factor(table, tok):
+    """What token ``tok``'s row scales an estimate by (``NO_TOKEN``: 1,
+    ``ANY_TOKEN``: the most any row does)."""
+    if tok == NO_TOKEN:
+        return 1.0
+    if tok < 0:
+        return TOKEN_MAX
+    row = token_row(tok)
+    r = (table[row, 0] + W_TOKEN) / (table[row, 1] + W_TOKEN)
+    return r if r < TOKEN_MAX else TOKEN_MAX
+
+
+@njit(cache=True, inline="always")
+def probability(table, state, fine, c, n, matched, kind, before, tok):
+    """Estimated chance that token ``tok`` (``NO_TOKEN``, ``ANY_TOKEN``: see
+    ``token_factor``) of bucket ``fine`` and ``kind``, after a token of kind
+    ``before``, is accepted once reached (a kind -1: none).
 
     ``matched`` is the length of the match the draft starts from.
     """
+    p = estimate(table, state, fine, c / (n + 1.0 / np.sqrt(max(matched, 1))), kind, before)
+    p *= token_factor(table, tok)
+    return p if p < P_MAX else P_MAX
+
+
+@njit(cache=True, inline="always")
+def estimate(table, state, fine, prior, kind, before):
+    """``probability`` before its token row, with the shared level's ``prior``."""
     coarse = coarse_of(fine)
     shared = shared_of(fine)
-    prior = c / (n + 1.0 / np.sqrt(max(matched, 1)))
     ws = state[ST_W_SHARED]
     wc = state[ST_W_COARSE]
     wf = state[ST_W_FINE]
@@ -409,7 +462,7 @@ def token_probability(stats, src, match_len, depth, c, n, tok, before):
     table, state, kinds = stats
     fine = bucket(src, match_len, depth, c, n)
     return fine, probability(table, state, fine, c, n, match_len, kind_of(kinds, tok),
-                             kind_of(kinds, before))
+                             kind_of(kinds, before), tok)
 
 
 @njit(cache=True, inline="always")
@@ -430,6 +483,16 @@ def _count(table, row, hit, half_life):
         table[row, 0] *= 0.5
         table[row, 1] *= 0.5
     table[row, 1] += 1.0
+    if hit:
+        table[row, 0] += 1.0
+
+
+@njit(cache=True, inline="always")
+def _count_expected(table, row, hit, expected, half_life):
+    if table[row, 1] >= half_life:
+        table[row, 0] *= 0.5
+        table[row, 1] *= 0.5
+    table[row, 1] += expected
     if hit:
         table[row, 0] += 1.0
 
@@ -480,14 +543,21 @@ def learn(stats, pending, seq_ids, tokens, offsets, lasts, depth_scratch, ok_scr
             fine = pend_buckets[s, t]
             if fine < 0:  # not a token the calibration learns from
                 continue
+            tok = pend_tokens[s, t]
+            kind = kind_of(kinds, tok)
+            before = kind_of(kinds, lasts[i] if p < 0 else pend_tokens[s, p])
+            shared = shared_of(fine)
+            if tok >= 0:  # what the table says of it, before this outcome
+                own = (table[shared, 0] + 1.0) / (table[shared, 1] + 2.0)
+                _count_expected(table, token_row(tok), hit,
+                                estimate(table, state, fine, own, kind, before),
+                                state[ST_HALF_LIFE])
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
-            _count(table, shared_of(fine), hit, state[ST_HALF_LIFE])
-            kind = kind_of(kinds, pend_tokens[s, t])
+            _count(table, shared, hit, state[ST_HALF_LIFE])
             if kind < 0:
                 continue
             _count(table, lift_row(fine, kind), hit, state[ST_HALF_LIFE])
-            before = kind_of(kinds, lasts[i] if p < 0 else pend_tokens[s, p])
             if before >= 0:
                 _count(table, pair_row(fine, before, kind), hit, state[ST_HALF_LIFE])
         pend_n[s] = 0
