@@ -201,7 +201,7 @@ class SuffixProposer:
         seqs[0] = self.requests.requests[req_id][1]
         offsets[1] = tokens.shape[0]
         cal.learn(self._stats_flats[self._table_of[req_id]], self._pending_flat, seqs, tokens,
-                  offsets, self._last_tokens(seqs), *self._learn_scratch)
+                  offsets, *self._learn_scratch)
         self.requests.extend(req_id, tokens)
         seq = self._cross_seq.get(req_id)
         if seq is not None:
@@ -233,23 +233,13 @@ class SuffixProposer:
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = rows[1]
         table, groups = self._tables_of(req_ids)
-        lasts = self._last_tokens(seqs)
         for t, picked in ([(table, None)] if groups is None else groups):
             mine = seqs if picked is None else np.where(picked, seqs, -1)  # -1: skipped
-            cal.learn(self._stats_flats[t], self._pending_flat, mine, tokens, offsets, lasts,
+            cal.learn(self._stats_flats[t], self._pending_flat, mine, tokens, offsets,
                       *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.index.extend_many(rows[2], tokens, offsets)
-
-    def _last_tokens(self, seqs: np.ndarray) -> np.ndarray:
-        """The last token of each of request sequences ``seqs`` (-1: empty):
-        before ``extend`` appends, the token their pending drafts follow."""
-        index = self.requests.index
-        ends = (index.seqs[seqs, lay.SEQ_OFF].astype(np.int64)
-                + index.seqs[seqs, lay.SEQ_LEN].astype(np.int64))
-        empty = index.seqs[seqs, lay.SEQ_LEN] <= 0
-        return np.where(empty, -1, index.arena[np.maximum(ends - 1, 0)]).astype(np.int64)
 
     @locked
     def finish_request(self, req_id: Hashable) -> None:
@@ -543,6 +533,10 @@ class SuffixProposer:
         pend.buckets[seqs, :w] = np.where(keep, buckets[:b, :w], pend.buckets[seqs, :w])
         pend.parents[seqs, :w] = np.where(keep, np.arange(-1, w - 1)[None, :],
                                           pend.parents[seqs, :w])
+        index = self.requests.index  # the drafts follow each context's last token
+        length = index.seqs[seqs, lay.SEQ_LEN].astype(np.int64)
+        ends = index.seqs[seqs, lay.SEQ_OFF].astype(np.int64) + np.maximum(length, 1)
+        pend.last[seqs] = np.where(length > 0, index.arena[ends - 1], -1)
 
     @locked
     def adopt_pairs(self, req_ids: Sequence[Hashable], pairs: np.ndarray,

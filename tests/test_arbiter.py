@@ -193,6 +193,6 @@ def test_calibration_learns_nothing_from_tokens_without_a_bucket():
     pend.parents[0, :2] = (-1, 0)
     pend.buckets[0, :2] = -1
     cal.learn(tuple(stats), tuple(pend), np.array([0]), np.array([5, 7], np.int32),
-              np.array([0, 2]), np.array([4]), np.empty(3, np.int64), np.empty(3, np.bool_))
+              np.array([0, 2]), np.empty(3, np.int64), np.empty(3, np.bool_))
     assert stats.table.sum() == 0 and pend.recent[0] == cal.RECENT_PARTLY
 

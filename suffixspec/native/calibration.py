@@ -193,8 +193,9 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     (``EARLIER_LAYOUTS``, ``LIFT_LAYOUT_ROWS``, ``PAIR_LAYOUT_ROWS``), or None
     when ``table`` is of no known layout.  Rows of the sources kept keep
     their counts; the rest (0.1's recency source, a source or plane an
-    earlier table lacked, the lift, pair and token rows) start empty.  A fine row of a table that did not know the output position
-    stands for its bucket at every position."""
+    earlier table lacked, the lift, pair and token rows) start empty.  A
+    fine row of a table that did not know the output position stands for
+    its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
@@ -498,22 +499,21 @@ def _count_expected(table, row, hit, expected, half_life):
 
 
 @njit(cache=True, nogil=True)
-def learn(stats, pending, seq_ids, tokens, offsets, lasts, depth_scratch, ok_scratch):
+def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 
     ``stats`` and ``pending`` hold the fields of the ``Stats`` and ``Pending``
     records (plain tuples or the records).
     Request ``i`` (pending row ``seq_ids[i]``, -1: skip) emitted
-    ``tokens[offsets[i]:offsets[i + 1]]``; ``lasts[i]`` is the last token of
-    its context when it drafted (-1: none), the token before its draft's
-    first ones.  A draft token is *reached* when its
+    ``tokens[offsets[i]:offsets[i + 1]]``; its pending ``last`` is the token
+    before its draft's first ones.  A draft token is *reached* when its
     parent was accepted (first tokens always are) and its depth is below the
     number of emitted tokens; it was accepted when it equals the emitted
     token at its depth.  Every reached token counts one try in its buckets;
     the pending draft is then cleared.
     """
     table, state, kinds = stats
-    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent = pending[:5]
+    pend_tokens, pend_parents, pend_buckets, pend_n, pend_recent, _, pend_last = pending[:7]
     for i in range(seq_ids.shape[0]):
         s = seq_ids[i]
         if s < 0:
@@ -545,7 +545,7 @@ def learn(stats, pending, seq_ids, tokens, offsets, lasts, depth_scratch, ok_scr
                 continue
             tok = pend_tokens[s, t]
             kind = kind_of(kinds, tok)
-            before = kind_of(kinds, lasts[i] if p < 0 else pend_tokens[s, p])
+            before = kind_of(kinds, pend_last[s] if p < 0 else pend_tokens[s, p])
             shared = shared_of(fine)
             if tok >= 0:  # what the table says of it, before this outcome
                 own = (table[shared, 0] + 1.0) / (table[shared, 1] + 2.0)

@@ -123,11 +123,12 @@ Stats = namedtuple("Stats", "table state kinds")
 #: The latest draft of each request (row: its sequence in the request index),
 #: scored against the emitted tokens by ``calibration.learn``; ``recent`` is
 #: how the previous draft fared, ``start`` the sequence's length where the
-#: request's output starts (its output position is the rest).  ``keep_meta``
+#: request's output starts (its output position is the rest), ``last`` the
+#: context's last token when it drafted (-1: none), the token before the draft.  ``keep_meta``
 #: and ``keep_tokens`` are each request's ring of drafts the arbiter has yet
 #: to score, ``arbiter`` its table (``arbiter``).
 Pending = namedtuple("Pending",
-                     "tokens parents buckets n recent start keep_meta keep_tokens arbiter")
+                     "tokens parents buckets n recent start last keep_meta keep_tokens arbiter")
 
 #: Candidate windows of a step's requests (``windows``): row ``[i, r]`` is
 #: window ``r`` of request ``i``: its tokens, each token's counts ``c`` of
@@ -189,7 +190,7 @@ def pending(rows: int, max_tokens: int, old: Pending | None = None) -> Pending:
              else old.arbiter)
     new = Pending(np.zeros((rows, k), np.int32), np.zeros((rows, k), np.int32),
                   np.zeros((rows, k), np.int32), np.zeros(rows, np.int64),
-                  np.zeros(rows, np.int64), np.zeros(rows, np.int64),
+                  np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.full(rows, -1, np.int64),
                   np.full((rows, ring, arbiter.K_FIELDS), -1, np.int64),
                   np.zeros((rows, ring, 2, k), np.int32), table)
     if old is not None:

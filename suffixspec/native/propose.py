@@ -13,8 +13,8 @@ import numpy as np
 from numba import njit
 
 from . import calibrated, calibration as cal
-from .layout import (SEQ_LEN, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs, Pending,
-                     Stats, Workspace)
+from .layout import (SEQ_LEN, SEQ_OFF, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs,
+                     Pending, Stats, Workspace)
 from .union import FIELDS, put
 
 
@@ -81,6 +81,8 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
                                  (mine, cross), batch, knobs, stats, out, work, pending)
         n = out.n[i]
         pending.n[s] = n
+        length = local.seqs[s, SEQ_LEN]
+        pending.last[s] = local.arena[local.seqs[s, SEQ_OFF] + length - 1] if length > 0 else -1
         for j in range(n):  # loops, not slice copies: those compile a costly error path
             pending.tokens[s, j] = out.tokens[i, j]
             pending.parents[s, j] = out.parents[i, j]

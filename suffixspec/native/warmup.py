@@ -152,8 +152,7 @@ def _windows(ix, root):
 
 def _learning(ix, root):
     cal.learn(tuple(cal.new_stats(0.0)), tuple(lay.pending(1, K)), np.zeros(1, np.int64),
-              TOKENS, np.array([0, 2], np.int64), np.full(1, -1, np.int64), np.empty(K, np.int64),
-              np.empty(K, np.bool_))
+              TOKENS, np.array([0, 2], np.int64), np.empty(K, np.int64), np.empty(K, np.bool_))
 
 
 def _maintenance(ix, root):
