@@ -479,21 +479,13 @@ def threshold(state):
 
 
 @njit(cache=True, inline="always")
-def _count(table, row, hit, half_life):
+def _count(table, row, hit, half_life, tried=1.0):
+    """One outcome in ``row``: ``tried`` more tries (a token row: the
+    estimate, expected acceptances), one more accepted if ``hit``."""
     if table[row, 1] >= half_life:
         table[row, 0] *= 0.5
         table[row, 1] *= 0.5
-    table[row, 1] += 1.0
-    if hit:
-        table[row, 0] += 1.0
-
-
-@njit(cache=True, inline="always")
-def _count_expected(table, row, hit, expected, half_life):
-    if table[row, 1] >= half_life:
-        table[row, 0] *= 0.5
-        table[row, 1] *= 0.5
-    table[row, 1] += expected
+    table[row, 1] += tried
     if hit:
         table[row, 0] += 1.0
 
@@ -549,9 +541,8 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
             shared = shared_of(fine)
             if tok >= 0:  # what the table says of it, before this outcome
                 own = (table[shared, 0] + 1.0) / (table[shared, 1] + 2.0)
-                _count_expected(table, token_row(tok), hit,
-                                estimate(table, state, fine, own, kind, before),
-                                state[ST_HALF_LIFE])
+                _count(table, token_row(tok), hit, state[ST_HALF_LIFE],
+                       estimate(table, state, fine, own, kind, before))
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
             _count(table, shared, hit, state[ST_HALF_LIFE])
