@@ -184,7 +184,7 @@ def draft_row(ctx, sampled, last_valid, windows, table, weights, thr, factor, of
         cands.append((list(tokens[span]), list(c[span]), list(n[span]), m, source))
     s_len, s_end = local_match(ctx, len(ctx), scan_depth)
     s_tok = list(ctx[s_end:s_end + k]) if s_len > 0 else []
-    cands.append((s_tok, [1] * len(s_tok), [1] * len(s_tok), s_len, cal.SRC_REQUEST))
+    cands.append((s_tok, [1] * len(s_tok), [1] * len(s_tok), s_len, cal.SRC_SCAN))
     cands.extend(extra)
     if family is not None:
         cands.extend([None] * (2 - len(extra)))  # the corpus and the one-token paths

@@ -309,37 +309,54 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
 
 @pytest.mark.parametrize("version", sorted(cal.EARLIER_LAYOUTS))
 def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_shares(version):
-    old_src, planes, kept, positions = cal.EARLIER_LAYOUTS[version]
-    old = np.random.default_rng(0).random((cal.layout_rows(old_src, planes, positions), 2)) + 1.0
+    old_src, planes, kept, positions, kind_rows = cal.EARLIER_LAYOUTS[version]
+    old = np.random.default_rng(0).random(
+        (cal.layout_rows(old_src, planes, positions, kind_rows), 2)) + 1.0
     new = cal.upgrade_table(old)
     assert new.shape == (cal.TABLE_ROWS, 2)
-    assert not new[cal.BASE_ROWS:].any()  # no earlier table had lift, pair or token rows
+    if kind_rows == 0:
+        assert not new[cal.BASE_ROWS:].any()  # no lift, pair or token rows
     old_coarse = old_src * cal.N_SHARED
     old_plane = old_coarse * (1 + cal.N_RECENT * positions * cal.N_DEPTH)
+    old_lift = cal.layout_rows(old_src, planes, positions)
+    old_pair = old_lift + cal.N_AGREE * cal.N_KIND * old_coarse
+    old_token = old_pair + cal.N_AGREE * cal.N_KIND * cal.N_KIND * old_coarse
     rng = np.random.default_rng(1)
     for _ in range(1000):  # a bucket's rows hold what the old table kept for it, at its rows
         src, recent = rng.integers(cal.N_SRC), rng.integers(cal.N_RECENT)
         state = cal.request_state(recent, rng.integers(0, 400))
         agree = rng.integers(cal.N_AGREE)
+        kind, before = (int(x) for x in rng.integers(cal.N_KIND, size=2))
         n = rng.integers(1, 40)
         fine = cal.bucket(cal.with_agreement(src + cal.N_SRC * state, agree),
                           rng.integers(0, 40), rng.integers(0, 12), rng.integers(1, n + 1), n)
         shared, depth = cal.shared_of(fine), (fine - cal.N_SHARED - cal.N_COARSE) % cal.N_DEPTH
+        tok = int(rng.integers(0, cal.TOKEN_ROWS))
         assert np.array_equal(new[shared], old[shared])
-        if src >= kept or agree >= planes:  # a row the old table did not have
-            assert not new[fine].any() and not new[cal.coarse_of(fine)].any()
+        assert np.array_equal(new[cal.token_row(tok)],
+                              old[old_token + tok] if kind_rows >= 3 else (0.0, 0.0))
+        rows = (fine, cal.coarse_of(fine), cal.lift_row(fine, kind),
+                cal.pair_row(fine, before, kind))
+        if src >= kept or agree >= planes:  # rows the old table did not have
+            assert not new[list(rows)].any()
             continue
         base = cal.N_SHARED + agree * old_plane
         position = state // cal.N_RECENT if positions > 1 else 0  # one row for all, or its own
+        coarse = src * cal.N_SHARED + shared
         old_fine = (base + old_coarse
-                    + (((src * cal.N_SHARED + shared) * positions + position) * cal.N_RECENT
-                       + recent) * cal.N_DEPTH + depth)
+                    + ((coarse * positions + position) * cal.N_RECENT + recent) * cal.N_DEPTH
+                    + depth)
         assert np.array_equal(new[fine], old[old_fine])
-        assert np.array_equal(new[cal.coarse_of(fine)], old[base + src * cal.N_SHARED + shared])
+        assert np.array_equal(new[cal.coarse_of(fine)], old[base + coarse])
+        lift = old_lift + (agree * cal.N_KIND + kind) * old_coarse + coarse
+        pair = old_pair + ((agree * cal.N_KIND + before) * cal.N_KIND + kind) * old_coarse + coarse
+        assert np.array_equal(new[rows[2]], old[lift] if kind_rows >= 1 else (0.0, 0.0))
+        assert np.array_equal(new[rows[3]], old[pair] if kind_rows >= 2 else (0.0, 0.0))
     # Every old row kept (a fine one of a table without positions at every
     # position): only the rows of a source no longer drafted are gone.
     old_fine_rows = old_src * cal.N_SHARED * cal.N_RECENT * positions * cal.N_DEPTH * planes
-    lost = old_plane // old_src * (old_src - kept) * planes
+    kind_blocks = cal.N_AGREE * cal.N_KIND * ((kind_rows >= 1) + (kind_rows >= 2) * cal.N_KIND)
+    lost = (old_plane * planes + kind_blocks * old_coarse) // old_src * (old_src - kept)
     assert (new[:, 1] > 0).sum() == old.shape[0] - lost + (
         old_fine_rows * kept // old_src * (cal.N_POSITION // positions - 1))
 
@@ -351,15 +368,6 @@ def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output
         assert got == [recent + cal.N_RECENT * p for p in position]
     assert {cal.request_state(r, n) for r in range(cal.N_RECENT) for n in range(600)} == set(
         range(cal.N_STATE))
-
-
-@pytest.mark.parametrize("rows", [cal.LIFT_LAYOUT_ROWS, cal.PAIR_LAYOUT_ROWS])
-def test_a_table_without_the_last_rows_keeps_every_row_it_has(rows):
-    old = np.random.default_rng(3).random((rows, 2)) + 1.0
-    new = cal.upgrade_table(old)
-    assert new.shape == (cal.TABLE_ROWS, 2)
-    assert np.array_equal(new[:rows], old)
-    assert not new[rows:].any()
 
 
 def test_a_token_row_may_hold_more_accepted_than_expected_and_no_other_row_may():

@@ -429,14 +429,15 @@ def test_a_kept_calibration_table_out_of_range_is_learned_again_not_used(tmp_pat
 
 
 def test_a_table_the_previous_version_kept_is_upgraded_and_drafts(tmp_path, caplog):
-    """A pool written before the token kinds (no lift rows) opens with its
-    counts in the upgraded rows, with no warning."""
+    """A pool written by the previous version (0.8: token rows, no rows for
+    the device's scans) opens with its counts in the upgraded rows, with no
+    warning."""
     from suffixspec.native import calibration as cal
 
     path = tmp_path / "pool.lmdb"
     pool = pool_at(path)
-    n_src, planes, _, positions = cal.EARLIER_LAYOUTS["0.5"]
-    old = np.zeros((cal.layout_rows(n_src, planes, positions), 2))
+    n_src, planes, _, positions, kind_rows = cal.EARLIER_LAYOUTS["0.8"]
+    old = np.zeros((cal.layout_rows(n_src, planes, positions, kind_rows), 2))
     old[:, 1] = 4.0
     old[:, 0] = 3.0
     pool.save_calibration(old)

@@ -27,7 +27,12 @@ Per batch row ``b`` (request slot ``s = idx[b]``, context ``hist[s,
    equals (vLLM's rule); its continuation counts as seen once.  **Family.**
    The same over the slot's family row (``DeviceWindows.family``: the family
    outputs the host's own tree indexes beside the request): a candidate of
-   the request's own tree, seen once, that no other is scored against.
+   the request's own tree, seen once, that no other is scored against.  The
+   own history's continuation scores in rows of its own
+   (``calibration.SRC_SCAN``): in a long history the newest of many
+   occurrences is a poorer bet than a trie's continuation seen once, while
+   a family row holds two outputs, where the longest match is most often
+   the only one; the arbiter counts a scan's pick as the own tree's.
 4. **Score.**  A candidate's next ``k`` tokens, each with its calibrated
    probability (``calib``), a running product, kept while it beats the
    threshold (and within the length cap): the gain is ``sum(p - thr)``.
@@ -62,7 +67,7 @@ from dataclasses import dataclass
 import torch
 
 from suffixspec.native import arbiter, calibration as cal
-from suffixspec.native.layout import FROM_ANCHOR, FROM_LIVE as PICK_LIVE
+from suffixspec.native.layout import FROM_ANCHOR, FROM_LIVE as PICK_LIVE, FROM_REQUEST
 from suffixspec.device import calib
 from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE,
                                       P_THR, P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD,
@@ -221,7 +226,10 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
 
 
 #: Sources of the direct candidates (``direct_candidates``), in their order.
-DIRECT_SOURCES = (cal.SRC_REQUEST, cal.SRC_CROSS, cal.SRC_CROSS, cal.SRC_REQUEST, cal.SRC_LIVE)
+#: The own-history scan's continuation scores in rows of its own
+#: (``calibration.SRC_SCAN``); the family row's, as the host's family
+#: outputs, in the own tree's.
+DIRECT_SOURCES = (cal.SRC_SCAN, cal.SRC_CROSS, cal.SRC_CROSS, cal.SRC_REQUEST, cal.SRC_LIVE)
 
 
 @functools.cache
@@ -429,7 +437,10 @@ def _arbitrate(best, drafts_ok, tokens, kept, match, origin, has_ref, sampled, r
     paired = (has_ref & (calibration.params[P_ARBITRATE] > 0) & (sampled > 0)
               & ~((same == n_pick) & (same == n_ref)))
     source = origin.gather(1, best[:, None])[:, 0]
-    source = torch.where(source == cal.SRC_LIVE, PICK_LIVE, source.clamp(max=FROM_ANCHOR))
+    # the arbiter's pick sources: the scan's pick is the own tree's
+    source = torch.where(source == cal.SRC_LIVE, PICK_LIVE,
+                         torch.where(source == cal.SRC_SCAN, FROM_REQUEST,
+                                     source.clamp(max=FROM_ANCHOR)))
     m = match.gather(1, best[:, None])[:, 0]
     policy = torch.where(n_pick > 0, source * arbiter.N_MATCH + m.clamp(max=arbiter.N_MATCH - 1),
                          arbiter.N_POLICY - 1)

@@ -175,7 +175,7 @@ def _fused_kernel(
     W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
-    PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr,
+    PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr, SRC_SCAN: tl.constexpr,
     PAIR_FIELDS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -290,7 +290,9 @@ def _fused_kernel(
     has_ref = tl.sum(tl.where(j == 0, ref_ok.to(tl.int32), 0), axis=0) > 0
     paired = (has_ref & (tl.load(params_ptr + 8) > 0) & live
               & ~((same == n_pick) & (same == n_ref)))
-    pick_src = tl.where(best_src == SRC_LIVE, PICK_LIVE, tl.minimum(best_src, FROM_ANCHOR))
+    pick_src = tl.where(best_src == SRC_LIVE, PICK_LIVE,
+                        tl.where(best_src == SRC_SCAN, 0,  # the own tree's, FROM_REQUEST
+                                 tl.minimum(best_src, FROM_ANCHOR)))
     policy = tl.where(n_pick > 0, pick_src * A_MATCH
                       + tl.minimum(best_m, A_MATCH - 1), A_POLICY - 1)
     reference = tl.minimum(tl.maximum(ref_m, 1), A_REFERENCE) - 1
@@ -554,7 +556,7 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 N_KIND=cal.N_KIND, P_MAX=cal.P_MAX, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,
-                PICK_LIVE=FROM_LIVE, SRC_LIVE=cal.SRC_LIVE,
+                PICK_LIVE=FROM_LIVE, SRC_LIVE=cal.SRC_LIVE, SRC_SCAN=cal.SRC_SCAN,
                 PAIR_FIELDS=PAIR_FIELDS)
 
 

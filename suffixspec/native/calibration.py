@@ -4,7 +4,8 @@ A drafted token's chance of being accepted, given that every token before it
 in the draft was, depends on where it came from.  Each drafted token falls in
 one *bucket* of features: the source (the request's own tree, a cross tree
 with the ordinary context, a start-anchored query: global, prompt-start key,
-whole-prompt key; drafting on the device, the other requests' open outputs),
+whole-prompt key; drafting on the device, the other requests' open outputs and
+its scan of the request's own history),
 the request's *state* (how its previous draft fared, and how far into its
 output it is), the match length, the depth in the draft, and the counts it
 was chosen by (``n`` occurrences of the string so far, ``c`` of them
@@ -99,7 +100,15 @@ SRC_REQUEST = 0
 SRC_CROSS = 1
 SRC_ANCHOR = 2  # + anchors matched - 1: 2 global start, 3 prompt-start key, 4 prompt key
 SRC_LIVE = 5  # drafting on the device: the open outputs of the other requests in flight
-N_SRC = 6
+# Drafting on the device: its scan of the request's own history
+# (``device.draft_ref.suffix_scan``), the newest occurrence's continuation, which
+# it counts as seen once.  A trie's seen-once continuation is exactly that; the
+# scan's is the newest of perhaps many, a poorer bet at the same counts, and
+# learned in the own tree's rows it lowered every seen-once continuation of
+# the windows with it (device gate at 32 in flight, bfcl: 0.949 of the host's
+# est, 0.983 in rows of its own).  The host never drafts from it.
+SRC_SCAN = 6
+N_SRC = 7
 # How the request's previous draft fared: no draft, first token rejected,
 # partly accepted, wholly accepted.  Requests copying text keep accepting.
 RECENT_NONE = 0
@@ -136,9 +145,10 @@ LIFT_ROWS = N_AGREE * N_KIND * N_COARSE
 # ... and one pair row per kind of the token before, per lift row.
 PAIR_ROWS = N_KIND * LIFT_ROWS
 BASE_ROWS = PLANE_ROWS + (N_AGREE - 1) * PLANE
+LIFT_END = BASE_ROWS + LIFT_ROWS  # the first pair row
 # Per token id: (accepted, expected), ``token_row``.
 TOKEN_ROWS = 1 << 18
-TOKEN_BASE = BASE_ROWS + LIFT_ROWS + PAIR_ROWS
+TOKEN_BASE = LIFT_END + PAIR_ROWS
 TABLE_ROWS = TOKEN_BASE + TOKEN_ROWS
 W_TOKEN = 16.0   # a token row's weight of no change
 TOKEN_MAX = 1.5  # the largest a token row scales an estimate by
@@ -169,43 +179,43 @@ def new_table() -> np.ndarray:
     return np.zeros((TABLE_ROWS, 2), np.float64)
 
 
-#: The (sources, planes, sources kept, output positions) of the tables earlier
-#: versions kept, none of which had lift rows: 0.1's sixth source was its
-#: recency candidate (not kept), 0.2 had no agreement planes, 0.3 no
-#: ``SRC_LIVE``, none before 0.5 knew the output position.
-EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1), "0.2": (5, 1, SRC_LIVE, 1),
-                   "0.3": (5, N_AGREE, SRC_LIVE, 1), "0.4": (N_SRC, N_AGREE, N_SRC, 1),
-                   "0.5": (N_SRC, N_AGREE, N_SRC, N_POSITION)}
-#: Rows of the tables 0.6 and 0.7 kept: this layout's up to the lift rows,
-#: and up to the pair rows (no token rows).
-LIFT_LAYOUT_ROWS = BASE_ROWS + LIFT_ROWS
-PAIR_LAYOUT_ROWS = TOKEN_BASE
+#: The (sources, planes, sources kept, output positions, kind rows) of the
+#: tables earlier versions kept: 0.1's sixth source was its recency
+#: candidate (not kept), 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``,
+#: none before 0.5 knew the output position, 0.6 added the lift rows, 0.7
+#: the pair rows, 0.8 the token rows, and none before 0.9 had ``SRC_SCAN``.
+#: Kind rows: 0 none, 1 lift rows, 2 lift and pair rows, 3 those and the
+#: token rows.
+EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1, 0), "0.2": (5, 1, SRC_LIVE, 1, 0),
+                   "0.3": (5, N_AGREE, SRC_LIVE, 1, 0), "0.4": (6, N_AGREE, 6, 1, 0),
+                   "0.5": (6, N_AGREE, 6, N_POSITION, 0), "0.6": (6, N_AGREE, 6, N_POSITION, 1),
+                   "0.7": (6, N_AGREE, 6, N_POSITION, 2), "0.8": (6, N_AGREE, 6, N_POSITION, 3)}
 
 
-def layout_rows(n_src: int, planes: int, positions: int = 1) -> int:
-    """Rows of a table of ``n_src`` sources, ``planes`` agreement planes and
-    ``positions`` output-position buckets, without lift rows."""
-    return N_SHARED + planes * n_src * N_SHARED * (1 + N_RECENT * positions * N_DEPTH)
+def layout_rows(n_src: int, planes: int, positions: int = 1, kind_rows: int = 0) -> int:
+    """Rows of a table of ``n_src`` sources, ``planes`` agreement planes,
+    ``positions`` output-position buckets and the kind rows ``kind_rows``
+    (``EARLIER_LAYOUTS``; lift and pair rows only with every plane)."""
+    coarse = n_src * N_SHARED
+    rows = N_SHARED + planes * coarse * (1 + N_RECENT * positions * N_DEPTH)
+    return (rows + (kind_rows >= 1) * N_AGREE * N_KIND * coarse
+            + (kind_rows >= 2) * N_AGREE * N_KIND * N_KIND * coarse
+            + (kind_rows >= 3) * TOKEN_ROWS)
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
     """A table of this layout from one kept by an earlier version
-    (``EARLIER_LAYOUTS``, ``LIFT_LAYOUT_ROWS``, ``PAIR_LAYOUT_ROWS``), or None
-    when ``table`` is of no known layout.  Rows of the sources kept keep
-    their counts; the rest (0.1's recency source, a source or plane an
-    earlier table lacked, the lift, pair and token rows) start empty.  A
-    fine row of a table that did not know the output position stands for
-    its bucket at every position."""
+    (``EARLIER_LAYOUTS``), or None when ``table`` is of no known layout.
+    Rows of the sources kept keep their counts; the rest (0.1's recency
+    source, a source, plane or kind row an earlier table lacked) start
+    empty.  A fine row of a table that did not know the output position
+    stands for its bucket at every position."""
     if table.shape == (TABLE_ROWS, 2):
         return table
     if table.ndim != 2 or table.shape[1] != 2:
         return None
-    if table.shape[0] in (LIFT_LAYOUT_ROWS, PAIR_LAYOUT_ROWS):  # the rows after start empty
-        out = np.zeros((TABLE_ROWS, 2), table.dtype)
-        out[:table.shape[0]] = table
-        return out
-    for n_src, planes, kept, positions in EARLIER_LAYOUTS.values():
-        if table.shape[0] == layout_rows(n_src, planes, positions):
+    for n_src, planes, kept, positions, kind_rows in EARLIER_LAYOUTS.values():
+        if table.shape[0] == layout_rows(n_src, planes, positions, kind_rows):
             break
     else:
         return None
@@ -224,6 +234,15 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
             N_SRC, N_SHARED, N_POSITION, N_RECENT, N_DEPTH, 2)
         new[:kept] = rows[:kept]  # a table without positions: at every position
         at += n_src * fine_old
+    # The lift rows, then the pair rows: per (plane, kind[, kind before]), a coarse block.
+    for blocks, base in ((N_AGREE * N_KIND, BASE_ROWS), (N_AGREE * N_KIND * N_KIND, LIFT_END))[
+            :min(kind_rows, 2)]:
+        rows = table[at:at + blocks * n_src * N_SHARED].reshape(blocks, n_src, N_SHARED, 2)
+        out[base:base + blocks * N_COARSE].reshape(blocks, N_SRC, N_SHARED, 2)[:, :kept] = \
+            rows[:, :kept]
+        at += blocks * n_src * N_SHARED
+    if kind_rows >= 3:
+        out[TOKEN_BASE:] = table[at:at + TOKEN_ROWS]
     return out
 
 
