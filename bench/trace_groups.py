@@ -23,9 +23,9 @@ import numpy as np
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import EST_TOKEN_COST, replay
+from suffixspec.replay.traces import hf_encoder
 
 from bench_common import TRACES, config_settings, load, parser, token_kinds
-from suffixspec.replay.traces import hf_encoder
 
 
 def group_of(req_id: str) -> str:
