@@ -16,16 +16,15 @@ settings, this says which of them the drafts fare worse on.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-import numpy as np
+from collections import Counter
 
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
-from suffixspec.replay.harness import EST_TOKEN_COST, replay
+from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
 from bench_common import TRACES, config_settings, load, parser, token_kinds
+from mixed_bench import Tally
 
 
 def group_of(req_id: str) -> str:
@@ -33,43 +32,31 @@ def group_of(req_id: str) -> str:
     return req_id.rsplit("/", 1)[0] if "/" in req_id else ""
 
 
-class ByGroup:
-    """A proposer that counts each draft's outcome in its request's group."""
+class BySource(Tally):
+    """``mixed_bench.Tally`` per group, and the accepted tokens of each
+    group's drafts by the source that drafted them."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, group_of_request: dict):
+        super().__init__(inner, group_of_request, namespaces=False)
         self.drafts = {}
-        self.steps = defaultdict(lambda: np.zeros(3))  # steps, drafted, accepted
-        self.by_source = defaultdict(lambda: defaultdict(int))
+        self.accepted = {}  # group -> Counter of source -> accepted tokens
 
     def propose(self, req_ids, max_spec_tokens=None):
-        drafts = self.inner.propose(req_ids, max_spec_tokens)
+        drafts = super().propose(req_ids, max_spec_tokens)
         self.drafts.update(zip(req_ids, drafts))
         return drafts
 
-    def extend_batch(self, req_ids, token_ids):
-        for r, emitted in zip(req_ids, token_ids):
-            self._score(r, np.asarray(emitted))
-        return self.inner.extend_batch(req_ids, token_ids)
-
-    def extend(self, req_id, token_ids):
-        self._score(req_id, np.asarray(token_ids))
-        return self.inner.extend(req_id, token_ids)
-
-    def _score(self, req_id, emitted):
-        draft = self.drafts.pop(req_id, None)
-        if draft is None:
-            return
-        n = len(draft)
-        accepted = 0
-        while accepted < min(n, emitted.shape[0]) and draft.token_ids[accepted] == emitted[accepted]:
-            accepted += 1
-        group = group_of(req_id)
-        self.steps[group] += (1, n, accepted)
-        self.by_source[group][draft.source or "none"] += accepted
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def extend_batch(self, req_ids, emitted):
+        for req_id, tokens in zip(req_ids, emitted):
+            draft = self.drafts.pop(req_id, None)
+            if draft is None:
+                continue
+            n = min(len(draft), len(tokens))
+            agree = [int(a) == int(b) for a, b in zip(draft.token_ids[:n], tokens[:n])]
+            got = agree.index(False) if False in agree else n
+            counts = self.accepted.setdefault(self.workload_of[req_id], Counter())
+            counts[draft.source or "none"] += got
+        super().extend_batch(req_ids, emitted)
 
 
 def main():
@@ -81,23 +68,23 @@ def main():
     kinds = token_kinds(args)
     requests = load(args.traces, args.trace, hf_encoder(args.tokenizer), args.tokenizer)
     warmup()
-    proposer = ByGroup(make_proposer("suffixspec", requests, cross_pool_tokens=None,
-                                     token_kinds=kinds, **config_settings(args.set)))
+    proposer = BySource(make_proposer("suffixspec", requests, cross_pool_tokens=None,
+                                      token_kinds=kinds, **config_settings(args.set)),
+                        {r.req_id: group_of(r.req_id) for r in requests})
     m = replay(requests, proposer).metrics()
     print(f"{args.trace} {' '.join(args.set)}: MTS {m['mean_tokens_per_step']:.4f} "
           f"est {m['est']:.4f} drafted {m['drafted_per_step']:.4f} steps {m['steps']}")
     print("\n| group | steps | tokens per step | drafted per step | est | accepted by source |")
     print("|---|---|---|---|---|---|")
+    figures = proposer.figures()
     for group in dict.fromkeys(group_of(r.req_id) for r in requests):
-        steps, drafted, accepted = proposer.steps[group]
-        if steps == 0:
+        if group not in figures:
             continue
-        per_step = (accepted + steps) / steps
-        est = per_step / (1 + EST_TOKEN_COST * drafted / steps)
-        sources = ", ".join(f"{k} {v:,}" for k, v in sorted(proposer.by_source[group].items())
+        f = figures[group]
+        sources = ", ".join(f"{k} {v:,}" for k, v in sorted(proposer.accepted[group].items())
                             if v)
-        print(f"| {group} | {int(steps):,} | {per_step:.3f} | {drafted / steps:.2f} | "
-              f"{est:.3f} | {sources} |")
+        print(f"| {group} | {f['steps']:,} | {f['mts']:.3f} | "
+              f"{proposer.drafted[group] / f['steps']:.2f} | {f['est']:.3f} | {sources} |")
 
 
 if __name__ == "__main__":
