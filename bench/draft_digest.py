@@ -19,17 +19,16 @@ float or bool value), e.g. ``--set newest_window=4096``.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import xxhash
 
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import hf_encoder
 
 from bench_common import config_settings, parser, token_kinds
-from policy_bench import SLICES
+from policy_bench import SLICES, load_slice
 
 MODES = {"path": {}, "tree": {"tree": True}}
 
@@ -69,8 +68,7 @@ def main():
     encode = hf_encoder(args.tokenizer)
     warmup()
     for name in args.only or list(SLICES):
-        file, kw = SLICES[name]
-        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        requests = load_slice(args.traces, name, encode)
         for mode in args.modes or list(MODES):
             options = MODES[mode]
             proposer = Recording(make_proposer("suffixspec", requests, cross_pool_tokens=None,

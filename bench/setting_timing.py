@@ -18,15 +18,14 @@ Nothing is written: it is a timing to read, run with nothing else busy.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
-from suffixspec.replay.traces import hf_encoder, load_trace
+from suffixspec.replay.traces import hf_encoder
 
 from bench_common import config_settings, parser, token_kinds
-from policy_bench import SLICES
+from policy_bench import SLICES, load_slice
 
 
 def variant(text: str) -> tuple[str, dict]:
@@ -44,8 +43,7 @@ def main():
     kinds = token_kinds(args)
     warmup()
     for name in args.only or list(SLICES):
-        file, kw = SLICES[name]
-        requests = load_trace(Path(args.traces) / file, encode, **kw)
+        requests = load_slice(args.traces, name, encode)
         p50 = {label: [] for label, _ in args.variant}
         for rep in range(args.reps):
             for label, settings in args.variant:
