@@ -11,13 +11,26 @@ from suffixspec.native import calibration as cal
 FROM_SCAN, FROM_NOTHING = -2, -1
 
 
-def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1, token=-1):
+def probability(table, weights, src, m, depth, c, n, kind=-1, before=-1, token=-1, prev=-1):
     fine = int(cal.bucket(src, m, depth, c, n))
     p = estimate(table, weights, fine, c / (n + 1.0 / np.sqrt(max(m, 1))), kind, before)
     if token >= 0:  # its token row's ratio, shrunk towards 1
         row = cal.TOKEN_BASE + token % cal.TOKEN_ROWS
-        p *= min((table[row, 0] + cal.W_TOKEN) / (table[row, 1] + cal.W_TOKEN), cal.TOKEN_MAX)
+        factor = min((table[row, 0] + cal.W_TOKEN) / (table[row, 1] + cal.W_TOKEN), cal.TOKEN_MAX)
+        if prev >= 0:  # its bigram row's, after token ``prev``, shrunk towards that
+            row = bigram_row(prev, token)
+            factor = min((table[row, 0] + cal.W_BIGRAM * factor) / (table[row, 1] + cal.W_BIGRAM),
+                         cal.TOKEN_MAX)
+        p *= factor
     return min(p, cal.P_MAX), fine
+
+
+def bigram_row(prev, token):
+    """The row of ``token`` after ``prev``: the low 18 bits of the token, xor
+    those of the one before turned by 9 bits."""
+    low = prev % cal.BIGRAM_ROWS
+    turned = ((low << 9) | (low >> 9)) % cal.BIGRAM_ROWS
+    return cal.BIGRAM_BASE + ((token % cal.BIGRAM_ROWS) ^ turned)
 
 
 def estimate(table, weights, fine, prior, kind=-1, before=-1):
@@ -101,7 +114,7 @@ def score(tokens, c, n, src, m, k, table, weights, thr, factor, offset, vocab, r
             break
         before = last if j == 0 else tokens[j - 1]
         q, fine = probability(table, weights, int(cal.with_agreement(src, agree[j])), m, j, cj,
-                              nj, kind_of(kinds, t), kind_of(kinds, before), t)
+                              nj, kind_of(kinds, t), kind_of(kinds, before), t, before)
         p = prob * q
         if not (p > thr and j < cap):
             break

@@ -109,9 +109,11 @@ def _reference_update(table, draft, emitted, buckets, kinds=None, last=-1):
         shared = rows[2]
         own = (table[shared, 0] + 1) / (table[shared, 1] + 2)
         token_row = cal.TOKEN_BASE + token % cal.TOKEN_ROWS
-        table[token_row, 1] += naive.estimate(table, weights, int(buckets[t]), own, kind,
-                                              before)
-        table[token_row, 0] += hit
+        expected = naive.estimate(table, weights, int(buckets[t]), own, kind, before)
+        prev = last if parent < 0 else int(draft.token_ids[parent])
+        for row in [token_row] + ([naive.bigram_row(prev, token)] if prev >= 0 else []):
+            table[row, 1] += expected  # its token row, and its bigram row after ``prev``
+            table[row, 0] += hit
         if kind >= 0:
             rows.append(naive.lift_row(int(buckets[t]), kind))
             if before >= 0:
@@ -242,8 +244,14 @@ def test_table_rows_cover_every_bucket():
     assert cal.pair_row(last, cal.N_KIND - 1, cal.N_KIND - 1) == cal.TOKEN_BASE - 1
     assert cal.pair_row(low, 0, 0) == cal.BASE_ROWS + cal.LIFT_ROWS
     assert cal.token_row(0) == cal.TOKEN_BASE  # then the token rows
-    assert cal.token_row(cal.TOKEN_ROWS - 1) == cal.TABLE_ROWS - 1
+    assert cal.token_row(cal.TOKEN_ROWS - 1) == cal.BIGRAM_BASE - 1  # then the bigram rows
     assert cal.token_row(cal.TOKEN_ROWS + 5) == cal.token_row(5)  # past them: modulo
+    rng = np.random.default_rng(4)
+    prev, tok = rng.integers(0, 1 << 24, (2, 5000))  # ids past the rows too
+    rows = [cal.bigram_row(int(a), int(b)) for a, b in zip(prev, tok)]
+    assert rows == [naive.bigram_row(int(a), int(b)) for a, b in zip(prev, tok)]
+    assert cal.BIGRAM_BASE <= min(rows) and max(rows) < cal.TABLE_ROWS
+    assert len(set(rows)) > 0.95 * len(rows)  # 5,000 pairs in 2^18 rows: few share one
 
 
 def test_every_bucket_has_one_row_and_each_plane_shares_the_shared_level():
@@ -286,7 +294,7 @@ def test_an_empty_table_trusts_a_long_match_more_than_a_short_one():
 
     def p(c, n, match):
         return cal.probability(table, state, cal.bucket(cal.SRC_CROSS, match, 0, c, n), c, n,
-                               match, -1, -1, cal.NO_TOKEN)
+                               match, -1, -1, cal.NO_TOKEN, -1)
 
     assert p(1, 1, 1) == pytest.approx(0.5)  # seen once after one matching token
     assert p(1, 1, 1) < p(1, 1, 4) < p(1, 1, 30)
@@ -299,10 +307,10 @@ def test_outcomes_in_one_source_inform_another_at_the_same_match():
     table, state = cal.new_table(), cal.new_state(0.03)
     request = cal.bucket(cal.SRC_REQUEST, 2, 0, 1, 1)
     cross = cal.bucket(cal.SRC_CROSS, 2, 0, 1, 1)
-    before = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN)
+    before = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN, -1)
     for row in (request, cal.coarse_of(request), cal.shared_of(request)):
         table[row] = (0.0, 50.0)  # 50 request-tree tries, none accepted
-    after = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN)
+    after = cal.probability(table, state, cross, 1, 1, 2, -1, -1, cal.NO_TOKEN, -1)
     assert cal.shared_of(request) == cal.shared_of(cross)
     assert after < 0.5 * before
 
@@ -316,6 +324,7 @@ def test_a_table_kept_by_an_earlier_version_keeps_the_rows_of_the_sources_it_sha
     assert new.shape == (cal.TABLE_ROWS, 2)
     if kind_rows == 0:
         assert not new[cal.BASE_ROWS:].any()  # no lift, pair or token rows
+    assert not new[cal.BIGRAM_BASE:].any()  # no earlier table had bigram rows
     old_coarse = old_src * cal.N_SHARED
     old_plane = old_coarse * (1 + cal.N_RECENT * positions * cal.N_DEPTH)
     old_lift = cal.layout_rows(old_src, planes, positions)
@@ -373,6 +382,7 @@ def test_a_request_state_is_how_its_last_draft_fared_and_how_far_into_its_output
 def test_a_token_row_may_hold_more_accepted_than_expected_and_no_other_row_may():
     table = cal.new_table()
     table[cal.token_row(7)] = (9.0, 2.5)  # accepted more often than estimated
+    table[cal.bigram_row(3, 7)] = (4.0, 1.5)  # and after token 3 too
     assert cal.table_problem(table) is None
     table[cal.TOKEN_BASE - 1] = (3.0, 2.0)
     assert "more accepted" in cal.table_problem(table)
@@ -405,14 +415,17 @@ def test_a_kinds_lift_is_its_rate_over_the_coarse_rate_and_nothing_while_empty()
             kind, before = (int(x) for x in rng.integers(-1, cal.N_KIND, 2))
             fine = cal.bucket(src, m, d, c, n)
             token = int(rng.integers(-1, 2 * cal.TOKEN_ROWS))  # -1: no token row
-            got = cal.probability(table, state, fine, c, n, m, kind, before, token)
-            want, _ = naive.probability(table, weights, src, m, d, c, n, kind, before, token)
+            prev = int(rng.integers(-1, 2 * cal.TOKEN_ROWS))  # -1: no bigram row
+            got = cal.probability(table, state, fine, c, n, m, kind, before, token, prev)
+            want, _ = naive.probability(table, weights, src, m, d, c, n, kind, before, token,
+                                        prev)
             assert got == pytest.approx(want, rel=1e-12)
             if empty:  # nothing has been seen: the lift and the token's ratio are exactly 1
-                plain = cal.probability(table, state, fine, c, n, m, -1, -1, cal.NO_TOKEN)
+                plain = cal.probability(table, state, fine, c, n, m, -1, -1, cal.NO_TOKEN, -1)
                 assert got == pytest.approx(plain, rel=1e-12)
-            # a token not known yet is bounded by the largest its row may say
-            bound = cal.probability(table, state, fine, c, n, m, kind, before, cal.ANY_TOKEN)
+            # a token not known yet is bounded by the largest its rows may say
+            bound = cal.probability(table, state, fine, c, n, m, kind, before, cal.ANY_TOKEN,
+                                    prev)
             assert got <= bound
 
 

@@ -35,7 +35,7 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 def _table(rng) -> np.ndarray:
     tried = rng.integers(0, 40, size=cal.TABLE_ROWS).astype(np.float64)
     table = np.stack([np.floor(tried * rng.random(cal.TABLE_ROWS)), tried], axis=1)
-    tokens = table[cal.TOKEN_BASE:]  # (accepted, expected): either may be larger
+    tokens = table[cal.TOKEN_BASE:]  # token and bigram rows: either count may be larger
     tokens[:, 0] = rng.integers(0, 40, tokens.shape[0])
     return table
 
@@ -53,17 +53,19 @@ def test_the_calibration_port_equals_the_kernels():
     kind = rng.integers(-1, cal.N_KIND, 2000)  # -1: no kind, no lift
     before = rng.integers(-1, cal.N_KIND, 2000)  # -1: no pair
     token = rng.integers(-1, 2 * cal.TOKEN_ROWS, 2000)  # -1: no token row; past them: modulo
+    prev = rng.integers(-1, 2 * cal.TOKEN_ROWS, 2000)  # the token before; -1: no bigram row
     t = {k: torch.from_numpy(v)
          for k, v in dict(n=n, c=c, m=m, depth=depth, src=src, agree=agree, kind=kind,
-                          before=before, token=token).items()}
+                          before=before, token=token, prev=prev).items()}
     fine = calib.bucket(t["src"], t["m"], t["depth"], t["c"], t["n"], t["agree"])
     weights = (state[cal.ST_W_SHARED], state[cal.ST_W_COARSE], state[cal.ST_W_FINE])
     prob = calib.probability(torch.from_numpy(table), weights, fine, t["c"], t["n"], t["m"],
-                             t["kind"], t["before"], t["token"])
+                             t["kind"], t["before"], t["token"], t["prev"])
     for i in range(2000):
         f = cal.bucket(cal.with_agreement(src[i], agree[i]), m[i], depth[i], c[i], n[i])
         assert fine[i] == f
-        want = cal.probability(table, state, f, c[i], n[i], m[i], kind[i], before[i], token[i])
+        want = cal.probability(table, state, f, c[i], n[i], m[i], kind[i], before[i], token[i],
+                               prev[i])
         assert prob[i].item() == pytest.approx(want, rel=1e-12)
     # some lifts hit the ceiling, most not: both paths are compared
     assert 0 < (prob == cal.P_MAX).sum() < 2000 // 2

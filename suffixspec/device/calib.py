@@ -75,11 +75,12 @@ def kind_of(kinds: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def probability(table, weights, fine, c, n, matched, kind=None, before=None,
-                tokens=None) -> torch.Tensor:
+                tokens=None, prev=None) -> torch.Tensor:
     """Estimated acceptance of token ``tokens`` (None or -1: none, not scaled
-    by a token row) of bucket ``fine`` and ``kind``, after a token of kind
-    ``before`` (-1 or None: none) (``calibration.probability``); ``weights``
-    are the shared, coarse and fine prior weights (0-d tensors or floats)."""
+    by a token row) of bucket ``fine`` and ``kind``, after token ``prev`` (-1
+    or None: none, the token row alone) of kind ``before`` (-1 or None: none)
+    (``calibration.probability``); ``weights`` are the shared, coarse and
+    fine prior weights (0-d tensors or floats)."""
     ws, wc, wf = weights
     base = plane_base(agreement_of(fine))
     coarse = base + (fine - base - cal.N_COARSE) // (cal.N_STATE * cal.N_DEPTH)
@@ -95,8 +96,19 @@ def probability(table, weights, fine, c, n, matched, kind=None, before=None,
         row = cal.TOKEN_BASE + (tokens.clamp(min=0) & (cal.TOKEN_ROWS - 1))
         factor = ((table[row, 0] + cal.W_TOKEN) / (table[row, 1] + cal.W_TOKEN)).clamp(
             max=cal.TOKEN_MAX)
+        if prev is not None:
+            row = bigram_row(prev, tokens)
+            factor = torch.where(prev >= 0, ((table[row, 0] + cal.W_BIGRAM * factor)
+                                             / (table[row, 1] + cal.W_BIGRAM)).clamp(
+                max=cal.TOKEN_MAX), factor)
         p = torch.where(tokens >= 0, p * factor, p)
     return p.clamp(max=cal.P_MAX)
+
+
+def bigram_row(prev: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows of ``tokens`` after ``prev`` (``calibration.bigram_row``; negative ids as 0)."""
+    p = prev.clamp(min=0) & (cal.BIGRAM_ROWS - 1)
+    return cal.BIGRAM_BASE + ((tokens.clamp(min=0) ^ (p << 9) ^ (p >> 9)) & (cal.BIGRAM_ROWS - 1))
 
 
 def _lifted(table, weights, fine, base, coarse, pc, p, kind, before):

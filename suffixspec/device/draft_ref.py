@@ -208,12 +208,12 @@ def _score(tokens, c, n, valid, src, match, calibration: Calibration, vocab_size
     fine = calib.bucket(src[..., None].expand_as(tokens), m, depth.expand_as(tokens), c, n, agree)
     weights = (params[P_W_SHARED], params[P_W_COARSE], params[P_W_FINE])
     kind = calib.kind_of(calibration.kinds, tokens)
-    before = None
+    before = prev = None
     if last is not None:
-        before = calib.kind_of(calibration.kinds,
-                               torch.cat([last[..., None], tokens[..., :-1]], dim=-1))
+        prev = torch.cat([last[..., None], tokens[..., :-1]], dim=-1)
+        before = calib.kind_of(calibration.kinds, prev)
     q = torch.where(ok, calib.probability(calibration.table, weights, fine, c, n, m, kind,
-                                          before, tokens), 0.0)
+                                          before, tokens, prev), 0.0)
     p = q.cumprod(dim=-1)
     # The length cap: match length * factor + offset tokens, when a factor is set.
     cap = torch.where(params[P_FACTOR] >= 0,

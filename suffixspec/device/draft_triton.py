@@ -53,7 +53,8 @@ def _score(tok, before_tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab
            N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr,
            PLANE: tl.constexpr, BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr,
            N_KIND: tl.constexpr, P_MAX: tl.constexpr, TOKEN_BASE: tl.constexpr,
-           TOKEN_ROWS: tl.constexpr, W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr):
+           TOKEN_ROWS: tl.constexpr, W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr,
+           BIGRAM_BASE: tl.constexpr, BIGRAM_ROWS: tl.constexpr, W_BIGRAM: tl.constexpr):
     """One candidate's ``(q, p, kept, gain, fine)`` (``draft_ref._score``);
     ``before_tok`` holds the token before each of ``tok``."""
     thr = tl.load(params_ptr + 0)
@@ -101,6 +102,12 @@ def _score(tok, before_tok, c, n, src, m, j, agree, table_ptr, params_ptr, vocab
     row = TOKEN_BASE + (tl.maximum(tok, 0) & (TOKEN_ROWS - 1))
     scale = tl.minimum((tl.load(table_ptr + 2 * row) + W_TOKEN) / (
         tl.load(table_ptr + 2 * row + 1) + W_TOKEN), TOKEN_MAX)
+    # the (token before, token) row, shrunk towards the token row (``calibration.bigram_row``)
+    prev = tl.maximum(before_tok, 0) & (BIGRAM_ROWS - 1)
+    row = BIGRAM_BASE + ((tl.maximum(tok, 0) ^ (prev << 9) ^ (prev >> 9)) & (BIGRAM_ROWS - 1))
+    bigram = (tl.load(table_ptr + 2 * row) + W_BIGRAM * scale) / (
+        tl.load(table_ptr + 2 * row + 1) + W_BIGRAM)
+    scale = tl.where(before_tok >= 0, tl.minimum(bigram, TOKEN_MAX), scale)
     q = tl.minimum(tl.where(tok >= 0, q * scale, q), P_MAX)
     q = tl.where(ok, q, 0.0)
     p = tl.cumprod(q, axis=0)
@@ -172,7 +179,8 @@ def _fused_kernel(
     N_COARSE: tl.constexpr, ROWS: tl.constexpr, PLANE_ROWS: tl.constexpr, PLANE: tl.constexpr,
     BASE_ROWS: tl.constexpr, LIFT_ROWS: tl.constexpr, N_KIND: tl.constexpr,
     P_MAX: tl.constexpr, TOKEN_BASE: tl.constexpr, TOKEN_ROWS: tl.constexpr,
-    W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr,
+    W_TOKEN: tl.constexpr, TOKEN_MAX: tl.constexpr, BIGRAM_BASE: tl.constexpr,
+    BIGRAM_ROWS: tl.constexpr, W_BIGRAM: tl.constexpr,
     A_MATCH: tl.constexpr, A_POLICY: tl.constexpr, A_REFERENCE: tl.constexpr,
     A_PART: tl.constexpr, ARB_ROWS: tl.constexpr, FROM_ANCHOR: tl.constexpr,
     PICK_LIVE: tl.constexpr, SRC_LIVE: tl.constexpr, SRC_SCAN: tl.constexpr,
@@ -241,7 +249,8 @@ def _fused_kernel(
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
                                         PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX,
-                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX)
+                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX,
+                                        BIGRAM_BASE, BIGRAM_ROWS, W_BIGRAM)
         best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src = _keep(
             gain > best_gain, (gain, r, m, tok, q, p, kept, fine, w_src),
             (best_gain, best, best_m, best_tok, best_q, best_p, best_kept, best_fine, best_src))
@@ -267,7 +276,8 @@ def _fused_kernel(
                                         vocab, kinds_ptr, n_kinds, K, N_SRC, N_RATIO, N_MATCH,
                                         N_STATE, N_DEPTH, N_SHARED, N_COARSE, ROWS, PLANE_ROWS,
                                         PLANE, BASE_ROWS, LIFT_ROWS, N_KIND, P_MAX,
-                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX)
+                                        TOKEN_BASE, TOKEN_ROWS, W_TOKEN, TOKEN_MAX,
+                                        BIGRAM_BASE, BIGRAM_ROWS, W_BIGRAM)
         first = x == 0
         ref_m = tl.where(first, m, ref_m)
         ref_q = tl.where(first, q, ref_q)
@@ -552,7 +562,8 @@ def constexprs(windows: DeviceWindows, k: int) -> dict:
                 N_SHARED=cal.N_SHARED, N_COARSE=cal.N_COARSE, ROWS=cal.TABLE_ROWS,
                 PLANE_ROWS=cal.PLANE_ROWS, PLANE=cal.PLANE, BASE_ROWS=cal.BASE_ROWS,
                 LIFT_ROWS=cal.LIFT_ROWS, TOKEN_BASE=cal.TOKEN_BASE, TOKEN_ROWS=cal.TOKEN_ROWS,
-                W_TOKEN=cal.W_TOKEN, TOKEN_MAX=cal.TOKEN_MAX,
+                W_TOKEN=cal.W_TOKEN, TOKEN_MAX=cal.TOKEN_MAX, BIGRAM_BASE=cal.BIGRAM_BASE,
+                BIGRAM_ROWS=cal.BIGRAM_ROWS, W_BIGRAM=cal.W_BIGRAM,
                 N_KIND=cal.N_KIND, P_MAX=cal.P_MAX, A_MATCH=arbiter.N_MATCH,
                 A_POLICY=arbiter.N_POLICY, A_REFERENCE=arbiter.N_REFERENCE,
                 A_PART=arbiter.N_PART, ARB_ROWS=arbiter.ARB_ROWS, FROM_ANCHOR=FROM_ANCHOR,

@@ -271,7 +271,7 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               n, n)
             p = prob * cal.probability(table, state, fine, n, n, match_len,
-                                       cal.kind_of(kinds, tok), before, tok)
+                                       cal.kind_of(kinds, tok), before, tok, last)
             if p > thr:
                 size = heap_push(heap, size, p, x, off, parent, fine, d)
         return size
@@ -288,7 +288,7 @@ def _push_next(index, x, off, entry, discount, thr, src, match_len, stats, heap,
             fine = cal.bucket(cal.with_agreement(src, agreement(ref, d, tok, on)), match_len, d,
                               k, n)
             p = prob * cal.probability(table, state, fine, k, n, match_len,
-                                       cal.kind_of(kinds, tok), before, tok)
+                                       cal.kind_of(kinds, tok), before, tok, last)
             if p > thr:
                 size = heap_push(heap, size, p, c, 0, parent, fine, d)
         c = nodes[c, NEXT]
@@ -367,17 +367,18 @@ def _first_probability(stats, src, m, c, n, ref, tok, last):
     if tok >= 0:
         fine = cal.bucket(cal.with_agreement(src, agreement(ref, 0, tok, True)), m, 0, c, n)
         return cal.probability(table, state, fine, c, n, m, cal.kind_of(kinds, tok), before,
-                               tok)
+                               tok, last)
     best = 0.0
     for agree in range(cal.N_AGREE):
         if (agree == cal.AGREE_NONE) != (ref[0] == 0):
             continue
         fine = cal.bucket(cal.with_agreement(src, agree), m, 0, c, n)
-        best = max(best, cal.probability(table, state, fine, c, n, m, -1, -1, cal.ANY_TOKEN))
+        best = max(best, cal.probability(table, state, fine, c, n, m, -1, -1, cal.ANY_TOKEN,
+                                         last))
         if kinds.shape[0] > 1 or kinds[0] >= 0:  # a tokenizer's kinds: each may lift
             for kind in range(cal.N_KIND):
                 best = max(best, cal.probability(table, state, fine, c, n, m, kind, before,
-                                                 cal.ANY_TOKEN))
+                                                 cal.ANY_TOKEN, last))
     return best
 
 

@@ -84,6 +84,16 @@ prior (the match length and counts are not kept with a pending draft).
 Token rows hold (accepted, expected), so their accepted may pass their
 expected.
 
+A token's record depends on the token before it as well: ``'`` after ``(``
+is not ``'`` after a word.  So each (token before, token) pair has a
+*bigram* row (``bigram_row``, after the token rows: the pair hashed into
+``BIGRAM_ROWS`` rows), counted as the token row is, whose ratio shrinks
+towards the token row's and replaces it (``token_factor``)::
+
+    t      = (acc_t + W_TOKEN) / (expected_t + W_TOKEN)
+    bigram = (acc_b + W_BIGRAM * min(t, TOKEN_MAX)) / (expected_b + W_BIGRAM)
+    p      = min(estimate * min(bigram, TOKEN_MAX), P_MAX)
+
 ``state`` (float64, ``[STATE_SIZE]``) holds running means of tokens emitted
 and tokens drafted per step, which with the draft cost give the gain a
 drafted token must beat (``threshold``), and the prior weights and half-life
@@ -149,8 +159,12 @@ LIFT_END = BASE_ROWS + LIFT_ROWS  # the first pair row
 # Per token id: (accepted, expected), ``token_row``.
 TOKEN_ROWS = 1 << 18
 TOKEN_BASE = LIFT_END + PAIR_ROWS
-TABLE_ROWS = TOKEN_BASE + TOKEN_ROWS
+# Per (token before, token), hashed: (accepted, expected), ``bigram_row``.
+BIGRAM_ROWS = 1 << 18
+BIGRAM_BASE = TOKEN_BASE + TOKEN_ROWS
+TABLE_ROWS = BIGRAM_BASE + BIGRAM_ROWS
 W_TOKEN = 16.0   # a token row's weight of no change
+W_BIGRAM = 6.0   # a bigram row's weight of its token row's ratio
 TOKEN_MAX = 1.5  # the largest a token row scales an estimate by
 NO_TOKEN = -1    # ``probability`` of no particular token: not scaled
 ANY_TOKEN = -2   # of a token not known yet: scaled by ``TOKEN_MAX``, a bound
@@ -183,13 +197,14 @@ def new_table() -> np.ndarray:
 #: tables earlier versions kept: 0.1's sixth source was its recency
 #: candidate (not kept), 0.2 had no agreement planes, 0.3 no ``SRC_LIVE``,
 #: none before 0.5 knew the output position, 0.6 added the lift rows, 0.7
-#: the pair rows, 0.8 the token rows, and none before 0.9 had ``SRC_SCAN``.
-#: Kind rows: 0 none, 1 lift rows, 2 lift and pair rows, 3 those and the
-#: token rows.
+#: the pair rows, 0.8 the token rows, none before 0.9 had ``SRC_SCAN`` and
+#: none before 0.10 the bigram rows.  Kind rows: 0 none, 1 lift rows, 2 lift
+#: and pair rows, 3 those and the token rows, 4 those and the bigram rows.
 EARLIER_LAYOUTS = {"0.1": (6, 1, SRC_LIVE, 1, 0), "0.2": (5, 1, SRC_LIVE, 1, 0),
                    "0.3": (5, N_AGREE, SRC_LIVE, 1, 0), "0.4": (6, N_AGREE, 6, 1, 0),
                    "0.5": (6, N_AGREE, 6, N_POSITION, 0), "0.6": (6, N_AGREE, 6, N_POSITION, 1),
-                   "0.7": (6, N_AGREE, 6, N_POSITION, 2), "0.8": (6, N_AGREE, 6, N_POSITION, 3)}
+                   "0.7": (6, N_AGREE, 6, N_POSITION, 2), "0.8": (6, N_AGREE, 6, N_POSITION, 3),
+                   "0.9": (N_SRC, N_AGREE, N_SRC, N_POSITION, 3)}
 
 
 def layout_rows(n_src: int, planes: int, positions: int = 1, kind_rows: int = 0) -> int:
@@ -200,7 +215,7 @@ def layout_rows(n_src: int, planes: int, positions: int = 1, kind_rows: int = 0)
     rows = N_SHARED + planes * coarse * (1 + N_RECENT * positions * N_DEPTH)
     return (rows + (kind_rows >= 1) * N_AGREE * N_KIND * coarse
             + (kind_rows >= 2) * N_AGREE * N_KIND * N_KIND * coarse
-            + (kind_rows >= 3) * TOKEN_ROWS)
+            + (kind_rows >= 3) * TOKEN_ROWS + (kind_rows >= 4) * BIGRAM_ROWS)
 
 
 def upgrade_table(table: np.ndarray) -> np.ndarray | None:
@@ -242,14 +257,14 @@ def upgrade_table(table: np.ndarray) -> np.ndarray | None:
             rows[:, :kept]
         at += blocks * n_src * N_SHARED
     if kind_rows >= 3:
-        out[TOKEN_BASE:] = table[at:at + TOKEN_ROWS]
+        out[TOKEN_BASE:BIGRAM_BASE] = table[at:at + TOKEN_ROWS]
     return out
 
 
 def table_problem(table: np.ndarray) -> str | None:
     """Why ``table`` cannot be drafted with (None: it can): every count finite,
-    and ``0 <= accepted <= tried <= 1e9`` (a token row: ``0 <= accepted,
-    expected <= 1e9``; the table a pool keeps is read back unchecked
+    and ``0 <= accepted <= tried <= 1e9`` (a token or bigram row: ``0 <=
+    accepted, expected <= 1e9``; the table a pool keeps is read back unchecked
     otherwise: NaN or huge counts would stop every draft, a negative one
     would divide by zero)."""
     if not isinstance(table, np.ndarray) or table.shape != (TABLE_ROWS, 2):
@@ -428,28 +443,42 @@ def token_row(tok):
 
 
 @njit(cache=True, inline="always")
-def token_factor(table, tok):
-    """What token ``tok``'s row scales an estimate by (``NO_TOKEN``: 1,
-    ``ANY_TOKEN``: the most any row does)."""
+def bigram_row(prev, tok):
+    """Table row of token id ``tok`` after token id ``prev`` (both ``>= 0``):
+    the pair hashed into ``BIGRAM_ROWS`` (in 32-bit integers, as on the device)."""
+    p = prev & (BIGRAM_ROWS - 1)
+    return BIGRAM_BASE + ((tok ^ (p << 9) ^ (p >> 9)) & (BIGRAM_ROWS - 1))
+
+
+@njit(cache=True, inline="always")
+def token_factor(table, tok, prev=-1):
+    """What token ``tok``'s rows, after token ``prev`` (-1: none, the token
+    row alone), scale an estimate by (``NO_TOKEN``: 1, ``ANY_TOKEN``: the
+    most any row does)."""
     if tok == NO_TOKEN:
         return 1.0
     if tok < 0:
         return TOKEN_MAX
     row = token_row(tok)
     r = (table[row, 0] + W_TOKEN) / (table[row, 1] + W_TOKEN)
-    return r if r < TOKEN_MAX else TOKEN_MAX
+    r = r if r < TOKEN_MAX else TOKEN_MAX
+    if prev >= 0:
+        row = bigram_row(prev, tok)
+        r = (table[row, 0] + W_BIGRAM * r) / (table[row, 1] + W_BIGRAM)
+        r = r if r < TOKEN_MAX else TOKEN_MAX
+    return r
 
 
 @njit(cache=True, inline="always")
-def probability(table, state, fine, c, n, matched, kind, before, tok):
+def probability(table, state, fine, c, n, matched, kind, before, tok, prev):
     """Estimated chance that token ``tok`` (``NO_TOKEN``, ``ANY_TOKEN``: see
-    ``token_factor``) of bucket ``fine`` and ``kind``, after a token of kind
-    ``before``, is accepted once reached (a kind -1: none).
+    ``token_factor``) of bucket ``fine`` and ``kind``, after token ``prev``
+    (-1: none) of kind ``before``, is accepted once reached (a kind -1: none).
 
     ``matched`` is the length of the match the draft starts from.
     """
     p = estimate(table, state, fine, c / (n + 1.0 / np.sqrt(max(matched, 1))), kind, before)
-    p *= token_factor(table, tok)
+    p *= token_factor(table, tok, prev)
     return p if p < P_MAX else P_MAX
 
 
@@ -482,7 +511,7 @@ def token_probability(stats, src, match_len, depth, c, n, tok, before):
     table, state, kinds = stats
     fine = bucket(src, match_len, depth, c, n)
     return fine, probability(table, state, fine, c, n, match_len, kind_of(kinds, tok),
-                             kind_of(kinds, before), tok)
+                             kind_of(kinds, before), tok, before)
 
 
 @njit(cache=True, inline="always")
@@ -556,12 +585,15 @@ def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
                 continue
             tok = pend_tokens[s, t]
             kind = kind_of(kinds, tok)
-            before = kind_of(kinds, pend_last[s] if p < 0 else pend_tokens[s, p])
+            prev = pend_last[s] if p < 0 else pend_tokens[s, p]
+            before = kind_of(kinds, prev)
             shared = shared_of(fine)
             if tok >= 0:  # what the table says of it, before this outcome
                 own = (table[shared, 0] + 1.0) / (table[shared, 1] + 2.0)
-                _count(table, token_row(tok), hit, state[ST_HALF_LIFE],
-                       estimate(table, state, fine, own, kind, before))
+                expected = estimate(table, state, fine, own, kind, before)
+                _count(table, token_row(tok), hit, state[ST_HALF_LIFE], expected)
+                if prev >= 0:
+                    _count(table, bigram_row(prev, tok), hit, state[ST_HALF_LIFE], expected)
             _count(table, fine, hit, state[ST_HALF_LIFE])
             _count(table, coarse_of(fine), hit, state[ST_HALF_LIFE])
             _count(table, shared, hit, state[ST_HALF_LIFE])
