@@ -451,7 +451,7 @@ def bigram_row(prev, tok):
 
 
 @njit(cache=True, inline="always")
-def token_factor(table, tok, prev=-1):
+def token_factor(table, tok, prev):
     """What token ``tok``'s rows, after token ``prev`` (-1: none, the token
     row alone), scale an estimate by (``NO_TOKEN``: 1, ``ANY_TOKEN``: the
     most any row does)."""
