@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
                     help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
+    ap.add_argument("--configs", nargs="*", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="run only these configurations (the table leaves the others out)")
     ap.add_argument("--no-device-arbiter", dest="device_arbiter", action="store_false",
                     help="drafting on the device does not arbitrate "
                          "(SUFFIXSPEC_DEVICE_ARBITER=0)")
@@ -141,6 +143,8 @@ def main():
         for b in levels:
             row = {"trace": name, "concurrency": b, "none": _plain(requests, b)}
             for config, (engine, settings, host, overhead) in CONFIGS.items():
+                if config not in args.configs:
+                    continue
                 if engine == "suffixspec-device":
                     settings = dict(settings, arbiter=args.device_arbiter)
                 if engine.startswith("suffixspec"):
@@ -189,26 +193,33 @@ def _plain(requests, b: int) -> float:
     return res.output_tokens / res.model_time
 
 
+def _versus(r: dict, config: str) -> str:
+    """``config``'s tokens/s over the better vLLM drafter's in row ``r``; "-"
+    where either was not run."""
+    vllm = [r[c] for c in ("vllm-gpu", "vllm-gpu adaptive") if c in r]
+    return f"{r[config] / max(vllm):.3f}" if vllm and config in r else "-"
+
+
 def markdown(rows: list[dict], args, measured: dict) -> str:
-    names = ["none"] + list(CONFIGS)
+    configs = [c for c in CONFIGS if any(c in r for r in rows)]
+    names = ["none"] + configs
     out = ["| trace | in flight | " + " | ".join(names)
            + " | MRV2 sync / vllm-gpu best | device / vllm-gpu best |",
            "|---|---|" + "---|" * (len(names) + 2)]
     for r in rows:
-        best = max(r["vllm-gpu"], r["vllm-gpu adaptive"])
         out.append(f"| {r['trace']} | {r['concurrency']} | "
                    + " | ".join(f"{r[n]:.0f}" for n in names)
-                   + f" | {r['suffixspec MRV2 sync'] / best:.3f} | "
-                     f"**{r['suffixspec device'] / best:.3f}** |")
+                   + f" | {_versus(r, 'suffixspec MRV2 sync')} | "
+                     f"**{_versus(r, 'suffixspec device')}** |")
     costs = "; ".join(f"{b} in flight: bookkeeping {c['bookkeeping']:.3f}, round trip "
                       f"{c['round trip']:.3f}, device {c['device']:.3f}"
                       for b, c in measured.items())
     drafting = ["", "Drafting at one request in flight (the same replays): MTS, drafted "
                 "tokens per step, est = MTS / (1 + 0.03 × drafted)", "",
-                "| trace | " + " | ".join(CONFIGS) + " |", "|---|" + "---|" * len(CONFIGS)]
+                "| trace | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
     for r in (r for r in rows if r["concurrency"] == 1):
         cells = [f"{d['mts']:.3f} / {d['drafted']:.2f} / {d['mts'] / (1 + 0.03 * d['drafted']):.3f}"
-                 for d in (r[c + " detail"] for c in CONFIGS)]
+                 if d else "-" for d in (r.get(c + " detail") for c in configs)]
         drafting.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
     arbiter = ("" if getattr(args, "device_arbiter", True)
                else "  Drafting on the device does not arbitrate (`--no-device-arbiter`).")
