@@ -12,6 +12,8 @@ API validates once (``suffixspec.tokens.as_token_ids``).
 
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,7 +177,7 @@ class SuffixIndex:
         """
         arrays = self._flat()
         src, views = getattr(self, "_read_only", ((), None))
-        if any(a is not b for a, b in zip(src, arrays)) or not src:
+        if not src or not all(map(operator.is_, src, arrays)):
             views = tuple(lay.read_only(lay.Index(*arrays)))
             self._read_only = (arrays, views)
         return views
