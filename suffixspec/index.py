@@ -13,7 +13,6 @@ API validates once (``suffixspec.tokens.as_token_ids``).
 from __future__ import annotations
 
 import operator
-
 from dataclasses import dataclass
 
 import numpy as np
