@@ -127,17 +127,27 @@ class SuffixIndex:
                 return
             self._make_room(seq, n - done)
 
-    def extend_many(self, seq_ids: np.ndarray, tokens: np.ndarray, offsets: np.ndarray) -> None:
+    def extend_many(self, seq_ids: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
+                    resume: bool = False) -> None:
         """Append ``tokens[offsets[i]:offsets[i+1]]`` to each open ``seq_ids[i]`` (-1: skip).
 
         ``seq_ids`` and ``offsets`` are int64, ``tokens`` int32; one native
-        call unless a capacity has to grow.
+        call unless a capacity has to grow.  ``resume``: go on from where a
+        kernel given ``extend_args`` stopped for want of room.
         """
         progress = self._progress
-        progress[:] = 0
+        if not resume:
+            progress[:] = 0
         while not trie.extend_batch(self._flat(), seq_ids, tokens, offsets, progress):
             i, done = int(progress[0]), int(progress[1])
             self._make_room(int(seq_ids[i]), int(offsets[i + 1] - offsets[i]) - done)
+
+    def extend_args(self) -> tuple:
+        """What a kernel that appends to this index takes (``propose.learn_and_extend``):
+        its arrays as a plain tuple (valid until an array grows) and the
+        progress record it leaves where it ran short of room (``extend_many``
+        with ``resume`` goes on from there)."""
+        return self._flat(), self._progress
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""

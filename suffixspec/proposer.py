@@ -17,7 +17,8 @@ from suffixspec.locking import locked
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
-from suffixspec.native.propose import propose_batch
+from suffixspec.native.propose import (DELTA_FULL, EXTENDED, LOCAL_FULL, learn_and_extend,
+                                       propose_batch)
 from suffixspec.native import union
 from suffixspec.native.tokens import SYNTHETIC_BASE
 from suffixspec.native.windows import build_batch as build_windows, one_token_paths
@@ -141,7 +142,7 @@ class SuffixProposer:
         self.pending = lay.pending(64, self.max_spec_tokens)
         k = max(self.max_spec_tokens, 1)
         self._learn_scratch = (np.empty(k, np.int64), np.empty(k, np.bool_))
-        self._one = (np.zeros(1, np.int64), np.zeros(2, np.int64))
+        self._one = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64))
         self.outputs = lay.outputs(8, self.max_spec_tokens)
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
@@ -197,15 +198,14 @@ class SuffixProposer:
         tokens = as_token_ids(token_ids)
         if tokens.shape[0] == 0:
             return
-        seqs, offsets = self._one
+        if not tokens.flags.writeable:  # one kind of array: one compiled kernel
+            tokens = tokens.copy()
+        seqs, cross, offsets = self._one
         seqs[0] = self.requests.requests[req_id][1]
+        handle = self._cross_seq.get(req_id)
+        cross[0] = -1 if handle is None else self.cross.seq_of(handle)
         offsets[1] = tokens.shape[0]
-        cal.learn(self._stats_flats[self._table_of[req_id]], self._pending_flat, seqs, tokens,
-                  offsets, *self._learn_scratch)
-        self.requests.extend(req_id, tokens)
-        seq = self._cross_seq.get(req_id)
-        if seq is not None:
-            self.cross.extend(seq, tokens)
+        self._learn_and_index(self._table_of[req_id], seqs, cross, tokens, offsets)
 
     @locked
     def extend_batch(self, req_ids: Sequence[Hashable], token_ids: Sequence) -> None:
@@ -233,13 +233,33 @@ class SuffixProposer:
         tokens = as_token_ids(np.concatenate(arrays))
         seqs = rows[1]
         table, groups = self._tables_of(req_ids)
-        for t, picked in ([(table, None)] if groups is None else groups):
-            mine = seqs if picked is None else np.where(picked, seqs, -1)  # -1: skipped
+        if groups is None:
+            self._learn_and_index(table, seqs, rows[2], tokens, offsets)
+            return
+        for t, picked in groups:
+            mine = np.where(picked, seqs, -1)  # -1: skipped
             cal.learn(self._stats_flats[t], self._pending_flat, mine, tokens, offsets,
                       *self._learn_scratch)
         self.requests.index.extend_many(seqs, tokens, offsets)
         if self.cross is not None:
             self.cross.delta.index.extend_many(rows[2], tokens, offsets)
+
+    def _learn_and_index(self, table: int, seqs, cross, tokens, offsets) -> None:
+        """Score the pending drafts of own sequences ``seqs`` with calibration
+        ``table``, and index the emitted tokens in them and in the output
+        sequences ``cross`` (-1: none): one native call, unless an index has
+        to grow."""
+        local = self.requests.index
+        delta = local if self.cross is None else self.cross.delta.index  # no pool: all -1
+        (local_flat, local_progress), (delta_flat, delta_progress) = (local.extend_args(),
+                                                                      delta.extend_args())
+        full = learn_and_extend(self._stats_flats[table], self._pending_flat, seqs, cross,
+                                tokens, offsets, *self._learn_scratch, local_flat,
+                                local_progress, delta_flat, delta_progress)
+        if full == LOCAL_FULL:
+            local.extend_many(seqs, tokens, offsets, resume=True)
+        if full != EXTENDED and delta is not local:
+            delta.extend_many(cross, tokens, offsets, resume=full == DELTA_FULL)
 
     @locked
     def finish_request(self, req_id: Hashable) -> None:
@@ -646,21 +666,22 @@ class SuffixProposer:
         apart from a single request's contiguous one: kernels would compile a
         second time at the first step with two requests)."""
         own = self.requests.requests
+        handles = self._cross_seq
+        seq_of = self.cross.seq_of if handles else None
+        trees, seqs, cross = [], [], []
         try:
-            pairs = [own[r] for r in req_ids]
+            for r in req_ids:
+                tree, seq = own[r]
+                trees.append(tree)
+                seqs.append(seq)
+                cross.append(-1 if seq_of is None or (h := handles.get(r)) is None
+                             else seq_of(h))
         except (KeyError, TypeError):
             for r in req_ids:
                 self._row(r)  # raises, naming the request
             raise
-        out = np.empty((3, len(pairs)), np.int64)
-        out[:2] = np.array(pairs, np.int64).reshape(-1, 2).T
-        handles = self._cross_seq
-        if handles:
-            seq_of = self.cross.seq_of
-            out[2] = [-1 if (h := handles.get(r)) is None else seq_of(h) for r in req_ids]
-        else:
-            out[2] = -1
-        return out
+        # One flat list to numpy: a nested one costs twice as much per step.
+        return np.array(trees + seqs + cross, np.int64).reshape(3, len(seqs))
 
     @locked
     def calibration_table(self, namespace: str | None = None) -> np.ndarray:

@@ -243,6 +243,43 @@ def test_extend_batch_equals_extend_one_by_one():
     many.cross.delta.index.check_integrity()
 
 
+@pytest.mark.parametrize("prompt_len, emitted", [(40, 3000), (3000, 200)])
+def test_extend_that_outgrows_an_index_scores_the_draft_once(monkeypatch, prompt_len, emitted):
+    """Scoring and indexing run in one native call; where the request's own
+    sequence (a long output) or only its output sequence in the cross pool
+    (a long prompt leaves the own one room) has to grow, the call resumes
+    there, and the pending draft is scored once, as ``learn`` alone scores it."""
+    from suffixspec.index import SuffixIndex
+    from suffixspec.native import calibration as cal
+
+    resumed = []
+    extend_many = SuffixIndex.extend_many
+
+    def spy(self, seq_ids, tokens, offsets, resume=False):
+        resumed.append(resume)
+        extend_many(self, seq_ids, tokens, offsets, resume)
+
+    monkeypatch.setattr(SuffixIndex, "extend_many", spy)
+    rng = np.random.default_rng(3)
+    p = make()
+    prompt = rng.integers(0, 5, prompt_len)
+    p.start_request("r", prompt)
+    p.propose(["r"])  # a pending draft to score
+    out = rng.integers(0, 5, emitted).astype(np.int32)
+    table, pending = p.calibration_table().copy(), tuple(a.copy() for a in p.pending)
+    seq = p.requests.requests["r"][1]
+    cal.learn((table, p.stats.state.copy(), p.stats.kinds), pending, np.array([seq]), out,
+              np.array([0, emitted]), np.empty(8, np.int64), np.empty(8, np.bool_))
+    p.extend("r", out)
+    assert True in resumed  # an index grew and the call went on where it stopped
+    np.testing.assert_array_equal(p.calibration_table(), table)
+    assert p.requests.index.sequence(seq).tolist() == prompt.tolist() + out.tolist()
+    cross = p.cross.seq_of(p.output_sequence("r"))
+    assert p.cross.delta.index.sequence(cross)[-emitted:].tolist() == out.tolist()
+    p.requests.index.check_integrity()
+    p.cross.delta.index.check_integrity()
+
+
 def test_extend_batch_refuses_bad_input_before_appending_anything():
     p = make()
     p.start_request("a", [1, 2, 3])

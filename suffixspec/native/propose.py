@@ -12,7 +12,7 @@ draft ever holds one.
 import numpy as np
 from numba import njit
 
-from . import calibrated, calibration as cal
+from . import calibrated, calibration as cal, trie
 from .layout import (SEQ_LEN, SEQ_OFF, Batch, Candidate, Heap, Index, Knobs, Merged, Outputs,
                      Pending, Stats, Workspace)
 from .union import FIELDS, put
@@ -87,3 +87,31 @@ def propose(local, local_roots, segs, delta, batch, knobs, stats, out, pending, 
             pending.tokens[s, j] = out.tokens[i, j]
             pending.parents[s, j] = out.parents[i, j]
             pending.buckets[s, j] = out.buckets[i, j]
+
+
+#: What ``learn_and_extend`` returns: all done, or which index ran short of room.
+EXTENDED, LOCAL_FULL, DELTA_FULL = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def learn_and_extend(stats, pending, seq_ids, cross_seqs, tokens, offsets, depth_scratch,
+                     ok_scratch, local, local_progress, delta, delta_progress):
+    """The rest of an engine step, in one call: score the pending drafts
+    (``calibration.learn``), then index the emitted tokens in the requests' own
+    sequences ``seq_ids`` of ``local`` and in their output sequences
+    ``cross_seqs`` of ``delta`` (-1: none), as ``trie.extend_batch`` does.
+
+    Returns ``EXTENDED``, or ``LOCAL_FULL`` / ``DELTA_FULL`` when that index
+    ran short of room at its ``progress``: grow it and resume there (the
+    drafts are scored already; a ``LOCAL_FULL`` leaves ``delta`` to do).
+    """
+    cal.learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch)
+    local_progress[0] = 0
+    local_progress[1] = 0
+    if not trie.extend_batch(local, seq_ids, tokens, offsets, local_progress):
+        return LOCAL_FULL
+    delta_progress[0] = 0
+    delta_progress[1] = 0
+    if not trie.extend_batch(delta, cross_seqs, tokens, offsets, delta_progress):
+        return DELTA_FULL
+    return EXTENDED

@@ -151,8 +151,16 @@ def _windows(ix, root):
 
 
 def _learning(ix, root):
-    cal.learn(tuple(cal.new_stats(0.0)), tuple(lay.pending(1, K)), np.zeros(1, np.int64),
-              TOKENS, np.array([0, 2], np.int64), np.empty(K, np.int64), np.empty(K, np.bool_))
+    stats, pending = tuple(cal.new_stats(0.0)), tuple(lay.pending(1, K))
+    seqs, offsets = np.zeros(1, np.int64), np.array([0, 2], np.int64)
+    scratch = (np.empty(K, np.int64), np.empty(K, np.bool_))
+    cal.learn(stats, pending, seqs, TOKENS, offsets, *scratch)
+    # A step's scoring and indexing in one call, as the proposer makes it
+    # (its own sequence in one index, no output sequence in the other).
+    flat = tuple(ix)
+    propose.learn_and_extend(stats, pending, seqs, np.full(1, -1, np.int64), TOKENS[:2].copy(),
+                             offsets, *scratch, flat, np.zeros(2, np.int64), flat,
+                             np.zeros(2, np.int64))
 
 
 def _maintenance(ix, root):
@@ -244,5 +252,6 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            trie.drop_tree, trie.move_seq, trie.grow_into, trie.compact_arena, trie.longest_match,
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
-           propose.propose_batch, cal.learn, windows.build_batch, windows.one_token_paths,
+           propose.propose_batch, cal.learn, propose.learn_and_extend, windows.build_batch,
+           windows.one_token_paths,
            ngram.ngram_propose, token_checks.first_bad_token, vllm_suffix.pack_doc)
