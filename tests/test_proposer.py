@@ -280,6 +280,27 @@ def test_extend_that_outgrows_an_index_scores_the_draft_once(monkeypatch, prompt
     p.cross.delta.index.check_integrity()
 
 
+def test_records_that_grow_are_the_ones_the_kernels_write():
+    """The step kernels take the proposer's outputs and pending drafts as one
+    held object: once they grow (more requests than rows), the kernels write
+    the new records, and a request past the old rows keeps its draft pending
+    until its tokens score it."""
+    p = make(max_spec_factor=2.0)
+    rows = p.pending.n.shape[0]
+    ids = list(range(rows + 3))
+    for i in ids:
+        p.start_request(i, PATTERN + [1] + PATTERN[:3])
+    assert p.pending.n.shape[0] > rows
+    drafts = p.propose(ids)
+    assert p.outputs.n.shape[0] >= len(ids)
+    last = p.requests.requests[ids[-1]][1]
+    assert last >= rows and len(drafts[-1]) > 0
+    assert p.pending.n[last] == len(drafts[-1])
+    assert p.pending.tokens[last, :len(drafts[-1])].tolist() == drafts[-1].token_ids.tolist()
+    p.extend_batch(ids, [d.token_ids for d in drafts])
+    assert p.pending.n[last] == 0  # scored, then cleared
+
+
 def test_extend_batch_refuses_bad_input_before_appending_anything():
     p = make()
     p.start_request("a", [1, 2, 3])

@@ -14,8 +14,8 @@ from contextlib import nullcontext
 import numpy as np
 from numba.core import event
 
-from . import arbiter, calibration as cal, layout as lay, ngram, partition, propose, query
-from . import trie, union, vllm_suffix, windows
+from . import arbiter, calibration as cal, held, layout as lay, ngram, partition, propose
+from . import query, trie, union, vllm_suffix, windows
 from . import tokens as token_checks
 from .cache import drop_cache, record_cache_files
 
@@ -107,11 +107,11 @@ def _drafting(ix, root):
     ro, batch = _batch(ix, root, b)
     stats = cal.new_stats(0.0)  # any cost: this only compiles
     out, pending, work = lay.outputs(b, K), lay.pending(b, K), lay.flat(lay.workspace(K))
+    kept = held.hold(tuple(stats), tuple(out), tuple(pending), work)
     for tree in (False, True):
         knobs = (DEPTH, 1.0, 0.0, 0.1, tree, True, 64, True)
         propose.propose_batch(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS), ro,
-                              batch,
-                              knobs, tuple(stats), tuple(out), tuple(pending), work)
+                              batch, knobs, kept)
 
 
 def _windows(ix, root):
@@ -158,9 +158,9 @@ def _learning(ix, root):
     # A step's scoring and indexing in one call, as the proposer makes it
     # (its own sequence in one index, no output sequence in the other).
     flat = tuple(ix)
-    propose.learn_and_extend(stats, pending, seqs, np.full(1, -1, np.int64), TOKENS[:2].copy(),
-                             offsets, *scratch, flat, np.zeros(2, np.int64), flat,
-                             np.zeros(2, np.int64))
+    kept = held.hold(stats, tuple(lay.outputs(1, K)), pending, lay.flat(lay.workspace(K)))
+    propose.learn_and_extend(kept, seqs, np.full(1, -1, np.int64), TOKENS[:2].copy(), offsets,
+                             *scratch, flat, np.zeros(2, np.int64), flat, np.zeros(2, np.int64))
 
 
 def _maintenance(ix, root):
@@ -252,6 +252,6 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            trie.drop_tree, trie.move_seq, trie.grow_into, trie.compact_arena, trie.longest_match,
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
-           propose.propose_batch, cal.learn, propose.learn_and_extend, windows.build_batch,
-           windows.one_token_paths,
+           propose.propose_batch, cal.learn, propose.learn_and_extend, held.hold,
+           windows.build_batch, windows.one_token_paths,
            ngram.ngram_propose, token_checks.first_bad_token, vllm_suffix.pack_doc)
