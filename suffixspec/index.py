@@ -146,8 +146,13 @@ class SuffixIndex:
         """What a kernel that appends to this index takes (``propose.learn_and_extend``):
         its arrays as a plain tuple (valid until an array grows) and the
         progress record it leaves where it ran short of room (``extend_many``
-        with ``resume`` goes on from there)."""
-        return self._flat(), self._progress
+        with ``resume`` goes on from there).  The same tuple until an array
+        grows, so a caller can tell that nothing changed."""
+        arrays = self._flat()
+        held = getattr(self, "_extend_flat", ())
+        if not held or not all(map(operator.is_, held, arrays)):
+            self._extend_flat = held = arrays
+        return held, self._progress
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""

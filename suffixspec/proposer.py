@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import threading
 from itertools import accumulate
@@ -16,7 +15,7 @@ from suffixspec.config import ProposerConfig, check_namespace
 from suffixspec.draft import Draft
 from suffixspec.locking import locked
 from suffixspec.native import arbiter, calibration as cal
-from suffixspec.native.held import hold
+from suffixspec.native.held import Holder, appending, hold, reading
 from suffixspec.native import layout as lay
 from suffixspec.native.warmup import SERVING, warmup
 from suffixspec.native.propose import (DELTA_FULL, EXTENDED, LOCAL_FULL, learn_and_extend,
@@ -94,9 +93,10 @@ class SuffixProposer:
         self._table_index = {self.namespace: 0}
         self._stats_flats = [tuple(self.stats)]
         self._table_of: dict[Hashable, int] = {}  # req_id -> its table
-        # Per table, the ``Held`` the step kernels take, with the flat records
-        # it was made of (made again when one of them is replaced).
-        self._helds: dict[int, tuple] = {}
+        # What the step kernels take as one object each (``native.held``): per
+        # table its ``Held``, and the indexes read and appended to.
+        self._helds: dict[int, Holder] = {}
+        self._reading, self._appending = Holder(reading), Holder(appending)
         # A ``StepCost`` or ``StepCostEstimator`` (``suffixspec.stepcost``): when
         # set, each step's draft cost follows it and the size of the batch.
         self.step_cost = None
@@ -256,11 +256,9 @@ class SuffixProposer:
         to grow."""
         local = self.requests.index
         delta = local if self.cross is None else self.cross.delta.index  # no pool: all -1
-        (local_flat, local_progress), (delta_flat, delta_progress) = (local.extend_args(),
-                                                                      delta.extend_args())
-        full = learn_and_extend(self._held(table), seqs, cross, tokens, offsets,
-                                *self._learn_scratch, local_flat, local_progress, delta_flat,
-                                delta_progress)
+        full = learn_and_extend(self._held(table),
+                                self._appending(*local.extend_args(), *delta.extend_args()),
+                                seqs, cross, tokens, offsets, *self._learn_scratch)
         if full == LOCAL_FULL:
             local.extend_many(seqs, tokens, offsets, resume=True)
         if full != EXTENDED and delta is not local:
@@ -429,13 +427,13 @@ class SuffixProposer:
         arrays = local.read_only_arrays()
         table, groups = self._tables_of(req_ids)
         if groups is None:
-            propose_batch(arrays, local.roots, view.table, delta, batch, self._knobs_flat,
-                          self._held(table))
+            propose_batch(self._reading(arrays, local.roots, view.table, delta), batch,
+                          self._knobs_flat, self._held(table))
         else:  # one call per calibration table, the rows put back in order
             out = lay.outputs(b, self.max_spec_tokens)
             for t, picked in groups:
                 rows_t = np.flatnonzero(picked)
-                propose_batch(arrays, local.roots, view.table, delta,
+                propose_batch(self._reading(arrays, local.roots, view.table, delta),
                               tuple(f[rows_t] for f in batch), self._knobs_flat, self._held(t))
                 for whole, part in zip(out, self._out):
                     whole[rows_t] = part[:rows_t.shape[0]]
@@ -617,11 +615,11 @@ class SuffixProposer:
     def _held(self, table: int):
         """The ``Held`` of calibration ``table`` with today's outputs, pending
         drafts and workspace (made again after one of them was replaced)."""
-        parts = (self._stats_flats[table], self._out_flat, self._pending_flat, self._work_flat)
-        made = self._helds.get(table)
-        if made is None or not all(map(operator.is_, made[0], parts)):
-            made = self._helds[table] = (parts, hold(*parts))
-        return made[1]
+        held = self._helds.get(table)
+        if held is None:
+            held = self._helds[table] = Holder(hold)
+        return held(self._stats_flats[table], self._out_flat, self._pending_flat,
+                    self._work_flat)
 
     def _cross_args(self, req_ids):
         """The cross pool's view (its snapshot segments), its delta's arrays, and

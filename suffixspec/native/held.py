@@ -1,5 +1,5 @@
-"""``Held``: the records a proposer keeps from step to step, handed to the
-per-step kernels as one object.
+"""``Held``, ``Reading`` and ``Appending``: what a proposer passes its per-step kernels
+step after step, as one object each.
 
 Numba unboxes every array argument of every call, one at a time (about
 0.15 µs each here).  The calibration (3 arrays), the step's outputs (8), the
@@ -7,17 +7,25 @@ pending drafts (10) and the workspace (23) are the same arrays step after
 step, so they cross the boundary once, in a StructRef that holds their plain
 tuples (``layout.flat``), and each step passes it as one pointer.  A ``Held``
 keeps its arrays alive; whoever replaces one of them (a record that grew)
-makes a new ``Held`` (``hold``).
+makes a new ``Held`` (``hold``; ``Holder`` makes one only then).  The
+indexes a step reads or appends to change only when an array grows, so they
+cross as one object too (``Reading``, ``Appending``).
 """
+
+import operator
 
 from numba import njit, types
 from numba.experimental import structref
 
 
-@structref.register
-class HeldType(types.StructRef):
+class _Fields(types.StructRef):
     def preprocess_fields(self, fields):
         return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+@structref.register
+class HeldType(_Fields):
+    pass
 
 
 class Held(structref.StructRefProxy):
@@ -33,3 +41,61 @@ def hold(stats, out, pending, work):
     """A ``Held`` of these plain tuples (``Stats``, ``Outputs``, ``Pending``,
     ``Workspace`` flattened)."""
     return Held(stats, out, pending, work)
+
+
+@structref.register
+class ReadingType(_Fields):
+    pass
+
+
+class Reading(structref.StructRefProxy):
+    """What a step drafts from (``reading``): the requests' own index and its
+    trees' roots, the snapshot segments' side table (``union``) and the cross
+    pool's in-memory part, read-only views as plain ``Index`` tuples."""
+
+
+structref.define_proxy(Reading, ReadingType, ["local", "roots", "segs", "delta"])
+
+
+@njit(cache=True, nogil=True)
+def reading(local, roots, segs, delta):
+    """A ``Reading`` of these."""
+    return Reading(local, roots, segs, delta)
+
+
+@structref.register
+class AppendingType(_Fields):
+    pass
+
+
+class Appending(structref.StructRefProxy):
+    """What a step appends to (``appending``): the requests' own index and the
+    cross pool's in-memory part (plain ``Index`` tuples), each with its
+    progress record (``SuffixIndex.extend_args``)."""
+
+
+structref.define_proxy(Appending, AppendingType,
+                       ["local", "local_progress", "delta", "delta_progress"])
+
+
+@njit(cache=True, nogil=True)
+def appending(local, local_progress, delta, delta_progress):
+    """An ``Appending`` of these."""
+    return Appending(local, local_progress, delta, delta_progress)
+
+
+class Holder:
+    """Makes an object of its parts (``hold``, ``reading``, ``appending``) once, and again only
+    after one of the parts was replaced: a step passes the same arrays as the
+    step before unless an array grew, and making one costs about 60 µs."""
+
+    def __init__(self, make):
+        self._make = make
+        self._parts: tuple = ()
+        self._made = None
+
+    def __call__(self, *parts):
+        if not self._parts or not all(map(operator.is_, self._parts, parts)):
+            self._made = self._make(*parts)
+            self._parts = parts
+        return self._made

@@ -19,18 +19,20 @@ from .union import FIELDS, put
 
 
 @njit(cache=True, nogil=True)
-def propose_batch(local, local_roots, segs, delta, batch, knobs, held):
+def propose_batch(reading, batch, knobs, held):
     """``propose`` with its records passed as plain tuples in the records' field order.
 
     Numba types a plain tuple of arrays several times faster than a
     namedtuple on every call, so records cross the Python boundary plain and
-    are named again here; those kept from step to step (calibration,
-    outputs, pending drafts, workspace) come in one ``held.Held``.
-    ``segs`` is the snapshot segments' side table (``union``).
+    are named again here; those that stay from step to step come as one
+    object each (``held``): the indexes (``held.Reading``: ``segs`` is the
+    snapshot segments' side table, ``union``) and the calibration, outputs,
+    pending drafts and workspace (``held.Held``).
     """
     work = held.work
-    propose(Index(*local), local_roots, segs, Index(*delta), Batch(*batch),
-            Knobs(*knobs), Stats(*held.stats), Outputs(*held.out), Pending(*held.pending),
+    propose(Index(*reading.local), reading.roots, reading.segs, Index(*reading.delta),
+            Batch(*batch), Knobs(*knobs), Stats(*held.stats), Outputs(*held.out),
+            Pending(*held.pending),
             Workspace(Candidate(*work[0]), Heap(*work[1]), Merged(*work[2]), work[3],
                       Candidate(*work[4])))
 
@@ -96,24 +98,27 @@ EXTENDED, LOCAL_FULL, DELTA_FULL = 0, 1, 2
 
 
 @njit(cache=True, nogil=True)
-def learn_and_extend(held, seq_ids, cross_seqs, tokens, offsets, depth_scratch, ok_scratch,
-                     local, local_progress, delta, delta_progress):
+def learn_and_extend(held, appending, seq_ids, cross_seqs, tokens, offsets, depth_scratch,
+                     ok_scratch):
     """The rest of an engine step, in one call: score the pending drafts of
-    ``held`` (a ``held.Held``) with its calibration (``calibration.learn``), then index the emitted tokens in the requests' own
-    sequences ``seq_ids`` of ``local`` and in their output sequences
-    ``cross_seqs`` of ``delta`` (-1: none), as ``trie.extend_batch`` does.
+    ``held`` (a ``held.Held``) with its calibration (``calibration.learn``),
+    then index the emitted tokens in the requests' own sequences ``seq_ids``
+    of ``appending.local`` and in their output sequences ``cross_seqs`` of
+    ``appending.delta`` (-1: none), as ``trie.extend_batch`` does.
 
     Returns ``EXTENDED``, or ``LOCAL_FULL`` / ``DELTA_FULL`` when that index
-    ran short of room at its ``progress``: grow it and resume there (the
+    ran short of room at its progress record: grow it and resume there (the
     drafts are scored already; a ``LOCAL_FULL`` leaves ``delta`` to do).
     """
     cal.learn(held.stats, held.pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch)
-    local_progress[0] = 0
-    local_progress[1] = 0
-    if not trie.extend_batch(local, seq_ids, tokens, offsets, local_progress):
+    progress = appending.local_progress
+    progress[0] = 0
+    progress[1] = 0
+    if not trie.extend_batch(appending.local, seq_ids, tokens, offsets, progress):
         return LOCAL_FULL
-    delta_progress[0] = 0
-    delta_progress[1] = 0
-    if not trie.extend_batch(delta, cross_seqs, tokens, offsets, delta_progress):
+    progress = appending.delta_progress
+    progress[0] = 0
+    progress[1] = 0
+    if not trie.extend_batch(appending.delta, cross_seqs, tokens, offsets, progress):
         return DELTA_FULL
     return EXTENDED

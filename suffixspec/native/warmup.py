@@ -110,8 +110,9 @@ def _drafting(ix, root):
     kept = held.hold(tuple(stats), tuple(out), tuple(pending), work)
     for tree in (False, True):
         knobs = (DEPTH, 1.0, 0.0, 0.1, tree, True, 64, True)
-        propose.propose_batch(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS), ro,
-                              batch, knobs, kept)
+        indexes = held.reading(ro, np.array([root], np.int32), union.table([ro] * lay.SEGMENTS),
+                               ro)
+        propose.propose_batch(indexes, batch, knobs, kept)
 
 
 def _windows(ix, root):
@@ -159,8 +160,9 @@ def _learning(ix, root):
     # (its own sequence in one index, no output sequence in the other).
     flat = tuple(ix)
     kept = held.hold(stats, tuple(lay.outputs(1, K)), pending, lay.flat(lay.workspace(K)))
-    propose.learn_and_extend(kept, seqs, np.full(1, -1, np.int64), TOKENS[:2].copy(), offsets,
-                             *scratch, flat, np.zeros(2, np.int64), flat, np.zeros(2, np.int64))
+    indexes = held.appending(flat, np.zeros(2, np.int64), flat, np.zeros(2, np.int64))
+    propose.learn_and_extend(kept, indexes, seqs, np.full(1, -1, np.int64), TOKENS[:2].copy(),
+                             offsets, *scratch)
 
 
 def _maintenance(ix, root):
@@ -253,5 +255,6 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            trie.extend_part, partition.index_run, partition.relabel, partition.copy_entries, partition.join_roots,
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn, propose.learn_and_extend, held.hold,
+           held.reading, held.appending,
            windows.build_batch, windows.one_token_paths,
            ngram.ngram_propose, token_checks.first_bad_token, vllm_suffix.pack_doc)
