@@ -641,7 +641,7 @@ class SuffixProposer:
             self._roots_for = (view, delta.generation, delta, cache)
         draws = [self._draw_from[r] for r in req_ids]
         first = draws[0]
-        key = (first, b) if all(d is first for d in draws) else None
+        key = (first, b) if draws.count(first) == b else None  # the cache keys by equality too
         roots = cache.get(key) if key is not None else None
         if roots is None:
             width = max(1, max(len(d) for d in draws))

@@ -6,6 +6,8 @@ Python boundary, though, Numba types a namedtuple argument several times
 slower than a plain tuple on every call, so entry kernels called per engine
 step take their records as plain tuples in the same field order (``flat``)
 and name them again inside (``propose.propose_batch``), or only unpack them.
+Each array still costs an unboxing per call, so the records that stay from
+step to step reach the per-step kernels inside one object (``held``).
 Every record is built here, in one place, for the proposer and for warm-up.
 """
 
