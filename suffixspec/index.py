@@ -12,7 +12,6 @@ API validates once (``suffixspec.tokens.as_token_ids``).
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +44,18 @@ class Match:
 #: (arctic-inference's order, for drafts identical to it).
 TIES = {"newest": lay.TIES_NEWEST, "arctic": lay.TIES_ARCTIC}
 
+#: The arrays the kernels take, in ``Index`` field order.
+_ARRAYS = lay.Index._fields
+
 
 class SuffixIndex:
+    def __setattr__(self, name, value):
+        # Replacing an array (a growth) drops the tuple made of the old ones,
+        # whichever code replaces it: ``_flat`` makes it again.
+        if name in _ARRAYS:
+            self.__dict__.pop("_arrays", None)
+        object.__setattr__(self, name, value)
+
     def __init__(self, max_depth: int = 64, node_capacity: int = 1024,
                  token_capacity: int = 4096, ties: str = "newest"):
         if not 1 <= max_depth <= 1024:
@@ -148,11 +157,7 @@ class SuffixIndex:
         progress record it leaves where it ran short of room (``extend_many``
         with ``resume`` goes on from there).  The same tuple until an array
         grows, so a caller can tell that nothing changed."""
-        arrays = self._flat()
-        held = getattr(self, "_extend_flat", ())
-        if not held or not all(map(operator.is_, held, arrays)):
-            self._extend_flat = held = arrays
-        return held, self._progress
+        return self._flat(), self._progress
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""
@@ -180,7 +185,11 @@ class SuffixIndex:
         return lay.Index(*self._flat())
 
     def _flat(self) -> tuple:
-        return (self.meta, self.nodes, self.hkeys, self.hvals, self.arena, self.seqs, self.active)
+        """The arrays (``_ARRAYS``) as one tuple: the same tuple until one of them is replaced."""
+        arrays = self.__dict__.get("_arrays")
+        if arrays is None:
+            arrays = self._arrays = tuple(getattr(self, name) for name in _ARRAYS)
+        return arrays
 
     def read_only_arrays(self) -> tuple:
         """Read-only views of the index's arrays, a plain tuple in ``Index`` field
@@ -190,8 +199,8 @@ class SuffixIndex:
         is compiled once.  The views are made again only after an array grew.
         """
         arrays = self._flat()
-        src, views = getattr(self, "_read_only", ((), None))
-        if not src or not all(map(operator.is_, src, arrays)):
+        src, views = self.__dict__.get("_read_only", ((), None))
+        if src is not arrays:
             views = tuple(lay.read_only(lay.Index(*arrays)))
             self._read_only = (arrays, views)
         return views
@@ -358,7 +367,8 @@ class SuffixIndex:
         fresh._free_seqs = [s for s in range(fresh._next_seq) if s not in used][::-1]
         for s in fresh._free_seqs:
             fresh.seqs[s, lay.SEQ_STATE] = lay.SEQ_FREE
-        self.__dict__.update(fresh.__dict__)
+        for name, value in vars(fresh).items():  # through ``__setattr__``: no stale tuples
+            setattr(self, name, value)
 
     # --------------------------------------------------------------- internal
     def _root(self, tree: int) -> int:

@@ -443,13 +443,16 @@ class SuffixProposer:
         keep = None
         if fit is not None:
             keep, n, score = _fit(parents[:b], probs[:b], n[:b], score[:b], fit)
+        # One copy of each output for the batch (the next step overwrites
+        # them); each draft holds views of its rows.
+        tokens, parents, probs = tokens[:b].copy(), parents[:b].copy(), probs[:b].copy()
         drafts = []
         for i in range(b):
             k = int(n[i])
             if k == 0:
                 drafts.append(Draft(match_len=int(match[i])))
                 continue
-            d = Draft(tokens[i, :k].copy(), parents[i, :k].copy(), probs[i, :k].copy(),
+            d = Draft(tokens[i, :k], parents[i, :k], probs[i, :k],
                       float(score[i]), int(match[i]), _SOURCES[source[i]])
             if keep is not None and not keep[i, :k].all():
                 d = _subtree(d, keep[i, :k])

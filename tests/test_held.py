@@ -39,3 +39,31 @@ def test_a_held_keeps_the_very_arrays_it_was_made_of():
     tokens[0, 2] = 9
     table[3, 1] = 2.5
     assert out.n[1] == 7 and pending.tokens[0, 2] == 9 and stats[0][3, 1] == 2.5
+
+
+def test_an_index_hands_out_its_arrays_anew_after_each_growth():
+    from suffixspec.index import SuffixIndex
+
+    ix = SuffixIndex(max_depth=8, node_capacity=32, token_capacity=16)
+    tree = ix.add_tree()
+    seq = ix.add_sequence(tree, capacity=4)
+    flat, views = ix.extend_args()[0], ix.read_only_arrays()
+    assert ix.extend_args()[0] is flat and ix.read_only_arrays() is views  # nothing grew
+    replaced = 0
+    for step in range(40):  # outgrows nodes, child table and arena
+        before = tuple(getattr(ix, name) for name in lay.Index._fields)
+        ix.extend(seq, np.arange(step, step + 7, dtype=np.int32) % 11)
+        now = ix.extend_args()[0]
+        grew = not all(x is y for x, y in zip(before, now))
+        replaced += grew
+        assert (now is flat) is not grew
+        assert all(x is getattr(ix, name) for x, name in zip(now, lay.Index._fields))
+        read_only = ix.read_only_arrays()
+        assert all(np.shares_memory(v, a) for v, a in zip(read_only, now))
+        assert (read_only is views) is not grew
+        flat, views = now, read_only
+    assert replaced >= 3
+    ix.remove(seq)
+    ix.rebuild()  # takes over the arrays of a new index, one that held nothing
+    assert all(x is getattr(ix, name) for x, name in zip(ix.extend_args()[0], lay.Index._fields))
+    assert all(np.shares_memory(v, a) for v, a in zip(ix.read_only_arrays(), ix._flat()))
