@@ -130,10 +130,14 @@ class SuffixIndex:
             token_ids = token_ids.copy()
         done = 0
         n = token_ids.shape[0]
+        stalled = -1
         while True:
             done += trie.extend(self._flat(), seq, token_ids[done:])
             if done == n:
                 return
+            if done == stalled:
+                raise _no_room(seq, done)
+            stalled = done
             self._make_room(seq, n - done)
 
     def extend_many(self, seq_ids: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
@@ -147,8 +151,12 @@ class SuffixIndex:
         progress = self._progress
         if not resume:
             progress[:] = 0
+        stalled = None
         while not trie.extend_batch(self._flat(), seq_ids, tokens, offsets, progress):
             i, done = int(progress[0]), int(progress[1])
+            if (i, done) == stalled:
+                raise _no_room(int(seq_ids[i]), done)
+            stalled = (i, done)
             self._make_room(int(seq_ids[i]), int(offsets[i + 1] - offsets[i]) - done)
 
     def extend_args(self) -> tuple:
@@ -480,6 +488,14 @@ class SuffixIndex:
             row[lay.SEQ_OFF] = top
             row[lay.SEQ_CAP] = cap
             self.meta[lay.META_ARENA_TOP] = top + cap
+
+
+def _no_room(seq: int, done: int) -> RuntimeError:
+    """The error for a kernel that stopped twice at one place: growing the
+    index gave it no room (growth always leaves room for a token, so this is
+    a bug, and a loop would never end)."""
+    return RuntimeError(f"index: no progress appending to sequence {seq} after "
+                        f"{done} tokens, although it grew")
 
 
 def _grown(arr: np.ndarray, rows: int, fill) -> np.ndarray:

@@ -1,6 +1,7 @@
 """native.held: the objects that carry a proposer's arrays into the step kernels."""
 
 import numpy as np
+import pytest
 from numba import njit
 
 from suffixspec.native import layout as lay
@@ -67,3 +68,26 @@ def test_an_index_hands_out_its_arrays_anew_after_each_growth():
     ix.rebuild()  # takes over the arrays of a new index, one that held nothing
     assert all(x is getattr(ix, name) for x, name in zip(ix.extend_args()[0], lay.Index._fields))
     assert all(np.shares_memory(v, a) for v, a in zip(ix.read_only_arrays(), ix._flat()))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_index_that_grows_without_room_fails_instead_of_looping(monkeypatch, batched):
+    """Growth always leaves room for one more token; if it ever did not (a bug:
+    the kernel handed arrays older than the index's), appending stops with an
+    error at the place it stalled, instead of calling the kernel forever."""
+    from suffixspec.index import SuffixIndex
+
+    ix = SuffixIndex(max_depth=8, node_capacity=32, token_capacity=16)
+    seq = ix.add_sequence(ix.add_tree(), capacity=4)
+    calls = []
+    monkeypatch.setattr(ix, "_make_room", lambda s, more: calls.append((s, more)))
+    tokens = np.arange(40, dtype=np.int32) % 11
+    with pytest.raises(RuntimeError, match=f"sequence {seq} after 4 tokens"):
+        if batched:
+            ix.extend_many(np.array([seq], np.int64), tokens, np.array([0, 40], np.int64))
+        else:
+            ix.extend(seq, tokens)
+    assert calls == [(seq, 36)]  # grown once at the stall, then the error
+    monkeypatch.undo()
+    ix.extend(seq, tokens[4:])  # the index is whole: the rest goes in
+    assert ix.seqs[seq, lay.SEQ_LEN] == 40
