@@ -148,6 +148,7 @@ class SuffixProposer:
         k = max(self.max_spec_tokens, 1)
         self._learn_scratch = (np.empty(k, np.int64), np.empty(k, np.bool_))
         self._one = (np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(2, np.int64))
+        self._one_rows = np.zeros((3, 1), np.int64)  # ``_rows`` of one request
         self.outputs = lay.outputs(8, self.max_spec_tokens)
         self._default_limits = np.full(8, self.max_spec_tokens, np.int64)
 
@@ -443,12 +444,15 @@ class SuffixProposer:
         keep = None
         if fit is not None:
             keep, n, score = _fit(parents[:b], probs[:b], n[:b], score[:b], fit)
+        lengths = n[:b].tolist()
+        if not any(lengths):  # no draft at all: nothing to copy
+            return [Draft(match_len=m) for m in match[:b].tolist()]
         # One copy of each output for the batch (the next step overwrites
-        # them); each draft holds views of its rows.
+        # them); each draft holds views of its rows.  Whole rows: a copy of a
+        # part of a row costs twice as much.
         tokens, parents, probs = tokens[:b].copy(), parents[:b].copy(), probs[:b].copy()
         drafts = []
-        for i in range(b):
-            k = int(n[i])
+        for i, k in enumerate(lengths):
             if k == 0:
                 drafts.append(Draft(match_len=int(match[i])))
                 continue
@@ -642,9 +646,13 @@ class SuffixProposer:
         if held_view is not view or held_delta is not delta or held_gen != delta.generation:
             cache = {}
             self._roots_for = (view, delta.generation, delta, cache)
-        draws = [self._draw_from[r] for r in req_ids]
-        first = draws[0]
-        key = (first, b) if draws.count(first) == b else None  # the cache keys by equality too
+        if b == 1:
+            draws = [first := self._draw_from[req_ids[0]]]
+            key = (first, 1)
+        else:
+            draws = [self._draw_from[r] for r in req_ids]
+            first = draws[0]
+            key = (first, b) if draws.count(first) == b else None  # the cache keys by equality too
         roots = cache.get(key) if key is not None else None
         if roots is None:
             width = max(1, max(len(d) for d in draws))
@@ -676,12 +684,21 @@ class SuffixProposer:
         """``_row`` of each request, in one pass: ``(3, b)`` int64, each field
         contiguous (a column of a ``(b, 3)`` array is strided, which Numba types
         apart from a single request's contiguous one: kernels would compile a
-        second time at the first step with two requests)."""
+        second time at the first step with two requests).  Valid until the
+        next call: one request's rows are written into the same record each
+        time."""
         own = self.requests.requests
         handles = self._cross_seq
         seq_of = self.cross.seq_of if handles else None
         trees, seqs, cross = [], [], []
         try:
+            if len(req_ids) == 1:  # the usual case at low load: into one reused record
+                r = req_ids[0]
+                tree, seq = own[r]
+                one = self._one_rows
+                one[0, 0], one[1, 0] = tree, seq
+                one[2, 0] = -1 if seq_of is None or (h := handles.get(r)) is None else seq_of(h)
+                return one
             for r in req_ids:
                 tree, seq = own[r]
                 trees.append(tree)

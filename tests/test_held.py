@@ -16,14 +16,22 @@ def test_holder_makes_again_only_when_a_part_is_replaced():
         return object()
 
     holder = Holder(make)
-    a, b = np.zeros(3), np.zeros(4)
-    first = holder(a, b)
-    assert holder(a, b) is first and len(made) == 1
+    a, b, c, d = np.zeros(3), np.zeros(4), (np.zeros(2),), np.zeros(1)
+    first = holder(a, b, c, d)
+    assert holder(a, b, c, d) is first and len(made) == 1
     b[0] = 1.0  # written in place: still the same array
-    assert holder(a, b) is first
-    second = holder(a, np.zeros(4))  # an equal array, but another one
+    assert holder(a, b, c, d) is first
+    second = holder(a, np.zeros(4), c, d)  # an equal array, but another one
     assert second is not first and len(made) == 2
-    assert holder(a, made[1][1]) is second
+    assert holder(a, made[1][1], c, d) is second
+    last = second
+    for at in range(4):  # each of the four parts counts
+        parts = list(made[-1])
+        parts[at] = (np.zeros(2),) if at == 2 else np.zeros(parts[at].shape)
+        now = holder(*parts)
+        assert now is not last and len(made) == 3 + at
+        assert holder(*parts) is now and len(made) == 3 + at
+        last = now
 
 
 @njit

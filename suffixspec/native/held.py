@@ -12,8 +12,6 @@ indexes a step reads or appends to change only when an array grows, so they
 cross as one object too (``Reading``, ``Appending``).
 """
 
-import operator
-
 from numba import njit, types
 from numba.experimental import structref
 
@@ -85,17 +83,19 @@ def appending(local, local_progress, delta, delta_progress):
 
 
 class Holder:
-    """Makes an object of its parts (``hold``, ``reading``, ``appending``) once, and again only
-    after one of the parts was replaced: a step passes the same arrays as the
+    """Makes an object of its four parts (``hold``, ``reading``, ``appending``) once, and again
+    only after one of the parts was replaced: a step passes the same arrays as the
     step before unless an array grew, and making one costs about 60 µs."""
 
     def __init__(self, make):
         self._make = make
-        self._parts: tuple = ()
+        self._parts: tuple | None = None
         self._made = None
 
-    def __call__(self, *parts):
-        if not self._parts or not all(map(operator.is_, self._parts, parts)):
-            self._made = self._make(*parts)
-            self._parts = parts
+    def __call__(self, a, b, c, d):
+        # Four identity tests spelled out: the check runs several times a step.
+        p = self._parts
+        if p is None or p[0] is not a or p[1] is not b or p[2] is not c or p[3] is not d:
+            self._made = self._make(a, b, c, d)
+            self._parts = (a, b, c, d)
         return self._made
