@@ -646,13 +646,9 @@ class SuffixProposer:
         if held_view is not view or held_delta is not delta or held_gen != delta.generation:
             cache = {}
             self._roots_for = (view, delta.generation, delta, cache)
-        if b == 1:
-            draws = [first := self._draw_from[req_ids[0]]]
-            key = (first, 1)
-        else:
-            draws = [self._draw_from[r] for r in req_ids]
-            first = draws[0]
-            key = (first, b) if draws.count(first) == b else None  # the cache keys by equality too
+        draws = [self._draw_from[r] for r in req_ids]
+        first = draws[0]
+        key = (first, b) if draws.count(first) == b else None  # the cache keys by equality too
         roots = cache.get(key) if key is not None else None
         if roots is None:
             width = max(1, max(len(d) for d in draws))
