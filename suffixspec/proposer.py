@@ -686,7 +686,6 @@ class SuffixProposer:
         own = self.requests.requests
         handles = self._cross_seq
         seq_of = self.cross.seq_of if handles else None
-        trees, seqs, cross = [], [], []
         try:
             if len(req_ids) == 1:  # the usual case at low load: into one reused record
                 r = req_ids[0]
@@ -695,6 +694,7 @@ class SuffixProposer:
                 one[0, 0], one[1, 0] = tree, seq
                 one[2, 0] = -1 if seq_of is None or (h := handles.get(r)) is None else seq_of(h)
                 return one
+            trees, seqs, cross = [], [], []
             for r in req_ids:
                 tree, seq = own[r]
                 trees.append(tree)
