@@ -51,7 +51,7 @@ _ARRAYS = lay.Index._fields
 class SuffixIndex:
     def __setattr__(self, name, value):
         # Replacing an array (a growth) drops the tuple made of the old ones,
-        # whichever code replaces it: ``_flat`` makes it again.
+        # whichever code replaces it: ``plain_arrays`` makes it again.
         if name in _ARRAYS:
             self.__dict__.pop("_arrays", None)
         object.__setattr__(self, name, value)
@@ -96,7 +96,7 @@ class SuffixIndex:
     def drop_tree(self, tree: int) -> None:
         """Free a tree, its nodes and its sequences."""
         root = self._root(tree)
-        trie.drop_tree(self._flat(), root)
+        trie.drop_tree(self.plain_arrays(), root)
         for s in self._tree_seqs.pop(tree):
             self._release_seq(s)
         self.roots[tree] = -1
@@ -132,7 +132,7 @@ class SuffixIndex:
         n = token_ids.shape[0]
         stalled = -1
         while True:
-            done += trie.extend(self._flat(), seq, token_ids[done:])
+            done += trie.extend(self.plain_arrays(), seq, token_ids[done:])
             if done == n:
                 return
             if done == stalled:
@@ -152,7 +152,7 @@ class SuffixIndex:
         if not resume:
             progress[:] = 0
         stalled = None
-        while not trie.extend_batch(self._flat(), seq_ids, tokens, offsets, progress):
+        while not trie.extend_batch(self.plain_arrays(), seq_ids, tokens, offsets, progress):
             i, done = int(progress[0]), int(progress[1])
             if (i, done) == stalled:
                 raise _no_room(int(seq_ids[i]), done)
@@ -165,7 +165,7 @@ class SuffixIndex:
         progress record it leaves where it ran short of room (``extend_many``
         with ``resume`` goes on from there).  The same tuple until an array
         grows, so a caller can tell that nothing changed."""
-        return self._flat(), self._progress
+        return self.plain_arrays(), self._progress
 
     def close(self, seq: int) -> None:
         """End ``seq``: it stays indexed but takes no more tokens."""
@@ -177,7 +177,7 @@ class SuffixIndex:
     def remove(self, seq: int) -> None:
         """Take ``seq`` out of the index (its tokens are reclaimed by ``rebuild``)."""
         self.close(seq)
-        trie.remove_seq(self._flat(), seq, self._path)
+        trie.remove_seq(self.plain_arrays(), seq, self._path)
 
     def sequence(self, seq: int) -> np.ndarray:
         """A copy of the tokens of ``seq``."""
@@ -190,10 +190,11 @@ class SuffixIndex:
         Kernels that change the index only unpack it and are called per step,
         so they get it as a plain tuple (typed faster, see ``native.layout``).
         """
-        return lay.Index(*self._flat())
+        return lay.Index(*self.plain_arrays())
 
-    def _flat(self) -> tuple:
-        """The arrays (``_ARRAYS``) as one tuple: the same tuple until one of them is replaced."""
+    def plain_arrays(self) -> tuple:
+        """The arrays as one plain tuple in ``Index`` field order, as an entry
+        kernel takes them: the same tuple until one of them is replaced."""
         arrays = self.__dict__.get("_arrays")
         if arrays is None:
             arrays = self._arrays = tuple(getattr(self, name) for name in _ARRAYS)
@@ -206,7 +207,7 @@ class SuffixIndex:
         The drafting kernel takes every index read-only (a snapshot is), so it
         is compiled once.  The views are made again only after an array grew.
         """
-        arrays = self._flat()
+        arrays = self.plain_arrays()
         src, views = self.__dict__.get("_read_only", ((), None))
         if src is not arrays:
             views = tuple(lay.read_only(lay.Index(*arrays)))
@@ -328,7 +329,7 @@ class SuffixIndex:
     # ------------------------------------------------------------ maintenance
     def check_integrity(self) -> None:
         """Raise ``IndexCorruptError`` if any invariant is broken (slow)."""
-        code = trie.check_integrity(self._flat())
+        code = trie.check_integrity(self.plain_arrays())
         if code:
             raise IndexCorruptError(trie.CHECK_MESSAGES[code])
 
@@ -367,8 +368,8 @@ class SuffixIndex:
         if self.ties == "arctic":  # keep arctic's order among equal counts
             stack = np.empty((fresh.nodes.shape[0], 3), np.int64)
             for tree in self._tree_seqs:
-                if not trie.copy_child_order(self._flat(), self.roots[tree],
-                                             fresh._flat(), fresh.roots[tree], stack):
+                if not trie.copy_child_order(self.plain_arrays(), self.roots[tree],
+                                             fresh.plain_arrays(), fresh.roots[tree], stack):
                     raise IndexCorruptError("rebuilt tree differs from the old one")
         fresh._free_trees = [t for t in range(fresh._next_tree) if t not in fresh._tree_seqs][::-1]
         used = set().union(*fresh._tree_seqs.values()) if fresh._tree_seqs else set()

@@ -165,6 +165,29 @@ def test_array_checks_match_arctics():
         SuffixDecodingCache(max_cached_requests=1 << 31)
 
 
+def test_a_tree_draft_that_outgrows_the_heap_is_drafted_again_in_a_larger_one():
+    """The drop-in keeps its frontier between calls; one too small for a
+    bushy tree is grown until the draft fits, and the draft is arctic's."""
+    rng = np.random.default_rng(0)
+    stem = rng.integers(100, 200, 20)
+    # The stem, then one of 200 random tails: after it, many continuations.
+    prompt = np.concatenate([np.concatenate([stem, rng.integers(0, 40, 6)])
+                             for _ in range(200)]).astype(np.int32)
+    theirs = arctic.SuffixDecodingCache(64, -1)
+    ours = SuffixDecodingCache(64, -1, mode="arctic")
+    for c in (theirs, ours):
+        c.start_request("r", prompt)
+    scratch = ours._trees.scratch
+    scratch.out(16)
+    scratch.grow(2)
+    ctx = stem.astype(np.int32)
+    want = theirs.speculate("r", ctx, 16, 2.0, 0.0, 0.0, True)
+    got = ours.speculate("r", ctx, 16, 2.0, 0.0, 0.0, True)
+    assert len(want.token_ids) == 16
+    assert scratch.heap > 2
+    assert same(want, got), f"{want} != {got}"
+
+
 def test_suffixspec_mode_drafts_from_cached_responses_until_evicted():
     cache = SuffixDecodingCache(16)
     answer = [7, 8, 9, 10, 11, 12]

@@ -75,7 +75,7 @@ def test_an_index_hands_out_its_arrays_anew_after_each_growth():
     ix.remove(seq)
     ix.rebuild()  # takes over the arrays of a new index, one that held nothing
     assert all(x is getattr(ix, name) for x, name in zip(ix.extend_args()[0], lay.Index._fields))
-    assert all(np.shares_memory(v, a) for v, a in zip(ix.read_only_arrays(), ix._flat()))
+    assert all(np.shares_memory(v, a) for v, a in zip(ix.read_only_arrays(), ix.plain_arrays()))
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -193,8 +193,15 @@ def _tokens(values) -> np.ndarray:
 
 
 def _draft(tokens, parents, probs, score, match_len) -> SuffixDecodingDraft:
-    return SuffixDecodingDraft([int(t) for t in tokens], [int(p) for p in parents],
-                               [float(p) for p in probs], float(score), int(match_len))
+    """arctic's draft (Python lists) from int32 and float32 arrays."""
+    return SuffixDecodingDraft(tokens.tolist(), parents.tolist(), probs.tolist(), float(score),
+                               int(match_len))
+
+
+def _float32(knobs: tuple[float, float, float]) -> tuple:
+    """``(factor, offset, min_prob)`` as the float32 the kernel computes with."""
+    factor, offset, min_prob = knobs
+    return np.float32(factor), np.float32(offset), np.float32(min_prob)
 
 
 class _ArcticTries:
@@ -243,41 +250,45 @@ class _ArcticTries:
 
     def speculate(self, req_id, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
         tree = self.requests[req_id][0]
+        knobs = _float32(knobs)
         mine = _best_of(self.local, tree, ctx, limit, knobs, tree_spec, self.scratch)
         other = _best_of(self.glob, self.glob_tree, ctx, limit, knobs, tree_spec, self.scratch)
         return mine if mine.score >= other.score else other
 
 
 class _Scratch:
-    """Output and heap arrays of arctic's speculation, kept between calls."""
+    """Output and heap arrays of arctic's speculation, kept between calls,
+    with the plain tuples the kernel takes them as (``native.layout.flat``)."""
 
     def __init__(self):
         self.size = -1
         self.heap = 0
 
-    def out(self, limit: int) -> tuple[Candidate, Candidate]:
+    def out(self, limit: int) -> Candidate:
+        """The best draft's arrays, at least ``limit`` tokens."""
         if limit > self.size:
             self.size = limit
-            self.arrays = (candidate(limit), candidate(limit))
+            self.best = candidate(limit)
+            self.plain = flat(self.best), flat(candidate(limit))  # the best, the one tried
             self.grow(4 * limit + 64)
-        return self.arrays
+        return self.best
 
     def grow(self, size: int) -> None:
         """A frontier of ``size`` entries, float32 probabilities as arctic's."""
         self.heap = size
-        self.heaps = Heap(np.empty(size, np.float32), *(np.empty(size, np.int64) for _ in range(3)),
-                          np.empty(0, np.int32), np.empty(0, np.int32))
+        self.plain_heap = flat(Heap(np.empty(size, np.float32),
+                                    *(np.empty(size, np.int64) for _ in range(3)),
+                                    np.empty(0, np.int32), np.empty(0, np.int32)))
 
 
 def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec,
              scratch: _Scratch) -> SuffixDecodingDraft:
-    """arctic's speculation over one tree (``suffixspec.native.arctic``)."""
-    knobs = tuple(np.float32(k) for k in knobs)
-    out, cand = scratch.out(limit)
+    """arctic's speculation over one tree (``suffixspec.native.arctic``);
+    ``knobs`` as ``_float32`` makes them."""
+    out = scratch.out(limit)
     while True:
-        n, score, length = rule.speculate(flat(index.arrays()), index.roots[tree], ctx, limit,
-                                          knobs, tree_spec, flat(out), flat(cand),
-                                          flat(scratch.heaps))
+        n, score, length = rule.speculate(index.plain_arrays(), index.roots[tree], ctx, limit,
+                                          knobs, tree_spec, *scratch.plain, scratch.plain_heap)
         if n >= 0:
             return _draft(out.tokens[:n], out.parents[:n], out.probs[:n], score, length)
         scratch.grow(4 * scratch.heap)  # a tree draft's frontier outgrew the heap
@@ -321,6 +332,7 @@ class _ProposerTries:
         if ctx.shape[0] > own.shape[0] or not np.array_equal(own[own.shape[0] - ctx.shape[0]:],
                                                              ctx):
             # Not the request's own tokens: arctic's rule, on its trie and the pool.
+            knobs = _float32(knobs)
             mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec,
                             self.scratch)
             pool = prop.cross
