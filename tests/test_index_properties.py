@@ -163,6 +163,26 @@ class IndexMachine(RuleBasedStateMachine):
         assert dict(zip(toks.tolist(), counts.tolist())) == dict(self.ref.continuations(tree, x))
 
     @precondition(lambda self: self.ref.trees)
+    @rule(data=st.data(), ctx=tokens)
+    def walk_occurring(self, data, ctx):
+        """The suffixes that occur are the shortest ones (what the arctic rule's
+        search for the longest relies on), and the lookup-per-edge walk
+        places each of them where the comparing walk does."""
+        tree = data.draw(st.sampled_from(self._tree_ids()))
+        ix, c = self.ix, arr(ctx)
+        root = int(ix.roots[tree])
+        args = (ix.nodes, ix.hkeys, ix.hvals)
+        occurs = [bool(self.ref.occurrences(tree, ctx[len(ctx) - n:])) if n else True
+                  for n in range(len(ctx) + 1)]
+        assert occurs == sorted(occurs, reverse=True)
+        for n in range(len(ctx) + 1):
+            want = trie.walk(*args, ix.arena, ix.seqs, root, c, len(ctx) - n, len(ctx))
+            assert (want[0] != -1) == occurs[n]
+            if occurs[n]:
+                got = trie.walk_occurring(*args, root, ix.seqs, c, len(ctx) - n, len(ctx))
+                assert got == want
+
+    @precondition(lambda self: self.ref.trees)
     @rule(data=st.data(), ctx=tokens, k=st.integers(0, 8),
           min_prob=st.sampled_from([0.0, 0.1, 0.34, 0.5, 0.9]))
     def path_draft(self, data, ctx, k, min_prob):

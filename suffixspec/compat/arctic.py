@@ -250,10 +250,8 @@ class _ArcticTries:
 
     def speculate(self, req_id, ctx, limit, knobs, tree_spec) -> SuffixDecodingDraft:
         tree = self.requests[req_id][0]
-        knobs = _float32(knobs)
-        mine = _best_of(self.local, tree, ctx, limit, knobs, tree_spec, self.scratch)
-        other = _best_of(self.glob, self.glob_tree, ctx, limit, knobs, tree_spec, self.scratch)
-        return mine if mine.score >= other.score else other
+        return _best_of(self.local, tree, ctx, limit, _float32(knobs), tree_spec, self.scratch,
+                        (self.glob, self.glob_tree))
 
 
 class _Scratch:
@@ -281,14 +279,22 @@ class _Scratch:
                                     np.empty(0, np.int32), np.empty(0, np.int32)))
 
 
-def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec,
-             scratch: _Scratch) -> SuffixDecodingDraft:
-    """arctic's speculation over one tree (``suffixspec.native.arctic``);
-    ``knobs`` as ``_float32`` makes them."""
+def _best_of(index: SuffixIndex, tree: int, ctx, limit, knobs, tree_spec, scratch: _Scratch,
+             other: tuple[SuffixIndex, int] | None = None) -> SuffixDecodingDraft:
+    """arctic's speculation over one tree (``suffixspec.native.arctic``), or
+    over it and ``other`` (index, tree) as arctic chooses between its request's
+    tree and its global one; ``knobs`` as ``_float32`` makes them."""
     out = scratch.out(limit)
     while True:
-        n, score, length = rule.speculate(index.plain_arrays(), index.roots[tree], ctx, limit,
-                                          knobs, tree_spec, *scratch.plain, scratch.plain_heap)
+        if other is None:
+            n, score, length = rule.speculate(index.plain_arrays(), index.roots[tree], ctx, limit,
+                                              knobs, tree_spec, *scratch.plain,
+                                              scratch.plain_heap)
+        else:
+            n, score, length = rule.speculate_pair(
+                index.plain_arrays(), index.roots[tree], other[0].plain_arrays(),
+                other[0].roots[other[1]], ctx, limit, knobs, tree_spec, *scratch.plain,
+                scratch.plain_heap)
         if n >= 0:
             return _draft(out.tokens[:n], out.parents[:n], out.probs[:n], score, length)
         scratch.grow(4 * scratch.heap)  # a tree draft's frontier outgrew the heap
@@ -332,16 +338,12 @@ class _ProposerTries:
         if ctx.shape[0] > own.shape[0] or not np.array_equal(own[own.shape[0] - ctx.shape[0]:],
                                                              ctx):
             # Not the request's own tokens: arctic's rule, on its trie and the pool.
-            knobs = _float32(knobs)
-            mine = _best_of(prop.requests.index, tree, ctx, limit, knobs, tree_spec,
-                            self.scratch)
             pool = prop.cross
-            if pool is None or not pool.delta.trees:
-                return mine
-            trees = pool.delta.trees
-            other = _best_of(pool.delta.index, trees[next(iter(trees))], ctx, limit, knobs,
-                             tree_spec, self.scratch)
-            return mine if mine.score >= other.score else other
+            other = None
+            if pool is not None and pool.delta.trees:
+                other = pool.delta.index, pool.delta.trees[next(iter(pool.delta.trees))]
+            return _best_of(prop.requests.index, tree, ctx, limit, _float32(knobs), tree_spec,
+                            self.scratch, other)
         factor, offset, min_prob = (default if given == arctic else given
                                     for given, arctic, default in zip(knobs, _ARCTIC_DEFAULTS,
                                                                       self.defaults))

@@ -919,6 +919,38 @@ def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
 
 
 @njit(cache=True, nogil=True)
+def walk_occurring(nodes, hkeys, hvals, root, seqs, ctx, start, end):
+    """``walk`` for a string known to occur: one child lookup per edge.
+
+    Along an edge the labels are not compared (the string occurs, so they
+    match: the skip/count walk of suffix-tree construction).  Every suffix of
+    an occurring string occurs too, so once a walk found a length, this one
+    places every shorter one.  On a string that does not occur it may return
+    a wrong node, but it reads only nodes the lookups return, and returns
+    ``(-1, 0)`` where a lookup fails or an edge is empty.
+    """
+    x = root
+    off = 0
+    i = start
+    while i < end:
+        n = edge_len(nodes, seqs, x)
+        if off == n:
+            x = _find_child(nodes, hkeys, hvals, x, ctx[i])
+            if x == -1:
+                return -1, 0
+            off = 0
+            n = edge_len(nodes, seqs, x)
+        step = n - off
+        if step <= 0:
+            return -1, 0
+        if step > end - i:
+            step = end - i
+        off += step
+        i += step
+    return x, off
+
+
+@njit(cache=True, nogil=True)
 def _continues(nodes, seqs, x, off):
     return off < edge_len(nodes, seqs, x) or nodes[x, FIRST] != -1
 
