@@ -179,7 +179,7 @@ class IndexMachine(RuleBasedStateMachine):
             want = trie.walk(*args, ix.arena, ix.seqs, root, c, len(ctx) - n, len(ctx))
             assert (want[0] != -1) == occurs[n]
             if occurs[n]:
-                got = trie.walk_occurring(*args, root, ix.seqs, c, len(ctx) - n, len(ctx))
+                got = trie.walk_occurring(*args, ix.seqs, root, c, len(ctx) - n, len(ctx))
                 assert got == want
 
     @precondition(lambda self: self.ref.trees)

@@ -139,7 +139,7 @@ def _best(index, root, ctx, max_spec_tokens, knobs, tree, out, cand, heap, best_
             if factor >= 0:
                 break
             continue
-        x, off = walk_occurring(nodes, index.hkeys, index.hvals, root, seqs, ctx, m - length, m)
+        x, off = walk_occurring(nodes, index.hkeys, index.hvals, seqs, root, ctx, m - length, m)
         if x == -1:
             break  # not a suffix tree of its sequences; arctic's walk would stop here too
         if tree:

@@ -919,7 +919,7 @@ def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
 
 
 @njit(cache=True, nogil=True)
-def walk_occurring(nodes, hkeys, hvals, root, seqs, ctx, start, end):
+def walk_occurring(nodes, hkeys, hvals, seqs, root, ctx, start, end):
     """``walk`` for a string known to occur: one child lookup per edge.
 
     Along an edge the labels are not compared (the string occurs, so they
