@@ -71,7 +71,7 @@ class Finding:
             trees = (mine, np.array([pool.index.roots[tree]], np.int64),
                      (int(seqs[s, lay.SEQ_SLOT]), n, n))
             self._classify(trees, s, arena, off, start, end)
-            length = longest(trees, arena, start, end, self.depth, 1)
+            length = longest(trees, arena, start, end, self.depth, np.zeros(1, np.int64))
             calls = (lambda: own_reference(trees, s, arena, start, end, self.depth, self.window,
                                            self.ref),
                      lambda: own_reference(trees, s, arena, start, end, self.depth, 1, self.ref),

@@ -166,8 +166,8 @@ class IndexMachine(RuleBasedStateMachine):
     @rule(data=st.data(), ctx=tokens)
     def walk_occurring(self, data, ctx):
         """The suffixes that occur are the shortest ones (what the arctic rule's
-        search for the longest relies on), and the lookup-per-edge walk
-        places each of them where the comparing walk does."""
+        search for the longest and the policy's lengths rely on), and the
+        lookup-per-edge walk places each of them where the comparing walk does."""
         tree = data.draw(st.sampled_from(self._tree_ids()))
         ix, c = self.ix, arr(ctx)
         root = int(ix.roots[tree])
@@ -181,6 +181,8 @@ class IndexMachine(RuleBasedStateMachine):
             if occurs[n]:
                 got = trie.walk_occurring(*args, ix.seqs, root, c, len(ctx) - n, len(ctx))
                 assert got == want
+                assert trie.occurring_position(ix.arrays(), root, c, len(ctx), n,
+                                               (-1, 0, 0)) == want
 
     @precondition(lambda self: self.ref.trees)
     @rule(data=st.data(), ctx=tokens, k=st.integers(0, 8),

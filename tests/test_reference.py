@@ -78,7 +78,9 @@ def test_own_reference_equals_the_longest_own_match_and_the_scan(others, chunks,
     ctx_start = max(start, end - depth)
     got = np.full(6, -7, np.int64)
     length = own_reference(trees, s, arena, ctx_start, end, depth, window, got)
-    assert length == longest(trees, arena, ctx_start, end, depth, 1)
+    reach = np.zeros(1, np.int64)
+    assert length == longest(trees, arena, ctx_start, end, depth, reach)
+    assert reach[0] == length  # the one side's own longest
     want = np.full(6, -7, np.int64)
     reference(arena, start, end, length, window, want)
     assert got[0] == want[0] and list(got[1:1 + got[0]]) == list(want[1:1 + want[0]])

@@ -27,7 +27,8 @@ from .layout import (COUNT, Candidate, FIRST, FROM_ANCHOR, FROM_CROSS, FROM_NONE
                      SEQ_SLOT, TOKEN)
 from .merge import merge_in, merge_out, merge_reset
 from .tokens import SYNTHETIC_BASE
-from .trie import anchors, edge_len, tail, label, longest_match, suffix_position
+from .trie import (anchors, edge_len, tail, label, longest_match, occurring_position,
+                   suffix_position)
 from .union import (NOWHERE as NONE, advance_all, best_next, bound_next, counts_of,
                     occurrences, position, side)
 
@@ -398,7 +399,10 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     one pool's parts, and a path draft adds up their counts; tree drafts
     take one tree only, and every candidate's tree goes into the merged one.
     Only sides ``0 .. len(pos) - 1`` are read.  ``span`` is ``(lo, hi,
-    anchor_out)``.  A draft whose gain beats
+    anchor_out, reach)``: on side ``k < len(reach)`` every suffix of at most
+    ``reach[k]`` tokens of the ordinary context is known to occur (a suffix
+    of an occurring string occurs; ``longest``), so it is placed with one
+    lookup per edge.  A draft whose gain beats
     ``best_gain`` is written to ``out``.  With ``anchor_out >= 0`` the
     context is start-anchored: its last ``anchor_out`` tokens are output, the
     ones before are anchors, and the source follows from how many anchors a
@@ -408,7 +412,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
     and the tokens of ``ctx`` matched.
     """
     sides, roots, own = trees
-    lo_len, hi_len, anchor_out = span
+    lo_len, hi_len, anchor_out, reach = span
     src, state, limit, thr = how
     cand = work.cand
     depth = side(sides, 0).active.shape[1]
@@ -422,7 +426,11 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             pos[k, 0] = -1
             if roots[k] >= 0:
                 ix = side(sides, k)
-                x, off = suffix_position(ix, roots[k], ctx, end, length, own if k == 0 else NONE)
+                mine = own if k == 0 else NONE
+                if anchor_out < 0 and k < reach.shape[0] and length <= reach[k]:
+                    x, off = occurring_position(ix, roots[k], ctx, end, length, mine)
+                else:
+                    x, off = suffix_position(ix, roots[k], ctx, end, length, mine)
                 if x >= 0:
                     pos[k, 0], pos[k, 1], pos[k, 2] = position(ix, x, off)
         count, held, most = occurrences(sides, pos)
@@ -484,32 +492,38 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
 
 
 @njit(cache=True, nogil=True)
-def longest(trees, ctx, start, end, depth, used):
+def longest(trees, ctx, start, end, depth, reach):
     """The longest suffix of ``ctx[start:end]`` (below ``depth`` tokens) that
-    some tree of ``trees`` (sides ``0 .. used - 1``) holds with a continuation."""
+    some tree of ``trees`` (sides ``0 .. len(reach) - 1``) holds with a
+    continuation; each side's own longest goes to ``reach`` (0: none)."""
     sides, roots, own = trees
     hi = 0
-    for k in range(used):
+    for k in range(reach.shape[0]):
+        reach[k] = 0
         if roots[k] >= 0:
             h, _, _ = longest_match(side(sides, k), roots[k], ctx, start, end, depth - 1,
                                     True, own if k == 0 else NONE)
+            if h > 0:
+                reach[k] = h
             if h > hi:
                 hi = h
     return hi
 
 
 @njit(cache=True, nogil=True)
-def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos, hi):
+def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos, reach,
+                hi):
     """The best calibrated draft of ``trees``, counted together, if it beats ``best``.
 
-    ``trees`` and ``pos`` are as for ``_lengths``.  Queries the
+    ``trees`` and ``pos`` are as for ``_lengths``, ``reach`` scratch for
+    ``longest`` (a row per side of ``pos``).  Queries the
     ordinary context ``ctx[start:end]`` at every match length and, with
     ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
     (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
     is ``(c_arena, c_end, anchors, out_len)``, at the lengths that reach into
     the anchors.  ``hi``: the longest match of the ordinary context, when the
-    caller has it (-1: found here).  Returns ``(n, gain, match_len, source)``,
-    n 0 when nothing beat ``best``.
+    caller has it for the one side of ``pos`` (-1: found here).  Returns
+    ``(n, gain, match_len, source)``, n 0 when nothing beat ``best``.
     """
     sides, roots, own = trees
     c_arena, c_end, n_anchors, out_len = anchored
@@ -518,10 +532,12 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     m_best = 0
     source = FROM_NONE
     if hi < 0:
-        hi = longest(trees, ctx, start, end, depth, pos.shape[0])
+        hi = longest(trees, ctx, start, end, depth, reach)
+    else:
+        reach[0] = hi
     if hi > 0:
-        n, gain, m, _ = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1)), how, knobs,
-                                 stats, best, out, work, pos)
+        n, gain, m, _ = _lengths(trees, ctx, end, (np.int64(1), hi, np.int64(-1), reach), how,
+                                 knobs, stats, best, out, work, pos)
         if n > 0:
             best = gain
             n_best = n
@@ -532,8 +548,8 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
         if hi > depth - 1:
             hi = depth - 1
         n, gain, m, _ = _lengths((sides, roots, (own[0], own[1], own[1])), c_arena, c_end,
-                                 (out_len + 1, hi, out_len), how, knobs, stats, best, out, work,
-                                 pos)
+                                 (out_len + 1, hi, out_len, reach), how, knobs, stats, best, out,
+                                 work, pos)
         if n > 0:
             best = gain
             n_best = n
@@ -643,6 +659,7 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
     mine, cross = tables
     n_sides = cross.shape[0]
     pos = np.empty((n_sides, 3), np.int64)
+    reach = np.zeros(n_sides, np.int64)
     solo = np.full(n_sides, -1, np.int64)  # one tree on one side
     l_seqs = local.seqs
     s = batch.seqs[i]
@@ -668,7 +685,7 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
         (np.int64(cal.SRC_REQUEST), state, limit, thr), knobs, stats, 0.0, row, work, pos[:1],
-        np.int64(longest_own))
+        reach[:1], np.int64(longest_own))
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
@@ -694,8 +711,8 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
             while used > 1 and roots[used - 1] < 0:
                 used -= 1
             best = _take(_tree_draft((cross, roots, own), ctx, start, end, anchored, how,
-                                     knobs, stats, best, row, work, pos[:used], np.int64(-1)),
-                         best, out, i)
+                                     knobs, stats, best, row, work, pos[:used], reach[:used],
+                                     np.int64(-1)), best, out, i)
             continue
         for t in range(1, n_sides + 1):
             k = t % n_sides
@@ -704,7 +721,7 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
             solo[k] = roots[k]
             best = _take(_tree_draft((cross, solo, own if k == 0 else NONE), ctx, start,
                                      end, anchored, how, knobs, stats, best, row, work,
-                                     pos[:k + 1], np.int64(-1)), best, out, i)
+                                     pos[:k + 1], reach[:k + 1], np.int64(-1)), best, out, i)
             solo[k] = -1
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)

@@ -895,6 +895,19 @@ def suffix_position(index, root, ctx, end, length, own):
 
 
 @njit(cache=True, nogil=True)
+def occurring_position(index, root, ctx, end, length, own):
+    """``suffix_position`` of a suffix known to occur in the tree (a suffix of
+    one it holds): placed with ``walk_occurring``, one lookup per edge."""
+    _, nodes, hkeys, hvals, arena, seqs, active = index
+    slot, own_len, own_valid = own
+    depth = active.shape[1]
+    if slot >= 0 and length <= own_valid and length < depth:
+        x = active[slot, (own_len - length) % depth]
+        return x, edge_len(nodes, seqs, x)
+    return walk_occurring(nodes, hkeys, hvals, seqs, root, ctx, end - length, end)
+
+
+@njit(cache=True, nogil=True)
 def walk(nodes, hkeys, hvals, arena, seqs, root, ctx, start, end):
     """Walk ``ctx[start:end]`` down from ``root``.
 

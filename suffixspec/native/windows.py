@@ -239,14 +239,15 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
     start, end = tail(local, s, depth)
     ctx = local.arena
     gains = np.zeros(found.shape[0], np.float64)
+    reach = np.zeros(pos.shape[0], np.int64)
     count = 0
     sides, roots, own, used = _group(i, _OWN, 0, pools, solo)
     how = (np.int64(cal.SRC_REQUEST), state, limit, thr)
-    hi = longest((sides, roots, own), ctx, start, end, depth, used)
+    hi = longest((sides, roots, own), ctx, start, end, depth, reach[:used])
     if hi > 0:
         n, gain, m, length = _lengths((sides, roots, own), ctx, end,
-                                      (np.int64(1), hi, np.int64(-1)), how, knobs, stats, 0.0,
-                                      work.cand, work, pos[:used])
+                                      (np.int64(1), hi, np.int64(-1), reach[:used]), how, knobs,
+                                      stats, 0.0, work.cand, work, pos[:used])
         if n > 0:
             _found(found, count, _OWN, 0, length, m, cal.SRC_REQUEST)
             gains[count] = gain
@@ -255,11 +256,11 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
     how = (np.int64(cal.SRC_CROSS), state, limit, thr)
     for j in range(batch.cross_roots.shape[1]):
         sides, roots, own, used = _group(i, _CROSS, j, pools, solo)
-        hi = longest((sides, roots, own), ctx, start, end, depth, used)
+        hi = longest((sides, roots, own), ctx, start, end, depth, reach[:used])
         if hi > 0:
             n, gain, m, length = _lengths((sides, roots, own), ctx, end,
-                                          (np.int64(1), hi, np.int64(-1)), how, knobs, stats,
-                                          0.0, work.cand, work, pos[:used])
+                                          (np.int64(1), hi, np.int64(-1), reach[:used]), how,
+                                          knobs, stats, 0.0, work.cand, work, pos[:used])
             if n > 0:
                 _found(found, count, _CROSS, j, length, m, cal.SRC_CROSS)
                 gains[count] = gain
@@ -269,8 +270,8 @@ def _candidates(req, pools, knobs, stats, work, pos, solo, found):
             if hi > depth - 1:
                 hi = depth - 1
             n, gain, m, length = _lengths((sides, roots, (own[0], own[1], own[1])), delta.arena,
-                                          c_end, (out_len + 1, hi, out_len), how, knobs, stats,
-                                          0.0, work.cand, work, pos[:used])
+                                          c_end, (out_len + 1, hi, out_len, reach[:used]), how,
+                                          knobs, stats, 0.0, work.cand, work, pos[:used])
             if n > 0:
                 _found(found, count, _ANCHORED, j, length, m, cal.SRC_ANCHOR + length - out_len - 1)
                 gains[count] = gain
