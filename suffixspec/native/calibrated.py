@@ -511,12 +511,12 @@ def longest(trees, ctx, start, end, depth, reach):
 
 
 @njit(cache=True, nogil=True)
-def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, pos, reach,
-                hi):
+def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, work, scratch, hi):
     """The best calibrated draft of ``trees``, counted together, if it beats ``best``.
 
-    ``trees`` and ``pos`` are as for ``_lengths``, ``reach`` scratch for
-    ``longest`` (a row per side of ``pos``).  Queries the
+    ``trees`` is as for ``_lengths``; ``scratch`` is ``(pos, reach)``, the
+    positions ``_lengths`` takes and a row per side of ``pos`` for
+    ``longest``.  Queries the
     ordinary context ``ctx[start:end]`` at every match length and, with
     ``anchors > 0``, the start-anchored context ``c_arena[:c_end]``
     (``anchors`` anchors, then ``out_len`` output tokens), where ``anchored``
@@ -526,6 +526,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     ``(n, gain, match_len, source)``, n 0 when nothing beat ``best``.
     """
     sides, roots, own = trees
+    pos, reach = scratch
     c_arena, c_end, n_anchors, out_len = anchored
     depth = knobs.depth
     n_best = 0
@@ -684,8 +685,8 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
     n, best, m, source = _tree_draft(
         (mine, solo, own_local), ctx, start, end,
         (delta.arena, c_end, np.int64(0), np.int64(0)),
-        (np.int64(cal.SRC_REQUEST), state, limit, thr), knobs, stats, 0.0, row, work, pos[:1],
-        reach[:1], np.int64(longest_own))
+        (np.int64(cal.SRC_REQUEST), state, limit, thr), knobs, stats, 0.0, row, work,
+        (pos[:1], reach[:1]), np.int64(longest_own))
     out.n[i] = n
     out.match[i] = m
     out.source[i] = source
@@ -711,7 +712,7 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
             while used > 1 and roots[used - 1] < 0:
                 used -= 1
             best = _take(_tree_draft((cross, roots, own), ctx, start, end, anchored, how,
-                                     knobs, stats, best, row, work, pos[:used], reach[:used],
+                                     knobs, stats, best, row, work, (pos[:used], reach[:used]),
                                      np.int64(-1)), best, out, i)
             continue
         for t in range(1, n_sides + 1):
@@ -721,7 +722,7 @@ def draft_request(i, state, thr, local, local_roots, delta, tables, batch, knobs
             solo[k] = roots[k]
             best = _take(_tree_draft((cross, solo, own if k == 0 else NONE), ctx, start,
                                      end, anchored, how, knobs, stats, best, row, work,
-                                     pos[:k + 1], reach[:k + 1], np.int64(-1)), best, out, i)
+                                     (pos[:k + 1], reach[:k + 1]), np.int64(-1)), best, out, i)
             solo[k] = -1
     if knobs.tree and out.n[i] > 0:
         out.n[i], _ = merge_out(work.merged, limit, thr, row)
