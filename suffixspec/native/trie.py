@@ -886,10 +886,8 @@ def suffix_position(index, root, ctx, end, length, own):
     -1: the tree does not hold it.
     """
     _, nodes, hkeys, hvals, arena, seqs, active = index
-    slot, own_len, own_valid = own
-    depth = active.shape[1]
-    if slot >= 0 and length <= own_valid and length < depth:
-        x = active[slot, (own_len - length) % depth]
+    x = _ring_node(active, length, own)
+    if x >= 0:
         return x, edge_len(nodes, seqs, x)
     return walk(nodes, hkeys, hvals, arena, seqs, root, ctx, end - length, end)
 
@@ -899,12 +897,21 @@ def occurring_position(index, root, ctx, end, length, own):
     """``suffix_position`` of a suffix known to occur in the tree (a suffix of
     one it holds): placed with ``walk_occurring``, one lookup per edge."""
     _, nodes, hkeys, hvals, arena, seqs, active = index
+    x = _ring_node(active, length, own)
+    if x >= 0:
+        return x, edge_len(nodes, seqs, x)
+    return walk_occurring(nodes, hkeys, hvals, seqs, root, ctx, end - length, end)
+
+
+@njit(cache=True, inline="always")
+def _ring_node(active, length, own):
+    """The node the open sequence ``own`` (see ``suffix_position``) names for
+    its suffix of ``length`` tokens, or -1 where its ring does not."""
     slot, own_len, own_valid = own
     depth = active.shape[1]
     if slot >= 0 and length <= own_valid and length < depth:
-        x = active[slot, (own_len - length) % depth]
-        return x, edge_len(nodes, seqs, x)
-    return walk_occurring(nodes, hkeys, hvals, seqs, root, ctx, end - length, end)
+        return active[slot, (own_len - length) % depth]
+    return -1
 
 
 @njit(cache=True, nogil=True)
