@@ -57,23 +57,20 @@ def run(args) -> list[dict]:
 
 
 def markdown(rows: list[dict], caps: list[int]) -> str:
-    def est(trace, engine, cap):
-        return next((r["est"] for r in rows
-                     if (r["trace"], r["engine"], r["cap"]) == (trace, engine, cap)), None)
-
+    by = {(r["trace"], r["engine"], r["cap"]): r for r in rows}
     out = ["| trace | drafter | " + " | ".join(f"est k{c} (drafted/step)" for c in caps) + " |",
            "|---|---|" + "---|" * len(caps)]
     for trace in dict.fromkeys(r["trace"] for r in rows):
         for engine in ("suffixspec", "arctic"):
-            cells = [next((f"{r['est']:.4f} ({r['drafted']:.2f})" for r in rows
-                           if (r["trace"], r["engine"], r["cap"]) == (trace, engine, c)), "-")
-                     for c in caps]
+            cells = [f"{r['est']:.4f} ({r['drafted']:.2f})" if (r := by.get((trace, engine, c)))
+                     else "-" for c in caps]
             if any(c != "-" for c in cells):
                 out.append(f"| {trace} | {engine} | " + " | ".join(cells) + " |")
-        best = max((v for c in caps if (v := est(trace, "arctic", c)) is not None), default=None)
-        if best:
+        arctic = [r["est"] for c in caps if (r := by.get((trace, "arctic", c)))]
+        if arctic:
+            best = max(arctic)
             out.append(f"| {trace} | suffixspec / arctic's best cap | " + " | ".join(
-                f"{v / best:.3f}" if (v := est(trace, "suffixspec", c)) else "-"
+                f"{r['est'] / best:.3f}" if (r := by.get((trace, "suffixspec", c))) else "-"
                 for c in caps) + " |")
     conc = rows[0]["concurrency"] if rows else 1
     out += ["", f"{conc} request(s) in flight; arctic at factor 2, min_token_prob 0.2."]
