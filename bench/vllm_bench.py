@@ -63,6 +63,9 @@ METHODS = ("none", "ngram", "arctic", "suffixspec", "suffixspec c0.03", "suffixs
 # (the earlier default); "c0.1": fixed at about what a drafted token costs
 # SmolLM2 on this CPU (each adds ~3 ms to a ~27 ms step).
 DRAFT_COSTS = {"suffixspec c0.03": "0.03", "suffixspec c0.1": "0.1"}
+# A method may end in " kN": that row runs with num_speculative_tokens N
+# instead of --k (the draft cap compared within one run).
+CAP = re.compile(r"^(?P<method>.+?)(?: k(?P<k>\d+))?$")
 WORKLOADS = ("sql", "bfcl", "agent")
 SESSIONS = 8  # agent workload
 TURNS = 6  # agent: turns per session (48 requests, as the other workloads)
@@ -120,7 +123,19 @@ def workload(name: str, traces: Path, n: int):
     return out
 
 
+def split_cap(method: str) -> tuple[str, int | None]:
+    """``"arctic k32"`` -> ``("arctic", 32)``; ``"arctic"`` -> ``("arctic", None)``."""
+    m = CAP.match(method)
+    base = m["method"]
+    if base not in METHODS:
+        raise click.BadParameter(f"unknown method {method!r}; choose from {', '.join(METHODS)}, "
+                                 "each optionally followed by ' kN'")
+    return base, None if m["k"] is None else int(m["k"])
+
+
 def spec_config(method: str, k: int, depth: int, factor: float, min_prob: float):
+    method, cap = split_cap(method)
+    k = cap or k
     if method == "none":
         return None
     if method == "ngram":
@@ -306,6 +321,8 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, s
          restart_workloads, replica_workloads, repeats, baseline_once, mode_names, out, name):
     if ctx.invoked_subcommand is not None:
         return
+    for method in methods.split(","):
+        split_cap(method)  # a misspelt method fails here, not after an hour of rows
     model = str(ensure_model())
     knobs = dict(k=k, depth=depth, factor=factor, min_prob=min_prob)
     run_modes = [m for m in modes(baseline_once) if m[0] in mode_names.split(",")]
@@ -408,8 +425,8 @@ def start_child(model, method, wl, traces, prompts, conc, knobs, phase="all", po
         env["SUFFIXSPEC_ENABLE"] = "1"
         env["SUFFIXSPEC_LOG_INTERVAL"] = "0"
         env.pop("SUFFIXSPEC_DRAFT_COST", None)
-        if method in DRAFT_COSTS:
-            env["SUFFIXSPEC_DRAFT_COST"] = DRAFT_COSTS[method]
+        if split_cap(method)[0] in DRAFT_COSTS:
+            env["SUFFIXSPEC_DRAFT_COST"] = DRAFT_COSTS[split_cap(method)[0]]
     cmd = [sys.executable, __file__, "one", "--model", model, "--method", method, "--workload", wl,
            "--traces", str(traces), "--prompts", str(prompts), "--concurrency", str(conc),
            "--knobs", json.dumps(knobs), "--phase", phase]
@@ -485,7 +502,7 @@ def merge_replicas(parts: list[dict]) -> dict:
 
 @main.command()
 @click.option("--model", required=True)
-@click.option("--method", type=click.Choice(METHODS), required=True)
+@click.option("--method", required=True, help="One of METHODS, optionally ' kN'.")
 @click.option("--workload", "wl", type=click.Choice(WORKLOADS), required=True)
 @click.option("--traces", type=click.Path(path_type=Path), required=True)
 @click.option("--prompts", type=int, required=True)
