@@ -75,18 +75,18 @@ HIDDEN_MS = SYNC_MS
 #: the snapshot), at ~2 us each.
 VLLM_DEVICE_MS = 0.05
 DEVICE_MS = 0.2
-K16 = dict(max_spec_tokens=16)
-CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see host_costs)
-    "vllm-gpu": ("vllm-gpu", dict(K16, max_depth=24), False, ("vllm device",)),
-    "vllm-gpu adaptive": ("vllm-gpu", dict(K16, max_depth=24, adaptive=True), False,
+CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see host_costs);
+    # every one drafts at most --k tokens
+    "vllm-gpu": ("vllm-gpu", dict(max_depth=24), False, ("vllm device",)),
+    "vllm-gpu adaptive": ("vllm-gpu", dict(max_depth=24, adaptive=True), False,
                           ("vllm device",)),
-    "arctic V1": ("arctic", dict(K16, max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
+    "arctic V1": ("arctic", dict(max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
                   True, ("sync",)),
-    "suffixspec V1": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None), True,
+    "suffixspec V1": ("suffixspec", dict(max_depth=64, cross_pool_tokens=None), True,
                       ("sync", "bookkeeping")),
-    "suffixspec MRV2 sync": ("suffixspec", dict(K16, max_depth=64, cross_pool_tokens=None),
+    "suffixspec MRV2 sync": ("suffixspec", dict(max_depth=64, cross_pool_tokens=None),
                              True, ("bookkeeping", "round trip", "hidden")),
-    "suffixspec device": ("suffixspec-device", dict(K16, max_depth=64, cross_pool_tokens=None),
+    "suffixspec device": ("suffixspec-device", dict(max_depth=64, cross_pool_tokens=None),
                           False, ("device",)),
 }
 
@@ -123,6 +123,9 @@ def main():
                          "(SUFFIXSPEC_DEVICE_ARBITER=0)")
     ap.add_argument("--tables-from", type=Path, default=None,
                     help="Write the tables again from an earlier run's gpu.json (no replay).")
+    ap.add_argument("--k", type=int, default=16,
+                    help="num_speculative_tokens: every configuration's draft cap")
+    ap.add_argument("--name", default="gpu", help="Name of the results files.")
     ap.add_argument("--device-check", type=Path, default=None,
                     help="bench/device_check.py's JSON from a GPU: its measured device time "
                          "per step replaces DEVICE_MS")
@@ -130,7 +133,7 @@ def main():
     if args.tables_from is not None:
         done = json.loads(args.tables_from.read_text())
         measured = {int(b): c for b, c in done["per_step_ms"].items()}
-        save_results(args.out, "gpu", done, markdown(done["rows"], args, measured))
+        save_results(args.out, args.name, done, markdown(done["rows"], args, measured))
         return
     encode = hf_encoder(args.tokenizer)
     warmup()
@@ -145,6 +148,7 @@ def main():
             for config, (engine, settings, host, overhead) in CONFIGS.items():
                 if config not in args.configs:
                     continue
+                settings = dict(settings, max_spec_tokens=args.k)
                 if engine == "suffixspec-device":
                     settings = dict(settings, arbiter=args.device_arbiter)
                 if engine.startswith("suffixspec"):
@@ -157,8 +161,8 @@ def main():
                       f"drafted {r['drafted']:.2f}, host {1e3 * r['host_s'] / r['steps']:.3f} "
                       f"ms/step ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             rows.append(row)
-    save_results(args.out, "gpu", {"roofline": vars(H100_8B), "per_step_ms": measured,
-                                   "rows": rows}, markdown(rows, args, measured))
+    save_results(args.out, args.name, {"roofline": vars(H100_8B), "per_step_ms": measured,
+                                       "k": args.k, "rows": rows}, markdown(rows, args, measured))
 
 
 def host_costs(path: Path, levels: list[int], device_check: Path | None = None) -> dict:
@@ -230,7 +234,8 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         f"{HIDDEN_MS} ms of vLLM host work their wait exposes.  Device drafting pays an "
         f"estimated device time per step: vLLM's drafter {VLLM_DEVICE_MS} ms, suffixspec's "
         f"the 'device' figure above ({'measured on a GPU' if args.device_check else 'an estimate; no GPU has run it'}).  "
-        f"Slices: policy_bench's times {args.fraction}.{arbiter}\n") + "\n".join(drafting) + (
+        f"Slices: policy_bench's times {args.fraction}.  Drafts capped at "
+        f"{getattr(args, 'k', 16)} tokens.{arbiter}\n") + "\n".join(drafting) + (
         "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
         "the roofline a token below the knee is free, which is why every suffix drafter "
         "here drafts long.\n")
