@@ -20,8 +20,7 @@ writes nothing.
 
 from __future__ import annotations
 
-from suffixspec.fingerprint import load_hf_tokenizer
-from suffixspec.replay.traces import read_records
+from suffixspec.replay.traces import hf_encoder, read_records
 
 from bench_common import TRACES, parser
 
@@ -34,27 +33,23 @@ def grams(seq: list[int], n: int) -> set[tuple[int, ...]]:
 def coverage(records: list[dict], deltas: list[list[int]], outputs: list[list[int]],
              n: int) -> tuple[int, int, int]:
     """(output tokens, covered, covered only by other conversations' prompts)."""
-    own: dict[str, set] = {}        # conversation -> runs of its prompts and outputs
-    prompts: dict[str, set] = {}    # conversation -> runs of its prompts
+    prompts: dict[str, set] = {}    # conversation -> runs of its prompt text so far
     past_outputs: set = set()
     total = covered = only_prompts = 0
     for rec, delta, out in zip(records, deltas, outputs):
         session = rec["session"]
-        known = own.setdefault(session, set())
-        known |= grams(delta, n)
+        own = prompts.setdefault(session, set())
+        own |= grams(delta, n)
         written: set = set()
         for i in range(n - 1, len(out)):
             run = tuple(out[i - n + 1:i + 1])
             total += 1
-            if run in known or run in past_outputs or run in written:
+            if run in own or run in past_outputs or run in written:
                 covered += 1
             elif any(run in ps for s, ps in prompts.items() if s != session):
                 only_prompts += 1
             written.add(run)
-        out_runs = grams(out, n)
-        known |= out_runs
-        past_outputs |= out_runs
-        prompts.setdefault(session, set()).update(grams(delta, n))
+        past_outputs |= written
     return total, covered, only_prompts
 
 
@@ -63,12 +58,8 @@ def main():
     ap.add_argument("--sessions", type=int, default=40)
     ap.add_argument("--n", type=int, nargs="+", default=[4, 8])
     args = ap.parse_args()
-    tok = load_hf_tokenizer(args.tokenizer)
+    encode = hf_encoder(args.tokenizer)
     records = list(read_records(f"{args.traces}/{TRACES['agent'][0]}", max_sessions=args.sessions))
-
-    def encode(texts):
-        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
-
     deltas = encode([r["prompt_delta"] for r in records])
     outputs = encode([r["output"] for r in records])
     print(f"agent, first {args.sessions} conversations ({len(records)} turns)\n")
