@@ -375,20 +375,26 @@ class States:
         self.total_len = SimpleNamespace(gpu=torch.zeros(max_reqs, dtype=torch.int32,
                                                          device=device))
         self.prompt_len = SimpleNamespace(np=np.zeros(max_reqs, np.int32))
+        self.prefill_len = SimpleNamespace(np=np.zeros(max_reqs, np.int32))
         self.req_id_to_index: dict[str, int] = {}
+        self.index_to_req_id: dict[int, str] = {}
         self.free = list(range(max_reqs - 1, -1, -1))
         self.max_len = max_len
 
     def add_request(self, req_id, prompt_len, all_token_ids, *args, **kwargs):
         slot = self.free.pop()
         self.req_id_to_index[req_id] = slot
+        self.index_to_req_id[slot] = req_id
         tokens = torch.as_tensor(np.asarray(all_token_ids, np.int32)[-self.max_len // 2:])
         self.all_token_ids.gpu[slot, :tokens.shape[0]] = tokens.to(self.all_token_ids.gpu.device)
         self.total_len.gpu[slot] = tokens.shape[0]
         self.prompt_len.np[slot] = min(prompt_len, tokens.shape[0])
+        self.prefill_len.np[slot] = tokens.shape[0]
 
     def remove_request(self, req_id):
-        self.free.append(self.req_id_to_index.pop(req_id))
+        slot = self.req_id_to_index.pop(req_id)
+        del self.index_to_req_id[slot]
+        self.free.append(slot)
 
 
 def _config(max_reqs: int, max_len: int):
@@ -481,7 +487,6 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
     which copies as it likes) run with synchronizing CUDA calls raising.
     """
     from suffixspec.integrations.vllm import device_speculator as ds
-    from suffixspec.integrations.vllm.speculator import SuffixSpecSpeculator
 
     max_reqs = max(b, 8)
     states = States(max_reqs, max_len, device)
@@ -494,9 +499,7 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
         spec.start(wait=True)
         if variant == "device_idle":  # the feeder hears of nothing: no host work, no windows
             for name in ("add", "snapshot", "finished", "take"):
-                setattr(spec.feeder, name, lambda *args, **kwargs: None)
-    elif variant == "sync":
-        spec = SuffixSpecSpeculator(config, device, states)
+                setattr(spec.drafter.feeder, name, lambda *args, **kwargs: None)
     drafts = torch.zeros(max_reqs, K, dtype=torch.int64, device=device)
     outputs = torch.full((max_reqs, max_len), -1, dtype=torch.int64, device=device)
     pos = torch.zeros(max_reqs, dtype=torch.int64, device=device)
@@ -516,6 +519,8 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
             n_req += 1
             states.add_request(req, prompt.shape[0], prompt, 0, 1 << 20)
             slot = states.req_id_to_index[req]
+            if spec is not None:
+                spec.add_request(slot)  # as vLLM's runner does
             o = torch.as_tensor(output[:max_len // 2].astype(np.int64))
             outputs[slot] = -1
             outputs[slot, :o.shape[0]] = o.to(device)
@@ -604,17 +609,15 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
         result["propose_ms_p50"] = round(1e3 * float(np.percentile(proposing, 50)), 3)
         result["propose_ms_mean"] = round(1e3 * float(np.mean(proposing)), 3)
     if variant in DEVICE_VARIANTS and spec is not None:
-        result["feeder"] = spec.feeder.lag()
-        result["graphs"] = spec._draft_graphs.recorded + spec._apply_graph.recorded
-        failed = spec._draft_graphs.failed or spec._apply_graph.failed
+        drafter = spec.drafter
+        result["feeder"] = drafter.feeder.lag()
+        result["graphs"] = drafter._draft_graphs.recorded + drafter._apply_graph.recorded
+        failed = drafter._draft_graphs.failed or drafter._apply_graph.failed
         result["graph_failed"] = None if failed is None else repr(failed)[:300]
-        stats = spec.feeder.stats
+        stats = drafter.feeder.stats
         result["feeder_ms_per_step"] = round(1e3 * stats.seconds / max(step, 1), 3)
         result["feeder_cpu_ms_per_step"] = round(1e3 * stats.cpu_seconds / max(step, 1), 3)
-        result["feeder_phase_cpu_ms_per_step"] = spec.feeder.phases(step)
-        spec.close()
-    elif spec is not None:
-        result["service"] = spec.service.metrics.as_dict()
+        result["feeder_phase_cpu_ms_per_step"] = drafter.feeder.phases(step)
         spec.close()
     return result
 
@@ -644,19 +647,19 @@ def main():
     ap.add_argument("--levels", nargs="*", type=int, default=None,
                     help="requests in flight in the loop (default 1 8 32 64; 8 64 on the CPU)")
     ap.add_argument("--variants", nargs="*", default=None,
-                    choices=["none", "sync", *DEVICE_VARIANTS])
+                    choices=["none", *DEVICE_VARIANTS])
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval for the loop (seconds; Python's default 0.005): "
                          "how long a thread holding the interpreter lock keeps it from one "
                          "waiting for it")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="seconds the device speculator waits, at most, for the feeder's work "
-                         "on the previous step (device_speculator.DEADLINE)")
+                    help="seconds the device drafter waits, at most, for the feeder's work "
+                         "on the previous step (device.drafter.DEADLINE)")
     args = ap.parse_args()
     if args.deadline is not None:
-        from suffixspec.integrations.vllm import device_speculator
+        from suffixspec.device import drafter
 
-        device_speculator.DEADLINE = args.deadline
+        drafter.DEADLINE = args.deadline
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     device = torch.device(args.device)
@@ -701,11 +704,11 @@ def main():
         report["loop"] = {}
         levels = args.levels or ((8, 64) if small else (1, 8, 32, 64))
         report["switch_interval"] = sys.getswitchinterval()
-        from suffixspec.integrations.vllm.device_speculator import DEADLINE
+        from suffixspec.device.drafter import DEADLINE
 
         report["deadline_s"] = DEADLINE
         for b in levels:
-            for variant in args.variants or ("none", "sync", "device_eager", "device"):
+            for variant in args.variants or ("none", "device_eager", "device"):
                 got = loop(device, variant, b, 40 if small else 400, requests, 4096)
                 report["loop"][f"{variant}_b{b}"] = got
                 save()

@@ -44,30 +44,30 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import device_check as dc  # noqa: E402
 
-JOBS_FORMAT = 1
+JOBS_FORMAT = 2  # 2: the add job carries its event
 
 
 def record(traces: str | None, tokenizer: str | None, level: int,
            steps: int) -> list[list[tuple]]:
     """The loop's jobs for the feeder, grouped by step (each group ends with the
-    step's snapshot); arrays are copies (the loop's ring buffers are reused).
-    Without ``traces``, ``device_check``'s synthetic requests."""
-    from suffixspec.integrations.vllm.feeder import WindowFeeder
+    step's snapshot), as numpy copies.  Without ``traces``, ``device_check``'s
+    synthetic requests."""
+    from suffixspec.device.feeder import WindowFeeder
 
     jobs: list[tuple] = []
     real = {name: getattr(WindowFeeder, name) for name in ("add", "snapshot", "finished")}
 
-    def add(self, req_id, slot, epoch, tokens, prompt_len):
-        jobs.append(("add", req_id, slot, epoch, np.asarray(tokens, np.int32).copy(),
-                     prompt_len))
-        real["add"](self, req_id, slot, epoch, tokens, prompt_len)
+    def add(self, req_id, slot, epoch, tokens, prompt_len, event=None):
+        jobs.append(("add", req_id, slot, epoch, np.array(tokens.numpy(), np.int32), prompt_len,
+                     None))
+        real["add"](self, req_id, slot, epoch, tokens, prompt_len, event)
 
     def snapshot(self, step, rows, req_ids, event):
-        jobs.append(("snapshot", step, np.array(rows), list(req_ids), None))
+        jobs.append(("snapshot", step, np.array(rows.numpy()), list(req_ids), None))
         real["snapshot"](self, step, rows, req_ids, event)
 
     def finished(self, req_ids, tails, event):
-        jobs.append(("finish", list(req_ids), np.array(tails), None))
+        jobs.append(("finish", list(req_ids), np.array(tails.numpy()), None))
         real["finished"](self, req_ids, tails, event)
 
     requests = dc._requests(traces, tokenizer, dc.LOOP_REQUESTS, np.random.default_rng(3))
@@ -84,19 +84,19 @@ def record(traces: str | None, tokenizer: str | None, level: int,
 
 def replay(steps: list[list[tuple]], level: int) -> dict:
     """One replay into a fresh feeder: its CPU per step by phase, and the digest."""
+    from suffixspec.device.feeder import PHASES
     from suffixspec.integrations.vllm import device_speculator as ds
-    from suffixspec.integrations.vllm.feeder import PHASES
 
     max_reqs = max(level, 8)
     spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
                                      dc.States(max_reqs, 4096, torch.device("cpu")),
                                      start=False)
     spec.start(wait=True)
-    feeder = spec.feeder
+    feeder = spec.drafter.feeder
     while feeder.stats.seconds == 0.0:  # the ready job runs on the feeder's own thread
         time.sleep(0.01)
     feeder.stats = type(feeder.stats)()  # this thread's work only, from here
-    payloads = [b.numpy() for b in spec._host_payloads]
+    payloads = [b.numpy() for b in spec.drafter._host_payloads]
     digest = hashlib.blake2b(digest_size=8)
     cpu = wall = 0.0
     for n, group in enumerate(steps, start=1):

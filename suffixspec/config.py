@@ -114,7 +114,7 @@ class ProposerConfig:
         reference's draft at each step, score both once the tokens that
         followed are known, and draft the reference instead where it has
         done better at that pair of match lengths (``native.arbiter``).
-        Drafting on the device (``SUFFIXSPEC_RUNNER=mrv2``) follows it
+        Drafting on the device (vLLM's ``method: "suffixspec"``) follows it
         unless ``SUFFIXSPEC_DEVICE_ARBITER=0`` (docs/device.md).
     family_outputs:
         A request that starts a conversation (continues no finished one)

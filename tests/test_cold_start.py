@@ -79,20 +79,18 @@ DEVICE_SERVE = """
 from suffixspec.device.replay import DeviceWindowsProposer
 
 text = np.random.default_rng(0).integers(0, 50, 400)
-for stale in (0, 1):
-    p = DeviceWindowsProposer(stale=stale, max_spec_tokens=4, corpus_tokens=1 << 12,
-                              vocab_size=64)
-    for r in range(3):
-        ids = [f"{r}-{i}" for i in range(r + 1)]
-        for i, rid in enumerate(ids):
-            p.start_request(rid, text[i:i + 40])
-        for step in range(6):
-            p.propose(ids)
-            for rid in ids:
-                p.extend(rid, text[40 + 3 * step:43 + 3 * step])
-        for rid in ids[:-1]:
-            p.finish_request(rid)
-        p.abort_request(ids[-1])
+p = DeviceWindowsProposer(max_spec_tokens=4, corpus_tokens=1 << 12, vocab_size=64)
+for r in range(3):
+    ids = [f"{r}-{i}" for i in range(r + 1)]
+    for i, rid in enumerate(ids):
+        p.start_request(rid, text[i:i + 40])
+    for step in range(6):
+        p.propose(ids)
+        for rid in ids:
+            p.extend(rid, text[40 + 3 * step:43 + 3 * step])
+    for rid in ids[:-1]:
+        p.finish_request(rid)
+    p.abort_request(ids[-1])
 """
 
 

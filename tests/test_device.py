@@ -161,29 +161,61 @@ def test_documents_packed_on_the_host_index_the_device_corpus_as_its_numba_twin(
     assert (packer.head, packer.docs) == (state[0], state[1])
 
 
-@pytest.mark.parametrize("parts", [1, 3, 8])
-def test_the_calibration_table_reaches_the_device_slice_by_slice(parts):
-    """Each payload carries the next slice of the table (``PayloadSpec.table_at``);
-    ``apply`` writes it in place, and ``parts`` payloads carry every row."""
+def test_the_calibration_tables_changed_rows_reach_the_device_in_place():
+    """A payload carries the rows that changed with their values (``table_idx``,
+    ``table``); ``apply`` writes them in place and leaves every other row, the
+    unused entries naming the trash row past the table."""
     from suffixspec.device.payload import Packer, PayloadSpec, apply, views
 
-    spec = PayloadSpec(WindowSpec(k=4), rows=1, paths=1, doc_tokens=4, table_parts=parts)
-    table = np.random.default_rng(parts).random((cal.TABLE_ROWS, 2)).astype(np.float32)
+    spec = PayloadSpec(WindowSpec(k=4), rows=1, paths=1, doc_tokens=4, table_rows=16)
     calibration = Calibration(dtype=torch.float32)
+    calibration.table[:] = 7.0
     windows = DeviceWindows(spec.window, 1)
     packer = Packer(spec, trash_slot=1, trash_key=0, corpus_tokens=1, corpus_buckets=1)
-    for part in range(parts):
-        buffer = np.zeros(spec.size, np.int32)
-        v = views(buffer, spec)
-        packer.clear(v)
-        at = spec.table_at(part)
-        v["table_at"][0] = at
-        v["table"].view(np.float32)[:] = table[at:at + spec.table_rows]
-        apply(torch.from_numpy(buffer), spec, windows, calibration, None, None)
-        done = at + spec.table_rows
-        assert np.array_equal(calibration.table[:done].numpy(), table[:done])
-        assert not calibration.table[done:].any()  # later slices: not yet
-    assert spec.table_rows * parts >= cal.TABLE_ROWS
+    buffer = np.zeros(spec.size, np.int32)
+    v = views(buffer, spec)
+    packer.clear(v)
+    rows = np.array([0, 5, cal.TABLE_ROWS - 1])
+    v["table_idx"][:3] = rows
+    v["table"].view(np.float32)[:3] = [[1, 2], [3, 4], [5, 6]]
+    apply(torch.from_numpy(buffer), spec, windows, calibration, None, None)
+    table = calibration.table.numpy()
+    assert table[rows].tolist() == [[1, 2], [3, 4], [5, 6]]
+    others = np.ones(cal.TABLE_ROWS, bool)
+    others[rows] = False
+    assert (table[:cal.TABLE_ROWS][others] == 7.0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1))
+def test_the_rows_a_scored_draft_touches_are_the_rows_learn_counts(seed):
+    """``touched_rows`` names every row ``learn`` changes when it scores path
+    drafts (its own row functions), whatever is accepted."""
+    rng = np.random.default_rng(seed)
+    kinds = rng.integers(-1, cal.N_KIND, 64).astype(np.int8)
+    for trial in range(3):
+        b, k = 3, 5
+        stats = cal.new_stats(0.03, kinds)
+        pending = lay.pending(b, k)
+        tokens = rng.integers(0, 64, (b, k)).astype(np.int32)
+        buckets = rng.integers(-1, cal.N_FINE, (b, k)).astype(np.int32)
+        last = rng.integers(-1, 64, b).astype(np.int32)
+        n = rng.integers(0, k + 1, b).astype(np.int32)
+        pending.n[:] = n
+        pending.tokens[:, :k] = tokens
+        pending.buckets[:, :k] = buckets
+        pending.parents[:, :k] = np.arange(-1, k - 1)
+        pending.last[:] = last
+        emitted = np.concatenate([np.where(rng.random(k + 1) < 0.5, np.r_[tokens[i], 9],
+                                           rng.integers(0, 64, k + 1)) for i in range(b)])
+        before = stats.table.copy()
+        cal.learn(tuple(stats), tuple(pending), np.arange(b, dtype=np.int64),
+                  emitted.astype(np.int32), np.arange(0, (b + 1) * (k + 1), k + 1),
+                  np.empty(k, np.int64), np.empty(k, np.bool_))
+        changed = set(np.flatnonzero((stats.table != before).any(axis=1)).tolist())
+        out = np.empty(7 * b * k, np.int64)
+        m = cal.touched_rows(buckets, tokens, last, n, kinds, out)
+        assert changed <= set(out[:m].tolist()), trial
 
 
 def test_pack_doc_refuses_outputs_it_cannot_fill():
@@ -457,7 +489,7 @@ def test_suffixspec_and_its_cli_import_neither_torch_nor_triton():
     import sys
 
     code = ("import sys, suffixspec, suffixspec.proposer, suffixspec.replay.engines, "
-            "suffixspec.cli, suffixspec.integrations.vllm, suffixspec.integrations.vllm.service; "
+            "suffixspec.cli, suffixspec.integrations.vllm, suffixspec.integrations.vllm.build; "
             "from suffixspec import SuffixProposer; "
             "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
             "assert not bad, bad")

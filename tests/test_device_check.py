@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from suffixspec.integrations.vllm.feeder import PHASES  # noqa: E402
+from suffixspec.device.feeder import PHASES  # noqa: E402
 
 
 @pytest.mark.slow

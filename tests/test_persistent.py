@@ -613,7 +613,7 @@ def test_serving_imports_nothing_of_the_offline_wing():
     import sys
 
     code = ("import sys, suffixspec, suffixspec.proposer, suffixspec.pools.persistent, "
-            "suffixspec.integrations.vllm.service; "
+            "suffixspec.integrations.vllm.build, suffixspec.integrations.vllm.v1_runner.service; "
             "bad = [m for m in sys.modules if m.startswith('suffixspec.offline')]; "
             "assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

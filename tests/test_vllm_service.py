@@ -1,4 +1,4 @@
-"""The drafting service behind both vLLM runners, driven by a stand-in engine."""
+"""The V1 runner's drafting service (vLLM <= 0.33), driven by a stand-in engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
-from suffixspec.integrations.vllm import service as svc
+from suffixspec.integrations.vllm.build import build_proposer
+from suffixspec.integrations.vllm.v1_runner import service as svc
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.pools.store import PoolStore
 
@@ -153,10 +154,10 @@ def test_a_persistent_pool_gets_the_deployment_defaults_and_the_settings(tmp_pat
     from suffixspec.config import ProposerConfig
 
     config = ProposerConfig(max_depth=8)
-    made = svc.build_proposer(config, Settings(pool=str(tmp_path / "a.lmdb")), BYTES)
+    made = build_proposer(config, Settings(pool=str(tmp_path / "a.lmdb")), BYTES)
     assert made.cross.snapshot_every == 1 << 20 and made.cross.refresh_interval == 1.0
     made.close()
-    made = svc.build_proposer(config, Settings(pool=str(tmp_path / "b.lmdb"), snapshot_every=0,
+    made = build_proposer(config, Settings(pool=str(tmp_path / "b.lmdb"), snapshot_every=0,
                                                refresh_interval=0.25), BYTES)
     assert made.cross.snapshot_every is None and made.cross.refresh_interval == 0.25
     made.close()

@@ -71,8 +71,8 @@ def test_unknown_key_in_file_is_refused(tmp_path):
 
 def test_tested_release_range():
     ok = contract.tested
-    assert ok("0.32.0") and ok("0.32.1") and ok("0.33.0")
-    assert not ok("0.31.0") and not ok("0.34.0") and not ok("0.320.0")
+    assert ok("0.32.0") and ok("0.32.1") and ok("0.33.0") and ok("0.34.0")
+    assert not ok("0.31.0") and not ok("0.35.0") and not ok("0.320.0")
     assert not ok(None) and not ok("not a version")
 
 

@@ -137,7 +137,7 @@ def generate(model, prompts_file, spec, modes, k, max_tokens, max_model_len, kv_
     if unknown_runner:
         from suffixspec.integrations.vllm import contract
 
-        contract.problems = lambda root: ["GPUModelRunner is not what this test pretends"]
+        contract.v1_problems = lambda root: ["GPUModelRunner is not what this test pretends"]
     from vllm import SamplingParams
 
     prompts = [{"prompt_token_ids": p} for p in json.load(open(prompts_file))]

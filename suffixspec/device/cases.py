@@ -44,7 +44,7 @@ def random_case(rng, device="cpu", batch=None):
     table = np.stack([np.floor(tried * rng.random(cal.TABLE_ROWS)), tried], 1)
     # token and bigram rows' accepted may pass their "expected"
     table[cal.TOKEN_BASE:, 0] = rng.integers(0, 30, cal.TABLE_ROWS - cal.TOKEN_BASE)
-    calibration.table[:] = torch.from_numpy(table.astype(np.float32))
+    calibration.table[:table.shape[0]] = torch.from_numpy(table.astype(np.float32))
     calibration.params[:] = torch.tensor(calibration.host_params(
         cal.new_state(0.0), float(rng.choice([0.0, 0.05, 0.3])),
         float(rng.choice([-1.0, 0.5, 2.0])), 0.0, 64, bool(rng.integers(2)),

@@ -192,9 +192,13 @@ class LiveCorpus:
         start afresh before the stamp outgrows its field."""
         self.calls += 1
         if self.calls >= LIVE_STAMPS:
-            self.table.fill_(-1)
-            self.stamp.zero_()
-            self.calls = 0
+            self.reset()
+
+    def reset(self) -> None:
+        """Index nothing (in place: recorded graphs hold these tensors)."""
+        self.table.fill_(-1)
+        self.stamp.zero_()
+        self.calls = 0
 
     def index(self, hist: torch.Tensor, total_len: torch.Tensor, slots: torch.Tensor) -> None:
         """Index the positions rows ``slots`` gained since their last call (at

@@ -117,7 +117,8 @@ class DeviceWindows:
 
 
 class Calibration:
-    """The calibration table on the device (``table``: ``[TABLE_ROWS, 2]``),
+    """The calibration table on the device (``table``: ``[TABLE_ROWS + 1, 2]``,
+    the last row the trash row of payload entries that name none),
     ``params`` (``P_*``), in ``dtype``, and the arbiter's choice per cell
     (``prefer``, int32 ``[arbiter.ARB_ROWS]``: 1 where the reference's draft
     has done better than the policy's pick, ``arbiter.preferred``), and the
@@ -125,7 +126,7 @@ class Calibration:
     ``set_kinds``)."""
 
     def __init__(self, device="cpu", dtype=torch.float32, vocab: int = 1):
-        self.table = torch.zeros(cal.TABLE_ROWS, 2, dtype=dtype, device=device)
+        self.table = torch.zeros(cal.TABLE_ROWS + 1, 2, dtype=dtype, device=device)
         self.kinds = torch.full((max(vocab, 1),), -1, dtype=torch.int32, device=device)
         self.params = torch.zeros(PARAMS, dtype=dtype, device=device)
         self.prefer = torch.zeros(arbiter.ARB_ROWS, dtype=torch.int32, device=device)

@@ -2,9 +2,9 @@
 
 The feeder (on the host) packs, into a pinned buffer, everything the device's
 drafting state learns in a step: fresh windows for some request slots, the
-step's cost threshold, a slice of the calibration table (``table_parts``
-slices, one a step in turn: a row reaches the device within that many
-steps, and the payload stays small), the arbiter's choices, the one-token
+step's cost threshold, the calibration table's rows that changed (those
+the step's scoring counted, and at first those a table loaded from the
+pool holds), the arbiter's choices, the one-token
 paths that changed, finished outputs for the device corpus (with their
 hash buckets, computed here), and the family rows of requests that
 started.  The worker copies the buffer to the device (no wait) and, with
@@ -33,23 +33,14 @@ from suffixspec.native.vllm_suffix import SLOTS, pack_doc
 class PayloadSpec:
     """Room per step: window ``rows``, one-token ``paths``, corpus
     ``doc_tokens``, ``family_rows`` (none where the window spec has no family
-    row); the calibration table in ``table_parts`` slices."""
+    row), calibration ``table_rows`` (rows that changed; more wait a step)."""
 
     window: WindowSpec
     rows: int = 64
     paths: int = 512
     doc_tokens: int = 4096
     family_rows: int = 8
-    table_parts: int = 8
-
-    @property
-    def table_rows(self) -> int:
-        """Rows of the calibration table one payload carries."""
-        return -(-cal.TABLE_ROWS // self.table_parts)
-
-    def table_at(self, part: int) -> int:
-        """The first row of slice ``part`` (the last one ends at the table's end)."""
-        return min(part * self.table_rows, cal.TABLE_ROWS - self.table_rows)
+    table_rows: int = 8192
 
     def sections(self) -> dict[str, tuple[int, ...]]:
         w = self.window
@@ -60,8 +51,8 @@ class PayloadSpec:
             "win_tokens": (self.rows, w.rows, w.width), "win_c": (self.rows, w.rows, w.width),
             "win_n": (self.rows, w.rows, w.width), "win_meta": (self.rows, w.rows, W_FIELDS),
             "params": (PARAMS,),                  # float32 bits
-            "table_at": (1,),                     # the slice's first row
-            "table": (self.table_rows, 2),        # float32 bits
+            "table_idx": (self.table_rows,),      # the rows (TABLE_ROWS: unused)
+            "table": (self.table_rows, 2),        # their values, float32 bits
             "prefer": (arbiter.ARB_ROWS,),        # the arbiter's choice per cell (0 or 1)
             "path_keys": (self.paths,), "path_tokens": (self.paths, w.k),
             "path_c": (self.paths, w.k), "path_n": (self.paths, w.k),
@@ -106,6 +97,7 @@ class Packer:
     def clear(self, v: dict) -> None:
         """A step's delta sections emptied (every entry names the trash rows)."""
         v["header"][:] = 0
+        v["table_idx"][:] = cal.TABLE_ROWS  # the table's trash row
         v["slots"][:] = self.trash_slot
         v["epochs"][:] = -1
         v["path_keys"][:] = self.trash_key
@@ -175,8 +167,7 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
         windows.family[dst] = v["fam_tokens"]
         windows.family_len[dst] = v["fam_len"]
     calibration.params.copy_(v["params"].view(torch.float32).to(calibration.params.dtype))
-    rows = (v["table_at"].to(torch.int64)
-            + torch.arange(spec.table_rows, device=payload.device)).clamp(0, cal.TABLE_ROWS - 1)
+    rows = v["table_idx"].to(torch.int64).clamp(0, cal.TABLE_ROWS)
     calibration.table.index_copy_(0, rows,
                                   v["table"].view(torch.float32).to(calibration.table.dtype))
     calibration.prefer.copy_(v["prefer"])

@@ -539,6 +539,43 @@ def _count(table, row, hit, half_life, tried=1.0):
 
 
 @njit(cache=True, nogil=True)
+def touched_rows(buckets, tokens, last, n, kinds, out):
+    """The table rows ``learn`` may count when it scores these path drafts (row
+    ``i``: ``tokens[i, :n[i]]`` with their ``buckets``, after the token
+    ``last[i]``), written to ``out`` (room for ``7 * buckets.size``); returns
+    how many, repeats included.  What drafting on the device sends of the
+    table once its drafts are scored (``device.feeder``)."""
+    m = 0
+    for i in range(buckets.shape[0]):
+        for t in range(n[i]):
+            fine = buckets[i, t]
+            if fine < 0:
+                continue
+            tok = tokens[i, t]
+            prev = last[i] if t == 0 else tokens[i, t - 1]
+            kind = kind_of(kinds, tok)
+            before = kind_of(kinds, prev)
+            if tok >= 0:
+                out[m] = token_row(tok)
+                m += 1
+                if prev >= 0:
+                    out[m] = bigram_row(prev, tok)
+                    m += 1
+            out[m] = fine
+            out[m + 1] = coarse_of(fine)
+            out[m + 2] = shared_of(fine)
+            m += 3
+            if kind < 0:
+                continue
+            out[m] = lift_row(fine, kind)
+            m += 1
+            if before >= 0:
+                out[m] = pair_row(fine, before, kind)
+                m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
 def learn(stats, pending, seq_ids, tokens, offsets, depth_scratch, ok_scratch):
     """Score each request's pending draft against the tokens the engine emitted.
 

@@ -134,9 +134,13 @@ def _windows(ix, root):
     entries = np.zeros((6, 16), np.int32)  # a finished output for the device corpus
     vllm_suffix.pack_doc(TOKENS, 0, 0, 16, *entries)
     # The host's part of each device step: the threshold shipped with the
-    # windows, and the device's pairs of drafts adopted (none in range here).
+    # windows, the table rows its drafts touch, and the device's pairs of
+    # drafts adopted (none in range here).
     pending = lay.pending(b, K)
     cal.threshold(cal.new_stats(0.0).state)
+    cal.touched_rows(np.zeros((b, K), np.int32), np.zeros((b, K), np.int32),
+                     np.zeros(b, np.int32), np.ones(b, np.int32), cal.NO_KINDS,
+                     np.zeros(7 * b * K, np.int64))
     arbiter.adopt(pending.arbiter, pending.keep_meta, pending.keep_tokens,
                   np.zeros(b, np.int64), ix.arena, np.zeros(b, np.int64), np.zeros(b, np.int64),
                   0.0, np.full((b, 3), -1, np.int64), np.zeros((b, 2, K), np.int64))
@@ -256,5 +260,5 @@ KERNELS = (trie.rehash, trie.new_root, trie.extend, trie.extend_batch, trie.remo
            query.draft_path, query.draft_tree, trie.continuations, trie.check_integrity,
            propose.propose_batch, cal.learn, propose.learn_and_extend, held.hold,
            held.reading, held.appending,
-           windows.build_batch, windows.one_token_paths,
+           windows.build_batch, windows.one_token_paths, cal.touched_rows,
            ngram.ngram_propose, token_checks.first_bad_token, vllm_suffix.pack_doc)

