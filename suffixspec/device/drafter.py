@@ -133,8 +133,13 @@ class DeviceDrafter:
         cuda = device.type == "cuda"
         self._cuda = cuda
         if cuda:
-            from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
-                                                        fused_triton, live_triton, scan_triton)
+            try:
+                from suffixspec.device.draft_triton import (corpus_triton, family_scan_triton,
+                                                            fused_triton, live_triton,
+                                                            scan_triton)
+            except ImportError as e:
+                raise RuntimeError(f"drafting on the GPU needs Triton (pip install triton): "
+                                   f"{e}") from None
 
             self._fused, self._scan, self._corpus_kernel = fused_triton, scan_triton, corpus_triton
             self._live_kernel, self._family_scan = live_triton, family_scan_triton

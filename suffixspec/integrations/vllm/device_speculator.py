@@ -115,6 +115,10 @@ class DeviceSuffixSpeculator(BaseSpeculator):
             proposer = build_proposer(drafter.config, self.settings, self._tokenizer,
                                       engine_token_kinds(self._model, self.settings))
             warmup(steps=DEVICE)
+            pool = self.settings.pool or ("in memory" if proposer.cross is not None else "off")
+            ranks = f", for {drafter.tp.world_size} ranks" if drafter.tp is not None else ""
+            logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, "
+                        "cross-request pool %s%s", drafter.k, proposer.max_depth, pool, ranks)
             return proposer
 
         if wait or from_cache(STEPS + DEVICE):  # the device's kernels too, else in the background
