@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from itertools import accumulate
 from typing import Hashable, Sequence
 
@@ -31,8 +32,12 @@ from suffixspec.tokens import as_token_ids
 
 
 _SOURCES = ("request", "cross", "anchor")
-#: Finished requests between two saves of the calibration table to a persistent pool.
+#: The calibration table (22 MB) goes to a persistent pool once this many
+#: requests finished since the last save, and this many seconds passed: at
+#: most once a minute however fast requests finish (each write grows the
+#: file while readers hold its old pages), and at ``close``.
 CALIBRATION_SAVE_EVERY = 16
+CALIBRATION_SAVE_SECONDS = 60.0
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +129,8 @@ class SuffixProposer:
                                     family_outputs=(0 if pool is None
                                                     else int(config.family_outputs)))
         self.reused_tokens = 0  # prompt tokens found indexed already (next turns)
+        self.forgets = 0  # forgets in the cross pool seen (``_refresh_cross``)
+        self._cross_forgets = getattr(self.cross, "forgets", 0)
         # One public call at a time; shared with the pool, whose own thread
         # may let go of the pool file between calls.
         self._lock = pool._lock if pool is not None else threading.RLock()
@@ -137,6 +144,7 @@ class SuffixProposer:
         self._roots_for: tuple = (None, -1, None, {})
         self._no_roots = np.full((8, 1, 1 + lay.SEGMENTS), -1, np.int64)
         self._finished = 0
+        self._saved_at = (0, time.monotonic())  # (finished, when) at the last save
         self._closed = False
         self._calibration_failed = False
         self._load_calibration()
@@ -184,7 +192,7 @@ class SuffixProposer:
             starts = start_anchors(prompt) if anchors is None else _anchors(anchors)
             if starts.shape[0] > 1 and own in draw:
                 family = (own, int(starts[1]))
-        self.reused_tokens += self.requests.start(req_id, prompt, family)
+        self.reused_tokens += self.requests.start(req_id, prompt, family, own)
         seq = self.requests.requests[req_id][1]
         if seq >= self._pending.n.shape[0]:
             self.pending = lay.pending(2 * seq + 2, self.max_spec_tokens, self._pending)
@@ -273,20 +281,23 @@ class SuffixProposer:
         if seq is not None:
             self.cross.commit(seq, request_id=str(req_id))
         self._finished += 1
-        if self._finished % CALIBRATION_SAVE_EVERY == 0:
+        if (self._finished - self._saved_at[0] >= CALIBRATION_SAVE_EVERY
+                and time.monotonic() - self._saved_at[1] >= CALIBRATION_SAVE_SECONDS):
             self.save_calibration()
 
     @locked
     def save_calibration(self) -> bool:
         """Keep the calibration table in a persistent pool, so that an engine
         opening the pool next (after a restart, or a replica) drafts with what
-        this one learned instead of learning it again.  Done every
-        ``CALIBRATION_SAVE_EVERY`` finished requests; the last process to save
+        this one learned instead of learning it again.  Done once
+        ``CALIBRATION_SAVE_EVERY`` requests finished and ``CALIBRATION_SAVE_SECONDS``
+        passed since the last save, and at ``close``; the last process to save
         wins.  Returns whether it was kept; a pool that cannot take it is
         logged once and drafting goes on."""
         save = getattr(self.cross, "save_calibration", None)
         if save is None:
             return False
+        self._saved_at = (self._finished, time.monotonic())
         try:
             save(self.stats.table)
         except FileBusy:
@@ -407,7 +418,7 @@ class SuffixProposer:
         if b > 1:
             _distinct(req_ids)
         if self.cross is not None:
-            self.cross.refresh()  # first: a reload moves outputs to other delta sequences
+            self._refresh_cross()  # first: a reload moves outputs to other delta sequences
         rows = self._rows(req_ids)
         limits = self._limits(max_spec_tokens, b)
         if self._out.n.shape[0] < b:
@@ -481,7 +492,7 @@ class SuffixProposer:
         if windows.tokens.shape[0] < b:
             raise ValueError(f"windows have {windows.tokens.shape[0]} rows for {b} requests")
         if self.cross is not None:
-            self.cross.refresh()
+            self._refresh_cross()
         rows = self._rows(req_ids)
         view, delta, cross_roots = self._cross_args(req_ids)
         batch = (rows[1], rows[0], rows[2], self._limits(None, b), cross_roots)
@@ -502,6 +513,19 @@ class SuffixProposer:
             for whole, a in zip(windows, part):
                 whole[rows_t] = a
         return counts
+
+    def _refresh_cross(self) -> None:
+        """Pick up the cross pool's news; after a ``forget`` there, drop what this
+        proposer keeps of finished requests in memory (their trees, the family
+        outputs): whatever was forgotten is drafted by no one from then on.
+        ``forgets`` counts the forgets seen (drafting on the device clears its
+        pool tiers when it grows)."""
+        self.cross.refresh()
+        seen = getattr(self.cross, "forgets", 0)
+        if seen != self._cross_forgets:
+            self._cross_forgets = seen
+            self.requests.forget_finished()
+            self.forgets += 1
 
     @locked
     def family_outputs(self, req_id: Hashable) -> tuple[np.ndarray, ...]:
@@ -530,7 +554,7 @@ class SuffixProposer:
                np.zeros((rows, width), np.int32)]
         if pool is None or rows == 0:
             return keys[:0], *(a[:0] for a in out)
-        pool.refresh()
+        self._refresh_cross()
         view, delta = pool.view, pool.delta
         ns = self.namespace if namespace is None else namespace
         roots = np.concatenate([[delta.root(ns)], view.roots(ns)]).astype(np.int64)

@@ -51,7 +51,7 @@ def test_the_budget_drops_the_oldest_finished_trees():
         p.start_request(i, np.full(40, i, np.int32))
         p.finish_request(i)
     assert list(p.requests.finished.values())[0][1] == 40
-    assert sum(n for _, n, _ in p.requests.finished.values()) <= 100
+    assert sum(n for _, n, _, _ in p.requests.finished.values()) <= 100
     assert len(p.requests.finished) == 2
     p.requests.index.check_integrity()
 

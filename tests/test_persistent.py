@@ -360,9 +360,12 @@ def _learn(prop, n):
         prop.finish_request(f"r{i}")
 
 
-def test_calibration_survives_restart_and_is_refused_when_damaged(tmp_path, caplog):
+def test_calibration_survives_restart_and_is_refused_when_damaged(tmp_path, caplog,
+                                                                  monkeypatch):
+    from suffixspec import proposer
     from suffixspec.proposer import CALIBRATION_SAVE_EVERY
 
+    monkeypatch.setattr(proposer, "CALIBRATION_SAVE_SECONDS", 0.0)  # saved by count alone
     path = tmp_path / "pool.lmdb"
     pool = pool_at(path)
     prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, pool=pool)

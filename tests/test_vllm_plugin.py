@@ -141,7 +141,8 @@ def test_drafts_are_accepted_and_counted_per_pool(suffixspec_run):
     # Repeated prompts draft from past outputs (their starts through the anchors).
     assert stats["cross_accepted_tokens"] + stats["anchor_accepted_tokens"] > 0
     assert "suffixspec drafter: up to 8 tokens, depth 32" in log
-    assert 'drafted by suffixspec on the V1 model runner (async scheduling off' in log
+    assert ("method \"suffix\" is drafted by suffixspec on vLLM's V1 model runner, on the host "
+            "(async scheduling off)") in log
     assert 'suffixspec serves method "suffix": arctic-inference is not installed' in log
     # No SUFFIXSPEC_DRAFT_COST: the draft cost comes from the engine's own step times.
     assert "draft cost measured from step times" in log
@@ -160,7 +161,7 @@ def test_config_needs_no_arctic_inference_unless_the_plugin_is_switched_off(mode
     assert off["proposer"] == "vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer"
     # Why, in vLLM's own log format, next to vLLM's error.
     line = next(x for x in log.splitlines() if "suffixspec is off" in x)
-    assert re.search(r"WARNING \d\d-\d\d [\d:]+ \[patch.py:\d+\] suffixspec is off", line), line
+    assert re.search(r"WARNING \d\d-\d\d [\d:]+ \[__init__.py:\d+\] suffixspec is off", line), line
     assert "SUFFIXSPEC_ENABLE=0" in line and "needs arctic-inference" in line
 
 
@@ -374,7 +375,7 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
         assert _samples(metrics, "suffixspec_proposer_steps_total")[""] > 0
         # Who drafts, on which runner.
         drafter = _samples(metrics, "suffixspec_drafter")
-        assert [v for k, v in drafter.items() if 'drafter="suffixspec"' in k
+        assert [v for k, v in drafter.items() if 'method="suffix"' in k
                 and 'runner="v1"' in k and 'async_scheduling="off"' in k] == [1.0], drafter
     finally:
         server.send_signal(signal.SIGINT)
@@ -386,7 +387,8 @@ def test_openai_server_answers_with_the_plugin_and_stops_cleanly(model, tmp_path
     text = log_path.read_text()
     assert code == 0, text[-6000:]
     assert "suffixspec drafter: up to 8 tokens" in text  # the engine process used the plugin
-    assert 'drafted by suffixspec on the V1 model runner (async scheduling off' in text
+    assert ("method \"suffix\" is drafted by suffixspec on vLLM's V1 model runner, on the host "
+            "(async scheduling off)") in text
     assert "suffixspec metrics at shutdown" in text
 
 

@@ -191,6 +191,12 @@ def forget_cmd(pool, request_id, namespace, as_json):
     """
     if (request_id is None) == (namespace is None):
         raise click.UsageError("give exactly one of --request-id and --namespace")
+    from suffixspec.offline import learn as learning
+
+    try:  # what a killed `ingest --learn` held back is stored first, then forgotten with the rest
+        learning.recover(pool)
+    except PoolError as e:
+        raise click.ClickException(str(e)) from e
     with open_pool(pool, recover=True) as p:
         deleted = p.forget(request_id=request_id, namespace=namespace)
         _emit({"deleted": deleted, "tokens": p.tokens, "compacted": p.compacted}, as_json)

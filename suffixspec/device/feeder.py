@@ -43,6 +43,7 @@ from suffixspec.device.layout import Calibration, family_row
 from suffixspec.device.payload import Packer, PayloadSpec, views
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
+from suffixspec.native.tokens import MAX_TOKEN_ID
 from suffixspec.native.vllm_suffix import PROMPT_CONTEXT
 
 
@@ -111,6 +112,7 @@ class FeederStats:
     windows_built: int = 0
     paths_sent: int = 0
     table_rows_sent: int = 0
+    forgets: int = 0  # forgets in the pool the device was told of
     docs_sent: int = 0
     families_sent: int = 0
     published: int = 0
@@ -151,6 +153,10 @@ class WindowFeeder:
         # step's drafts touch (sent once scored), and those waiting for room.
         self._touched = np.zeros(0, np.int64)
         self._table_rows: deque = deque()
+        # After a forget in the pool: the corpus ring and one-token path rows not
+        # yet cleared on the device ([ring, paths]; None: nothing to clear).
+        self._forgets = 0
+        self._sweep: list[int] | None = None
         self.proposer = None
         self.requests: dict[str, Followed] = {}
         self.stats = FeederStats()
@@ -340,8 +346,12 @@ class WindowFeeder:
             event.synchronize()
         self._lap("wait")
         self._drop(req_id)  # resumed after preemption: starts over
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.shape[0] and (tokens.min() < 0 or tokens.max() > MAX_TOKEN_ID):
+            self.stats.lost_requests += 1  # not token ids: never followed
+            return
         rec = Followed(slot, epoch, prompt_len)
-        rec.append(np.asarray(tokens, np.int32))
+        rec.append(tokens)
         self.requests[req_id] = rec
         self._start(req_id, rec)
         self._lap("add")
@@ -358,6 +368,8 @@ class WindowFeeder:
         if gained > tail.shape[0]:
             return False
         new = tail[tail.shape[0] - gained:]
+        if new.min() < 0 or new.max() > MAX_TOKEN_ID:  # not a token: this request alone goes
+            return False
         if rec.started:
             if gains is None:
                 self.proposer.extend(req_id, new)
@@ -477,7 +489,8 @@ class WindowFeeder:
             self._pack_table(v, prop.stats.table)
             v["prefer"][:] = arbiter.preferred(prop.pending.arbiter)
             self._lap("calibration")
-        while self._docs:  # taken first: a document the packer refuses is not retried
+            self._pack_forget(v, prop)
+        while self._docs and self._sweep is None:  # taken first: one refused is not retried
             doc = self._docs.popleft()
             if not self.packer.put_doc(v, doc):  # the section is full: next step
                 self._docs.appendleft(doc)
@@ -488,6 +501,30 @@ class WindowFeeder:
             self._ready = (b, step)
             self._next = (b + 1) % len(self.buffers)
         self.stats.published += 1
+
+    def _pack_forget(self, v, prop) -> None:
+        """After a ``forget`` in the pool (the proposer saw it, ``forgets``): the
+        device drops every family row at once, then the corpus ring and the
+        one-token paths a payload's room at a time; documents wait until the
+        ring is clear, those finished before the forget are dropped."""
+        if prop.forgets != self._forgets:
+            self._forgets = prop.forgets
+            self._sweep = [0, 0]
+            self._docs.clear()
+            self._changed.clear()
+            v["clear"][4] = 1
+            self.stats.forgets += 1
+        if self._sweep is None:
+            return
+        ring, paths = self._sweep
+        ring_end, path_end = self.packer.capacity, self.vocab_size
+        v["clear"][:4] = [ring, min(ring + self.spec.clear_ring, ring_end),
+                          paths, min(paths + self.spec.clear_paths, path_end)]
+        self._sweep = [min(ring + self.spec.clear_ring, ring_end),
+                       min(paths + self.spec.clear_paths, path_end)]
+        if self._sweep == [ring_end, path_end]:
+            self._sweep = None
+            self.packer.head = 0  # the ring is clear: documents start at its beginning
 
     def _pack_table(self, v, table: np.ndarray) -> None:
         """The table's rows waiting for the device, as many as a payload holds,

@@ -6,8 +6,9 @@ step's cost threshold, the calibration table's rows that changed (those
 the step's scoring counted, and at first those a table loaded from the
 pool holds), the arbiter's choices, the one-token
 paths that changed, finished outputs for the device corpus (with their
-hash buckets, computed here), and the family rows of requests that
-started.  The worker copies the buffer to the device (no wait) and, with
+hash buckets, computed here), the family rows of requests that
+started, and after a ``forget`` in the pool the ranges of the corpus ring
+and of the one-token paths to clear (and every slot's family row).  The worker copies the buffer to the device (no wait) and, with
 tensor parallelism, broadcasts it from rank 0 on the tensor-parallel group:
 every size is fixed, so every rank applies the same bytes the same way.
 ``apply`` writes it into the state with torch ops of fixed shapes: entries a
@@ -41,12 +42,17 @@ class PayloadSpec:
     doc_tokens: int = 4096
     family_rows: int = 8
     table_rows: int = 8192
+    clear_ring: int = 1 << 16    # corpus ring positions one payload clears, at most
+    clear_paths: int = 1 << 14   # one-token path rows one payload clears, at most
 
     def sections(self) -> dict[str, tuple[int, ...]]:
         w = self.window
         f = self.family_rows if w.family else 0
         return {
             "header": (4,),                       # step, rows used, paths used, tokens used
+            # After a forget: ring positions and path rows [from, to) to clear, and
+            # 1 to clear every slot's family row.
+            "clear": (5,),
             "slots": (self.rows,), "epochs": (self.rows,),
             "win_tokens": (self.rows, w.rows, w.width), "win_c": (self.rows, w.rows, w.width),
             "win_n": (self.rows, w.rows, w.width), "win_meta": (self.rows, w.rows, W_FIELDS),
@@ -97,6 +103,7 @@ class Packer:
     def clear(self, v: dict) -> None:
         """A step's delta sections emptied (every entry names the trash rows)."""
         v["header"][:] = 0
+        v["clear"][:] = 0
         v["table_idx"][:] = cal.TABLE_ROWS  # the table's trash row
         v["slots"][:] = self.trash_slot
         v["epochs"][:] = -1
@@ -153,6 +160,7 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
           corpus: DeviceCorpus | None) -> None:
     """Write ``payload`` (a device tensor) into the drafting state, fixed shapes only."""
     v = views(payload, spec)
+    _clear(v["clear"].to(torch.int64), spec, windows, paths, corpus)
     slots = v["slots"].to(torch.int64)
     live = v["epochs"] == windows.epoch[slots]
     dst = torch.where(live, slots, windows.epoch.shape[0] - 1)  # the trash slot
@@ -179,3 +187,19 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
 
 
 __all__ = ["Packer", "PayloadSpec", "SLOTS", "apply", "views"]
+
+
+def _clear(clear: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
+           paths: OneTokenPaths | None, corpus: DeviceCorpus | None) -> None:
+    """What a ``forget`` asks the device to drop, fixed shapes: corpus ring
+    positions ``clear[0]:clear[1]`` (their tokens -1: every candidate there
+    then fails its check), one-token path rows ``clear[2]:clear[3]``, and
+    every slot's family row when ``clear[4]``.  Unused entries name the trash
+    position and row."""
+    windows.family_len.mul_((clear[4] == 0).to(windows.family_len.dtype))
+    if corpus is not None and corpus.capacity > 1:
+        at = clear[0] + torch.arange(spec.clear_ring, device=clear.device)
+        corpus.tokens.index_fill_(0, torch.where(at < clear[1], at, corpus.capacity), -1)
+    if paths is not None and paths.tokens.shape[0] > 1:
+        at = clear[2] + torch.arange(spec.clear_paths, device=clear.device)
+        paths.n.index_fill_(0, torch.where(at < clear[3], at, paths.vocab), 0)

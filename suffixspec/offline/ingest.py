@@ -292,6 +292,7 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
     (``"prompt"``), for its output's anchors.
     """
     conversations = Conversations()
+    header = None  # an export's first header
     if fmt == "text":
         try:
             with _open_binary(path) as f:
@@ -326,6 +327,16 @@ def records(path: Path, fmt: str, roles: tuple[str, ...], include_prompts: bool
                     raise BadRecord(f"record is {type(rec).__name__}, not an object")
                 if fmt == "export":
                     if EXPORT_HEADER in rec:
+                        if header is None:
+                            header = rec
+                        elif _pool_of(rec) != _pool_of(header):  # concatenated exports
+                            yield n, BadRecord(
+                                f"a second export header, of a pool with tokenizer "
+                                f"{rec.get('tokenizer')} ({rec.get('fingerprint')}) where the "
+                                f"first named {header.get('tokenizer')} "
+                                f"({header.get('fingerprint')}): the lines after it are not "
+                                f"ingested"), {}
+                            return
                         continue
                     fields = {k: _text(str(rec[k]), f"'{k}'")
                               for k in ("source", "request_id") if rec.get(k)}
@@ -374,6 +385,11 @@ def _export_tokens(rec: dict) -> np.ndarray:
         raise BadRecord(f"'anchors' must be a list of at most {MAX_ANCHORS} anchor ids "
                         f"in [{SYNTHETIC_BASE}, {INT32_MAX}]")
     return np.concatenate([np.asarray(anchors, np.int32), tokens])
+
+
+def _pool_of(header: dict) -> tuple:
+    """What an export header says of the pool its records' token ids belong to."""
+    return header.get("fingerprint"), header.get("max_depth"), header.get("vocab_size")
 
 
 def export_header(path: Path) -> dict:
@@ -428,12 +444,15 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
     pending_tokens = 0
     text_bytes = 0  # of the texts and new prompt pieces waiting to be tokenized
 
-    def stored(ns: str, record_id: str, tokens: np.ndarray) -> bool:
-        """Whether the pool holds this record already (then it counts once less)."""
+    def known() -> StoredRecords:
         nonlocal present
         if present is None:
             present = StoredRecords(store)
-        if present.take(ns, record_id, tokens):
+        return present
+
+    def stored(ns: str, record_id: str, tokens: np.ndarray) -> bool:
+        """Whether the pool holds this record already (then it counts once less)."""
+        if known().take(ns, record_id, tokens):
             report.duplicates += 1
             return True
         return False
@@ -492,14 +511,15 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         if not pending:
             return
         t0 = time.perf_counter()
-        try:
-            store.add_many(pending)
+        try:  # checked again in the commit: another ingest may have stored some since
+            added = known().add_missing(store, pending)
         except DiskFullError as e:
             raise DiskFullError(f"{e}; committed before this batch: {report.sequences} "
                                 f"sequences, {report.tokens} tokens") from e
         report.store_s += time.perf_counter() - t0
-        report.sequences += len(pending)
-        report.tokens += pending_tokens
+        report.duplicates += len(pending) - len(added)
+        report.sequences += len(added)
+        report.tokens += sum(item[0].shape[0] - anchor_count(item[0]) for item in added)
         if progress is not None:
             progress(pending_tokens)
         pending.clear()

@@ -120,11 +120,8 @@ def commit_rest(pool: str | Path, held: list[Held]) -> int:
     """Store those of ``held`` the pool does not hold yet, as a live commit
     would; returns how many."""
     with PoolStore(pool) as store:
-        rest = [(h.stored, h.namespace, "ingest", h.request_id)
-                for h in _not_stored(store, held)]
-        if rest:
-            store.add_many(rest)
-    return len(rest)
+        return len(StoredRecords(store).add_missing(
+            store, [(h.stored, h.namespace, "ingest", h.request_id) for h in held]))
 
 
 def _not_stored(store: PoolStore, held: list[Held]) -> list[Held]:

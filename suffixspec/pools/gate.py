@@ -13,16 +13,37 @@ So the swap happens only while no other process has the file open:
   counter change at their next pool operation, close their environment and
   queue at the turnstile; they enter again once the new file is in place.
 
-Locks are POSIX record locks (``fcntl.lockf``): the kernel drops them when a
-process dies, so a killed process never blocks a compaction.
+Locks are open-file-description locks (``F_OFD_SETLK``, Linux): each is held
+by the descriptor that took it, so closing another descriptor of the gate
+file in the same process (a second handle on the pool, refused or closed)
+leaves it in place, and the kernel drops it when its process dies, so a
+killed process never blocks a compaction.  Where the kernel has no such
+locks, POSIX record locks (``fcntl.lockf``) stand in; those are held per
+process, and closing any descriptor of the file drops them all.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import struct
 import time
 from pathlib import Path
+
+_OFD = hasattr(fcntl, "F_OFD_SETLK")
+_SHARED, _EXCLUSIVE, _FREE = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
+_LOCKF = {_SHARED: fcntl.LOCK_SH, _EXCLUSIVE: fcntl.LOCK_EX, _FREE: fcntl.LOCK_UN}
+
+
+def _lock(fd: int, kind: int, offset: int, wait: bool = True) -> None:
+    """Lock (or free) byte ``offset`` of ``fd``; without ``wait``, ``OSError``
+    when another holder conflicts."""
+    if _OFD:
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
+        arg = struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
+    else:
+        fcntl.lockf(fd, _LOCKF[kind] | (0 if wait else fcntl.LOCK_NB), 1, offset)
 
 _TURNSTILE = 0  # byte offsets of the two locks
 _GATE = 1
@@ -53,25 +74,25 @@ class Gate:
         if fd is None:
             return True
         try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB), 1, _TURNSTILE)
+            _lock(fd, _SHARED, _TURNSTILE, wait)
         except OSError:
             return False
         try:
-            fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)
+            _lock(fd, _SHARED, _GATE)
             # Read while the turnstile keeps a compaction from asking: a request
             # made after this must look new to ``requested``.
             self.seen = self._counter(fd)
         finally:
-            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+            _lock(fd, _FREE, _TURNSTILE)
         return True
 
     def leave(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, _GATE)
+            _lock(self._fd, _FREE, _GATE)
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)  # drops this process's locks on the file
+            os.close(self._fd)  # drops this descriptor's locks
         self._fd = None
 
     def requested(self) -> bool:
@@ -89,18 +110,18 @@ class Gate:
         fd = self._file()
         if fd is None:
             return False
-        fcntl.lockf(fd, fcntl.LOCK_EX, 1, _TURNSTILE)
+        _lock(fd, _EXCLUSIVE, _TURNSTILE)
         self.seen = self._counter(fd) + 1
         os.pwrite(fd, self.seen.to_bytes(8, "little"), _COUNTER)
         deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _GATE)
+                _lock(fd, _EXCLUSIVE, _GATE, wait=False)
                 return True
             except OSError:
                 if time.monotonic() >= deadline:
-                    fcntl.lockf(fd, fcntl.LOCK_SH, 1, _GATE)  # back to an ordinary holder
-                    fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+                    _lock(fd, _SHARED, _GATE)  # back to an ordinary holder
+                    _lock(fd, _FREE, _TURNSTILE)
                     return False
                 time.sleep(0.01)
 
@@ -109,8 +130,8 @@ class Gate:
         fd = self._file()
         if fd is None:
             return
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _GATE)
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        _lock(fd, _FREE, _GATE)
+        _lock(fd, _FREE, _TURNSTILE)
 
     def idle(self) -> bool:
         """True when no compaction is running (used to clean up its leftovers)."""
@@ -118,10 +139,10 @@ class Gate:
         if fd is None:
             return False
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _TURNSTILE)
+            _lock(fd, _EXCLUSIVE, _TURNSTILE, wait=False)
         except OSError:
             return False
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _TURNSTILE)
+        _lock(fd, _FREE, _TURNSTILE)
         return True
 
     @staticmethod

@@ -37,7 +37,8 @@ class RequestPool:
     agent's next turn usually arrives soon, as a new
     request whose prompt is the previous turn's prompt and output plus a few
     new tokens, and ``start`` then takes over that tree and indexes only the
-    new tokens.
+    new tokens.  Only a request of the same namespace takes a tree over:
+    a namespace never drafts another's outputs.
 
     With ``family_outputs``, the outputs of the latest requests of each
     *family* (a key the caller gives ``start``) are kept too, and a new tree
@@ -57,21 +58,26 @@ class RequestPool:
         self._family_tokens = 0
         self._family_of: dict[Hashable, tuple[Hashable, int]] = {}
         self._tree_family: dict[int, tuple[np.ndarray, ...]] = {}  # tree -> outputs it indexed
-        # Finished requests' trees, oldest first: seq -> (tree, tokens, last token)
-        self.finished: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        self._family_seqs: dict[int, list[int]] = {}  # tree -> their sequences
+        # Finished requests' trees, oldest first: seq -> (tree, tokens, last token, namespace)
+        self.finished: OrderedDict[int, tuple[int, int, int, Hashable]] = OrderedDict()
         self._finished_tokens = 0
+        self._namespace_of: dict[Hashable, Hashable] = {}  # active request -> its namespace
 
-    def start(self, req_id: Hashable, prompt: np.ndarray, family: Hashable | None = None) -> int:
-        """Index ``prompt`` for ``req_id``; returns how many of its tokens were
-        already indexed (the finished request it continues), else 0.  A new
-        tree also indexes the latest outputs of the prompt's ``family``."""
-        reused = self._continued(prompt)
+    def start(self, req_id: Hashable, prompt: np.ndarray, family: Hashable | None = None,
+              namespace: Hashable = DEFAULT_NAMESPACE) -> int:
+        """Index ``prompt`` for ``req_id``, whose output joins ``namespace``;
+        returns how many of its tokens were already indexed (the finished
+        request of that namespace it continues), else 0.  A new tree also
+        indexes the latest outputs of the prompt's ``family``."""
+        reused = self._continued(prompt, namespace)
         if reused is None:
             tree = self.index.add_tree()
             outputs = tuple(self.families.get(family, ()))
             for output in outputs:
-                self.index.extend(self.index.add_sequence(tree, capacity=output.shape[0]),
-                                  output)
+                s = self.index.add_sequence(tree, capacity=output.shape[0])
+                self.index.extend(s, output)
+                self._family_seqs.setdefault(tree, []).append(s)
             if outputs:
                 self._tree_family[tree] = outputs
             seq = self.index.add_sequence(tree, capacity=prompt.shape[0] + 256)
@@ -82,6 +88,7 @@ class RequestPool:
             self._finished_tokens -= have
         self.index.extend(seq, prompt[have:])
         self.requests[req_id] = (tree, seq)
+        self._namespace_of[req_id] = namespace
         if family is not None and self.family_outputs > 0:
             self._family_of[req_id] = (family, prompt.shape[0])
         return have
@@ -96,17 +103,20 @@ class RequestPool:
 
     def _drop_tree(self, tree: int) -> None:
         self._tree_family.pop(tree, None)
+        self._family_seqs.pop(tree, None)
         self.index.drop_tree(tree)
 
     def drop(self, req_id: Hashable) -> None:
         tree, _ = self.requests.pop(req_id)
         self._family_of.pop(req_id, None)
+        self._namespace_of.pop(req_id, None)
         self._drop_tree(tree)
 
     def retire(self, req_id: Hashable) -> None:
         """The request finished: keep its tree for a request that continues it,
         and its output among its family's latest."""
         tree, seq = self.requests.pop(req_id)
+        namespace = self._namespace_of.pop(req_id, DEFAULT_NAMESPACE)
         n = self.index.seq_len(seq)
         family = self._family_of.pop(req_id, None)
         if family is not None and n > family[1]:
@@ -114,13 +124,29 @@ class RequestPool:
         if n > self.keep_tokens:
             self._drop_tree(tree)
             return
-        self.finished[seq] = (tree, n, int(self.index.view(seq)[n - 1]) if n else -1)
+        self.finished[seq] = (tree, n, int(self.index.view(seq)[n - 1]) if n else -1, namespace)
         self._finished_tokens += n
         while (self._finished_tokens > self.keep_tokens
                or len(self.finished) > KEEP_REQUESTS):
-            _, (old_tree, old_n, _) = self.finished.popitem(last=False)
+            _, (old_tree, old_n, _, _) = self.finished.popitem(last=False)
             self._finished_tokens -= old_n
             self._drop_tree(old_tree)
+
+    def forget_finished(self) -> None:
+        """Drop every finished request's tree and every family's outputs, also
+        from the trees of active requests (what ``forget`` deleted from the
+        pool may be among them); active requests keep their own tokens."""
+        for tree, _, _, _ in self.finished.values():
+            self._drop_tree(tree)
+        self.finished.clear()
+        self._finished_tokens = 0
+        self.families.clear()
+        self._family_tokens = 0
+        for tree, seqs in self._family_seqs.items():
+            for s in seqs:
+                self.index.remove(s)
+            self._tree_family.pop(tree, None)
+        self._family_seqs.clear()
 
     def _keep_output(self, family: Hashable, output: np.ndarray) -> None:
         """``output`` joins its family's latest; the least recent family goes
@@ -135,15 +161,17 @@ class RequestPool:
             _, dropped = self.families.popitem(last=False)
             self._family_tokens -= sum(o.shape[0] for o in dropped)
 
-    def _continued(self, prompt: np.ndarray) -> tuple[int, int] | None:
-        """(seq, length) of the longest finished sequence ``prompt`` starts with.
+    def _continued(self, prompt: np.ndarray, namespace: Hashable) -> tuple[int, int] | None:
+        """(seq, length) of the longest finished sequence of ``namespace`` that
+        ``prompt`` starts with.
 
         Most are told apart by the token at their end, kept with them: only
         those whose last token the prompt has there are compared whole."""
         best = None
         size = prompt.shape[0]
-        for seq, (_, n, last) in self.finished.items():
-            if (0 < n <= size and (best is None or n > best[1]) and prompt[n - 1] == last
+        for seq, (_, n, last, ns) in self.finished.items():
+            if (ns == namespace and 0 < n <= size and (best is None or n > best[1])
+                    and prompt[n - 1] == last
                     and np.array_equal(self.index.view(seq), prompt[:n])):
                 best = (seq, n)
         return best

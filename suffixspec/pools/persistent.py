@@ -43,6 +43,7 @@ from suffixspec.pools import files, segments
 from suffixspec.pools.memory import Delta
 from suffixspec.pools.store import FileBusy, PoolError, PoolStore
 from suffixspec.pools.background import in_background
+from suffixspec.native import layout as lay
 from suffixspec.pools.loader import FULL, OPEN_ROOM_TOKENS, Loader, Prepared
 from suffixspec.pools.writer import Writer
 from suffixspec.pools.view import PoolView
@@ -54,6 +55,9 @@ CATCH_UP_TOKENS = 1 << 11
 #: Another process's commit longer than this is indexed by the loader thread, not a
 #: serving call (see ``PersistentPool._catch_up``).
 LONG = 1 << 14
+#: Deleted tokens a serving call takes out of the delta itself; past this the
+#: delta starts afresh and the loader indexes again (``_drop_deleted``).
+DROP_TOKENS = 1 << 15
 
 
 
@@ -102,6 +106,9 @@ class PersistentPool:
         self._long_pending = False  # a long commit is being indexed by the loader
         self._own: set[int] = set()  # ids this process committed and indexed already
         self._deletes = 0
+        #: ``forget`` deletions seen: the proposer drops what it keeps in memory
+        #: beside the pool (finished trees, family outputs) when this grows.
+        self.forgets = self.store.forgets()
         self._inode = None
         self._last_refresh = 0.0
         self._since_snapshot = 0
@@ -111,18 +118,22 @@ class PersistentPool:
         self._snapshotter: subprocess.Popen | None = None
         self._writer = Writer(self)
         self._closed = False
+        # Prepared without holding the lock (it takes it for short reads), so that
+        # a compaction asked meanwhile is let through, not waited on for ever.
+        prepared = self._loader.prepare(OPEN_ROOM_TOKENS)
         with self._lock:
-            self._swap(self._loader.prepare(OPEN_ROOM_TOKENS))
+            self._swap(prepared)
         self.store.watch()
         self._writer.start()
 
-    def recover(self) -> bool:
+    def recover(self, timeout: float = 10.0) -> bool:
         """Finish what an interrupted command left: leftover files, snapshot
-        folders no longer named, a forget's compaction.  The offline commands
-        call it (``suffixspec snapshot``, ``prune``, ``forget``); a server
-        never does, so opening a pool to serve does no maintenance (what a
-        cut-short forget deleted is never drafted either way).  Returns
-        whether everything was finished."""
+        folders no longer named, a forget's compaction (waiting up to
+        ``timeout`` seconds for servers to let go of the file, as ``forget``
+        does).  The offline commands call it (``suffixspec snapshot``,
+        ``prune``, ``forget``); a server never does, so opening a pool to
+        serve does no maintenance (what a cut-short forget deleted is never
+        drafted either way).  Returns whether everything was finished."""
         if self.store.readonly:
             return True
         with self._lock:
@@ -131,7 +142,7 @@ class PersistentPool:
         if not self.store.compaction_pending():
             return True
         try:  # a forget was cut short: finish it
-            self._finish_forget(timeout=0.0)
+            self._finish_forget(timeout)
         except PoolError as e:  # what it deleted is not drafted: serve on
             self._warn("forget", f"suffixspec: a forget on {self.store.path} is not finished "
                                  f"({e}); the next `suffixspec snapshot` that can, finishes it")
@@ -236,7 +247,8 @@ class PersistentPool:
                 snap = self.store.snapshot()
                 if (snap.generation if snap else 0) != self.view.generation:
                     self.reload()
-                self._drop_deleted(self.store.deletes())
+                self._drop_deleted(self.store.deletes(), bounded=False)
+                self.forgets = self.store.forgets()
                 self._catch_up(None)
             return
         with self._lock:
@@ -259,12 +271,15 @@ class PersistentPool:
 
     def _refresh_from_file(self) -> None:
         if self._file_replaced():
-            self.store._let_go()  # a compaction or a copy replaced it: open the new one
-            self._loader.start()
+            # A compaction or a copy replaced it: open the new one (unless a write
+            # of the writer thread holds it: next time).
+            if self.store._let_go(wait=False):
+                self._loader.start()
             return
         with self.store.read() as txn:
             snap = self.store.snapshot(txn)
             deletes = self.store.deletes(txn)
+            self.forgets = self.store.forgets(txn)
         if deletes != self._deletes:  # what a prune or forget deleted goes at once
             self._drop_deleted(deletes)
             self._keep_listed(snap)
@@ -314,12 +329,26 @@ class PersistentPool:
                 self._ids.pop(seq, None)
         self.delta.maybe_rebuild()  # keeps sequence ids
 
-    def _drop_deleted(self, deletes: int) -> None:
-        """Stop drafting what was deleted since (``prune``, ``forget``)."""
+    def _drop_deleted(self, deletes: int, bounded: bool = True) -> None:
+        """Stop drafting what was deleted since (``prune``, ``forget``), at once.
+
+        Taking a few sequences out of the delta costs little; taking many
+        (a prune of a million tokens) would hold a serving call for seconds.
+        Then the delta is replaced by one holding only the outputs in flight,
+        and the loader thread indexes again what the file still holds: until
+        it is swapped in, others' recent commits are not drafted from.
+        ``bounded`` False (a forced refresh): taken out here, however many."""
         if deletes == self._deletes:
             return
         with self.store.read() as txn:
             gone = [seq for seq, sid in self._ids.items() if not self.store.holds(txn, (sid,))]
+        doomed = sum(int(self.delta.index.seqs[seq, lay.SEQ_LEN]) for seq in gone)
+        if bounded and doomed > DROP_TOKENS:
+            self._swap(Prepared(self.view, Delta(self.max_depth), {}, self._seen, {},
+                                None if self.wanted is None else frozenset(self.wanted),
+                                deletes, self._inode))
+            self._loader.start()
+            return
         for seq in gone:
             del self._ids[seq]
             self.delta.remove(seq)
@@ -350,8 +379,9 @@ class PersistentPool:
 
     def reload(self) -> None:
         """Map the current snapshot and index what it leaves uncovered, now."""
+        prepared = self._loader.prepare()
         with self._lock:
-            self._swap(self._loader.prepare())
+            self._swap(prepared)
 
     def snapshotting(self) -> bool:
         """Whether a snapshot child (``snapshot_every``) is still at work."""
@@ -512,9 +542,12 @@ class PersistentPool:
 
     def _wait_for_file(self) -> None:
         """Until the file can be read without waiting (no compaction holds it),
-        without holding the lock, so serving calls go on meanwhile."""
+        without holding the lock, so serving calls go on meanwhile.  Where this
+        process holds the file a compaction asked for, it lets go here rather
+        than wait for the watcher thread to."""
         while not self.store.can_open_now() and not self._closed:
-            time.sleep(0.01)
+            if not self.store.yield_to_compaction():
+                time.sleep(0.01)
 
     def _file_replaced(self) -> bool:
         try:

@@ -18,7 +18,20 @@ Layout (named databases in one environment, ``subdir=False``, mode 0600):
   gives each one's dtype, shape and checksum.  ``b"verified:<folder>"`` ->
   msgpack stamps of the files of that folder whose checksums and structure
   were checked (``view.open_segment``).
-  ``meta`` also holds ``b"deletes"``: how many deleting transactions ran.
+  ``meta`` also holds ``b"deletes"``: how many deleting transactions ran, and
+  ``b"forgets"``: how many of those were a ``forget`` (serving processes then
+  drop what they keep in memory beside the pool).
+
+A pool is its file, whatever the name it is reached by: links are followed
+before the lock file, the gate and the snapshot folder are named after it
+(LMDB names its lock file after the path it is given, so two names would be
+two locks on one file), a file with a second name (a hard link) is refused,
+and so is anything but a regular file (a FIFO, a device, a folder), before
+it is opened.  New files are made by LMDB's 0.9 engine (py-lmdb 3 also
+ships 1.0, whose files 0.9 cannot read); a file is opened with the engine
+that made it.  Readers a killed process left in the lock file are cleared
+when the file is opened (``reader_check``), so their old pages do not pin
+the file's growth.
 
 Every write is one transaction; a commit that returned is durable.  A full map
 grows and the transaction is retried.  The default map size is large (address
@@ -34,6 +47,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import stat
 import threading
 import time
 import weakref
@@ -126,7 +140,7 @@ class PoolStore:
     def __init__(self, path: str | Path, tokenizer: TokenizerId | None = None,
                  max_depth: int | None = None, readonly: bool = False,
                  map_size: int = 1 << 36, durable: bool = True):
-        self.path = Path(path)
+        self.path = pool_file(path)
         self.readonly = readonly
         self.durable = durable
         self._map_size = map_size
@@ -222,11 +236,12 @@ class PoolStore:
             try:
                 # Opened again (after a compaction) only where it is: a pool file
                 # removed under a process is not made anew, empty, in its place.
-                self._env = lmdb.open(str(self.path), subdir=False, max_dbs=4, mode=0o600,
-                                      map_size=self._map_size, readonly=self.readonly,
-                                      sync=self.durable, metasync=self.durable, lock=True,
-                                      max_readers=256, create=self._pid is None)
+                self._env = _open_lmdb(str(self.path), subdir=False, max_dbs=4, mode=0o600,
+                                       map_size=self._map_size, readonly=self.readonly,
+                                       sync=self.durable, metasync=self.durable, lock=True,
+                                       max_readers=256, create=self._pid is None)
                 self._check_size()
+                self._env.reader_check()  # readers of dead processes pin no pages
                 self._dbs = {name: self._env.open_db(name.encode(), create=not self.readonly)
                              for name in ("meta", "seqs", "snap")}
             except lmdb.Error as e:
@@ -264,13 +279,20 @@ class PoolStore:
         self.env  # noqa: B018 - opens the environment (and its databases) if needed
         return self._dbs[name]
 
-    def _let_go(self) -> None:
-        """Close the environment (the next operation opens it again)."""
-        with self._file_lock:  # not under a write transaction of another thread
+    def _let_go(self, wait: bool = True) -> bool:
+        """Close the environment (the next operation opens it again); without
+        ``wait``, only if no write transaction of another thread holds it:
+        False then, and it stays open."""
+        if not self._file_lock.acquire(blocking=wait):
+            return False
+        try:  # not under a write transaction of another thread
             if self._env is not None and self._pid == os.getpid():
                 self._env.close()
                 self.gate.leave()
             self._env = None
+        finally:
+            self._file_lock.release()
+        return True
 
     def close(self) -> None:
         """Close the pool file for good: its environment, the gate's file, the watcher."""
@@ -280,15 +302,33 @@ class PoolStore:
             self.gate.close()
             self._closed = True
 
-    def yield_to_compaction(self) -> bool:
+    def yield_to_compaction(self, wait: bool | None = None) -> bool:
         """If another process asked to compact the file, let go of it; True if so.
 
         The next operation opens the file again once the compaction is done.
+        Letting go waits for a write transaction of another thread to end
+        unless ``wait`` is False (default: unless in ``no_wait``): the file is
+        then kept until a later call.
         """
         if self._env is None or self._pid != os.getpid() or not self.gate.requested():
             return False
-        self._let_go()
-        return True
+        if wait is None:
+            wait = not getattr(self._local, "no_wait", False)
+        return self._let_go(wait)
+
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read transaction
+        (their old pages are then reused); returns how many.  Never waits."""
+        if self._env is None or self._pid != os.getpid():
+            return 0
+        if not self._file_lock.acquire(blocking=False):
+            return 0
+        try:
+            return self._env.reader_check() if self._env is not None else 0
+        except lmdb.Error:
+            return 0
+        finally:
+            self._file_lock.release()
 
     def can_open_now(self) -> bool:
         """Whether an operation would open the file without waiting for a
@@ -438,6 +478,19 @@ class PoolStore:
 
         return self.write(put)
 
+    def append(self, txn, items: Iterable[tuple]) -> list[int]:
+        """``add_many`` inside the write transaction ``txn`` (``write``)."""
+        return self._append(txn, _records(items, None))
+
+    def records_in(self, txn, after: int = 0) -> Iterator[StoredRecord]:
+        """``records`` read in transaction ``txn``."""
+        with self._damage_is_corruption():
+            cur = txn.cursor(db=self.db("seqs"))
+            if not cur.set_range(_key(after + 1)):
+                return
+            for key, value in cur:
+                yield StoredRecord(int.from_bytes(bytes(key), "big"), len(value), bytes(value))
+
     def _append(self, txn, values: list[bytes]) -> list[int]:
         meta, seqs = self.db("meta"), self.db("seqs")
         first = int.from_bytes(txn.get(b"next_id", db=meta), "big")
@@ -509,6 +562,7 @@ class PoolStore:
                     self._put_segments(txn, kept)
             if forget:
                 txn.put(_COMPACT_PENDING, b"1", db=meta)
+                txn.put(b"forgets", (self.forgets(txn) + 1).to_bytes(8, "big"), db=meta)
             return n
 
         return self.write(drop) if ids else 0
@@ -542,11 +596,16 @@ class PoolStore:
             info = msgpack.unpackb(raw)
             stored = tuple(info["shape"])
             table = np.frombuffer(info["data"], np.float64)
-            intact = zlib.crc32(table) == info["crc"] and table.size == int(np.prod(stored))
+            shape_ok = (0 < len(stored) <= 4 and all(type(d) is int and d >= 0 for d in stored)
+                        and table.size == int(np.prod(stored, dtype=object)))
+            intact = zlib.crc32(table) == info["crc"]
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
             raise CorruptPoolError(f"{self.path}: unreadable table {name!r} ({e})") from e
         if not intact:
             raise CorruptPoolError(f"{self.path}: table {name!r} fails its checksum")
+        if not shape_ok:
+            raise CorruptPoolError(f"{self.path}: table {name!r} has a shape its data cannot "
+                                   f"take ({list(stored)!r} for {table.size} values)")
         return table.reshape(stored).copy()
 
     # --------------------------------------------------------------- snapshot
@@ -582,6 +641,13 @@ class PoolStore:
             with self.read() as t:
                 return self.deletes(t)
         return int.from_bytes(txn.get(b"deletes", db=self.db("meta")) or b"", "big")
+
+    def forgets(self, txn=None) -> int:
+        """How many ``forget`` deletions ran on this pool."""
+        if txn is None:
+            with self.read() as t:
+                return self.forgets(t)
+        return int.from_bytes(txn.get(b"forgets", db=self.db("meta")) or b"", "big")
 
     def update_segments(self, change: Callable) -> int:
         """Replace the snapshot's segments by ``change(current snapshot, txn)`` (a
@@ -752,8 +818,47 @@ def _let_go_when_asked(ref, stop: threading.Event) -> None:
             return
         with store.lock:  # never during another call on the store
             if not stop.is_set():
-                store.yield_to_compaction()  # the next operation reopens
+                # Not while a writer thread holds the file: serving calls wait
+                # for ``lock``, so this thread must never wait with it held.
+                store.yield_to_compaction(wait=False)  # the next operation reopens
+                store.clear_stale_readers()
         del store
+
+
+def pool_file(path: str | Path) -> Path:
+    """The file a pool path names, links followed; ``PoolError`` for what cannot
+    be a pool file: anything but a regular file (looked at without opening
+    it: a FIFO would block), or a file with another name (a hard link), which
+    LMDB would lock under each name apart.  A path that names nothing (a
+    dangling link too) is where the pool will be made."""
+    real = Path(os.path.realpath(path))
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return real
+    except OSError as e:
+        raise PoolError(f"cannot use {path} as a pool ({e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise PoolError(f"{path} is {kind}, not a pool file; it was left untouched")
+    if st.st_nlink > 1:
+        raise PoolError(f"{path} has {st.st_nlink} names (hard links); a pool file must have "
+                        f"one (each name would be locked apart and commits lost): remove the "
+                        f"others, or reach it by a symbolic link")
+    return real
+
+
+def _open_lmdb(path: str, **options) -> lmdb.Environment:
+    """``lmdb.open``, a new file made by LMDB's 0.9 engine whatever
+    ``LMDB_DEFAULT_LIB_VERSION`` says (py-lmdb 3 opens an existing file with
+    the engine that made it)."""
+    if not os.path.exists(path):
+        try:
+            return lmdb.open(path, lib_version=0, **options)
+        except TypeError:  # a py-lmdb with one engine
+            pass
+    return lmdb.open(path, **options)
 
 
 def _refuse_foreign(path: Path) -> None:
@@ -765,7 +870,7 @@ def _refuse_foreign(path: Path) -> None:
     """
     for attempt in range(2):
         try:
-            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, max_dbs=4)
+            env = _open_lmdb(str(path), subdir=False, readonly=True, lock=False, max_dbs=4)
         except lmdb.InvalidError as e:
             raise CorruptPoolError(f"{path} is not a suffixspec pool ({e})") from None
         except lmdb.Error:
@@ -779,6 +884,7 @@ def _refuse_foreign(path: Path) -> None:
             return
         finally:
             env.close()
+        names = {n.rstrip(b"\0") for n in names}  # LMDB 1.0 keeps a name's trailing NUL
         if names <= _OUR_DBS:
             return
         time.sleep(0.05)

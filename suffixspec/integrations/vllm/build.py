@@ -80,7 +80,7 @@ def check_pool(path: str, tokenizer, depth: int) -> None:
     damaged one or another trie depth, as opening it for drafting would."""
     from suffixspec.pools.store import PoolStore
 
-    PoolStore(path, tokenizer, depth).close()
+    PoolStore.shared(path, tokenizer, depth).release()  # the handle in use, if there is one
 
 
 def tokenizer_file(model_config, settings: Settings) -> str | None:
