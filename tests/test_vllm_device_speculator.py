@@ -328,3 +328,61 @@ def test_the_open_outputs_of_requests_in_flight_reach_the_live_corpus(make, monk
     assert length.item() == 2 and tokens[0].tolist() == PATTERN[2:2 + K]
     monkeypatch.setenv("SUFFIXSPEC_DEVICE_LIVE", "0")
     assert make(start=False).drafter.live is None
+
+
+FORGET = r"""
+import sys
+from suffixspec.pools.persistent import PersistentPool
+pool = PersistentPool(sys.argv[1])
+print(pool.forget(namespace="default", timeout=10.0), flush=True)
+pool.close()
+"""
+
+
+def test_a_forget_in_the_pool_clears_the_devices_pool_tiers(make, monkeypatch, tmp_path,
+                                                           tokenizer_path):
+    """A finished output reaches the device's corpus and one-token paths, and a
+    new request drafts it from there; another process forgets its namespace:
+    within a few steps the device's ring holds none of it, its paths for
+    those tokens are gone, every family row is dropped, and no draft holds it."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("SUFFIXSPEC_POOL", str(tmp_path / "pool.lmdb"))
+    monkeypatch.setenv("SUFFIXSPEC_TOKENIZER", str(tokenizer_path))
+    monkeypatch.setenv("SUFFIXSPEC_REFRESH_INTERVAL", "0")
+    spec = make()
+    engine = Engine(spec)
+    secret = [520, 521, 522, 523, 524, 525]
+    engine.add("b", [7, 8, 9])
+    engine.step()
+    engine.emit("b", secret[:4])
+    engine.step()
+    engine.emit("b", secret[4:])
+    engine.step()
+    engine.finish("b")
+    engine.add("c", [6, 7, 8, 9, secret[0], secret[1]])
+    for _ in range(3):
+        (c,), _ = engine.step()
+        engine.emit("c", [1])
+    drafter = spec.drafter
+    assert (drafter.corpus.tokens == secret[2]).any()  # on the device
+    done = subprocess.run([sys.executable, "-c", FORGET, str(tmp_path / "pool.lmdb")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "1", done.stderr[-2000:]
+    feeder = drafter.feeder
+    deadline = time.monotonic() + 30
+    while (feeder.stats.forgets == 0 or feeder._sweep is not None) and time.monotonic() < deadline:
+        engine.step()
+        engine.emit("c", [1])
+    for _ in range(2):  # the last clearing payload lands
+        engine.step()
+        engine.emit("c", [1])
+    assert feeder.stats.forgets == 1 and feeder._sweep is None
+    assert not np.isin(drafter.corpus.tokens.numpy(), secret).any()
+    assert (drafter.paths.n[secret, 0] == 0).all()
+    assert (drafter.windows.family_len == 0).all()
+    engine.add("d", [6, 7, 8, 9, secret[0], secret[1]])
+    (_, d), _ = engine.step()
+    assert not set(d.tolist()) & set(secret[2:])

@@ -219,9 +219,14 @@ def export_cmd(pool, namespace):
     """
     from suffixspec.offline.ingest import export
 
+    damaged: list[int] = []
     with _store(pool, readonly=True) as store:
-        n = export(store, sys.stdout, namespace=namespace)
+        n = export(store, sys.stdout, namespace=namespace, damaged=damaged)
     click.echo(f"exported {n} sequences", err=True)
+    if damaged:
+        shown = ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else "")
+        raise click.ClickException(f"{len(damaged)} damaged sequences left out (ids {shown}): "
+                                   f"they fail their checks; the rest is exported")
 
 
 @click.command(name="snapshot")

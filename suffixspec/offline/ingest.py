@@ -605,15 +605,18 @@ def _check_export_header(file: Path, store: PoolStore) -> None:
             f"({header.get('fingerprint')}); this pool uses {store.tokenizer}")
 
 
-def export(store: PoolStore, out, namespace: str | None = None) -> int:
-    """Write the pool's sequences as JSON lines (ingestable); returns how many."""
+def export(store: PoolStore, out, namespace: str | None = None,
+           damaged: list | None = None) -> int:
+    """Write the pool's sequences as JSON lines (ingestable); returns how many.
+    ``damaged``: where the ids of damaged records go (they are left out);
+    without it the first one raises ``CorruptPoolError``."""
     info = store.info
     out.write(json.dumps({EXPORT_HEADER: 1, "tokenizer": info["tokenizer"],
                           "fingerprint": info["fingerprint"], "max_depth": info["max_depth"],
                           "vocab_size": store.vocab_size})
               + "\n")
     n = 0
-    for seq in store.sequences(namespace=namespace):
+    for seq in store.sequences(namespace=namespace, damaged=damaged):
         out.write(json.dumps({"namespace": seq.namespace, "source": seq.source,
                               "request_id": seq.request_id, "added": seq.added,
                               "anchors": seq.tokens[:seq.anchors].tolist(),

@@ -273,9 +273,9 @@ class PersistentPool:
         if self._file_replaced():
             # A compaction or a copy replaced it: open the new one (unless a write
             # of the writer thread holds it: next time).
-            if self.store._let_go(wait=False):
-                self._loader.start()
-            return
+            if not self.store._let_go(wait=False):
+                return
+            self._loader.start()
         with self.store.read() as txn:
             snap = self.store.snapshot(txn)
             deletes = self.store.deletes(txn)

@@ -524,10 +524,19 @@ class PoolStore:
         return _decode(_key(record.seq_id), record.raw, self.path, with_tokens)
 
     def sequences(self, after: int = 0, namespace: str | None = None,
-                  with_tokens: bool = True) -> Iterator[StoredSequence]:
-        """Stored sequences with id > ``after``, in id order."""
+                  with_tokens: bool = True,
+                  damaged: list | None = None) -> Iterator[StoredSequence]:
+        """Stored sequences with id > ``after``, in id order.  A damaged record
+        raises ``CorruptPoolError``, or, given a ``damaged`` list, has its id
+        put there and is passed over."""
         for record in self.records(after):
-            seq = self.decode(record, with_tokens)
+            try:
+                seq = self.decode(record, with_tokens)
+            except CorruptPoolError:
+                if damaged is None:
+                    raise
+                damaged.append(record.seq_id)
+                continue
             if namespace is None or seq.namespace == namespace:
                 yield seq
 
@@ -710,7 +719,8 @@ class PoolStore:
     def stats(self) -> dict:
         namespaces: dict[str, dict] = {}
         sequences = tokens = 0
-        for seq in self.sequences(with_tokens=False):
+        damaged: list[int] = []
+        for seq in self.sequences(with_tokens=False, damaged=damaged):
             ns = namespaces.setdefault(seq.namespace, {"sequences": 0, "tokens": 0})
             ns["sequences"] += 1
             ns["tokens"] += seq.length - seq.anchors
@@ -718,6 +728,7 @@ class PoolStore:
             tokens += seq.length - seq.anchors
         snap = self.snapshot()
         return {"path": str(self.path), "sequences": sequences, "tokens": tokens,
+                "damaged_sequences": len(damaged),
                 "namespaces": namespaces, "bytes_on_disk": self.disk_bytes(),
                 "tokenizer": self.info["tokenizer"], "fingerprint": self.info["fingerprint"],
                 "max_depth": self.max_depth, "format_version": self.info["version"],
