@@ -370,6 +370,7 @@ class PoolStore:
                 env = self.env
                 self._file_lock.acquire()
             try:
+                env.reader_check()  # a dead reader's snapshot pins no page this write frees
                 with env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
