@@ -101,3 +101,14 @@ def tokenizer_id(path: str | Path) -> TokenizerId:
                        fingerprint_tokenizer(tok.get_vocab(with_added_tokens=True), added, size),
                        size, None if plain else fingerprint_vocab(
                            tok.get_vocab(with_added_tokens=False), special))
+
+
+def hf_encoder(path: str | Path):
+    """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder):
+    a list of texts to their token id lists, no special tokens added."""
+    tok = load_hf_tokenizer(path)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+    return encode

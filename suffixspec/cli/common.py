@@ -25,7 +25,7 @@ def parse_duration(text: str) -> float:
 def load_tokenizer(path: str):
     """``(TokenizerId, batch encoder)`` of a tokenizer.json, or a one-line CLI error."""
     from suffixspec.fingerprint import tokenizer_id
-    from suffixspec.replay.traces import hf_encoder
+    from suffixspec.fingerprint import hf_encoder
 
     try:
         return tokenizer_id(path), hf_encoder(path)

@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from suffixspec.fingerprint import hf_encoder  # noqa: F401 - the traces' encoder
+
 ASSISTANT = "<|assistant|>\n"
 
 
@@ -117,13 +119,3 @@ def load_trace(path: str | Path, encode_batch: Callable[[list[str]], list[list[i
     return out
 
 
-def hf_encoder(path: str | Path) -> Callable[[list[str]], list[list[int]]]:
-    """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder)."""
-    from suffixspec.fingerprint import load_hf_tokenizer
-
-    tok = load_hf_tokenizer(path)
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
-
-    return encode
