@@ -23,13 +23,13 @@ Usage (from the repository root):
   time (the sequence is indexed a piece per refresh);
 * budget: a pool with a 1M-token budget that has 20M tokens committed to it,
   with and without ``snapshot_every``: peak RSS, file size, tokens indexed;
-* crafted segments: each of ``tests/crafted.py``'s broken segments (checksums
+* crafted segments: each of ``suffixspec/testing/crafted.py``'s broken segments (checksums
   made to match), in place and through ``add-segment``, each in a child
   process: signals, hangs, wrong drafts, what was refused;
 * stamped descriptions: a pool opened once (its files stamped checked), then
   only its segment's description edited (CRC mended): each opened in a child
   process: signals, hangs, wrong drafts, refused;
-* fuzz: ``tests/fuzz_segments.py``'s structural mutations (every array's
+* fuzz: ``suffixspec/testing/segment_fuzz.py``'s structural mutations (every array's
   fields, freed rows, links, sizes, the description; re-signed), each case
   in a child process under a timeout with bounds-checked kernels: refused,
   drafted from, out-of-range reads, errors, signals, hangs;
@@ -73,15 +73,12 @@ from suffixspec.pools import files
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.pools.segments import write_snapshot
 from suffixspec.pools.store import PoolStore
+from suffixspec.testing import segment_fuzz as fuzz_segments
+from suffixspec.testing.crafted import (DESCRIPTION_EDITS, DRAFT, HEAD, MUTATIONS, craft,
+                                        edit_description, make_pool)
+from suffixspec.testing.pool_children import PROBE, WRITER, damaged_pool_copies
 
 from bench_common import save_results
-
-TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))
-import fuzz_segments  # noqa: E402
-from crafted import (DESCRIPTION_EDITS, DRAFT, HEAD, MUTATIONS,  # noqa: E402  what the tests craft
-                     craft, edit_description, make_pool)
-from pool_children import PROBE, WRITER, damaged_pool_copies  # noqa: E402  the scripts the tests run
 
 DOOMED = [901_001, 902_002, 903_003, 904_004]
 
@@ -468,7 +465,7 @@ def _child_draft(path: Path) -> tuple[str, list | None]:
     """Draft from a pool in a child process: ("ok", drafts), ("signal", None), ("hang", None)
     or ("error", None)."""
     try:
-        proc = subprocess.run([sys.executable, "-c", DRAFT, str(TESTS), str(path)],
+        proc = subprocess.run([sys.executable, "-c", DRAFT, str(path)],
                               capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return "hang", None

@@ -16,18 +16,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import fuzz_segments
-from crafted import DESCRIPTION_EDITS, DRAFT, MUTATIONS, craft, edit_description, make_pool
+from suffixspec.testing import segment_fuzz as fuzz_segments
+from suffixspec.testing.crafted import DESCRIPTION_EDITS, DRAFT, MUTATIONS, craft, edit_description, make_pool
 from suffixspec.cli import main
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.store import PoolStore
 
-HERE = Path(__file__).resolve().parent
 
 
 def _draft(path: Path) -> tuple[int, dict | None, str]:
     """Draft from ``path`` in a child process: (exit status, its result, what it logged)."""
-    proc = subprocess.run([sys.executable, "-c", DRAFT, str(HERE), str(path)],
+    proc = subprocess.run([sys.executable, "-c", DRAFT, str(path)],
                           capture_output=True, text=True, timeout=120)
     out = json.loads(proc.stdout) if proc.returncode == 0 else None
     return proc.returncode, out, proc.stderr

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from pool_children import PROBE, damaged_pool_copies
+from suffixspec.testing.pool_children import PROBE, damaged_pool_copies
 
 
 def _probe(paths):

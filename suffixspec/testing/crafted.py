@@ -268,9 +268,8 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.persistent import PersistentPool
-sys.path.insert(0, sys.argv[1])
-from crafted import DEPTH, PROMPTS
-pool = PersistentPool(sys.argv[2], tokenizer=BYTES, max_depth=DEPTH)
+from suffixspec.testing.crafted import DEPTH, PROMPTS
+pool = PersistentPool(sys.argv[1], tokenizer=BYTES, max_depth=DEPTH)
 prop = SuffixProposer(max_depth=DEPTH, max_spec_tokens=8, max_spec_factor=8.0, draft_cost=0.0,
                       pool=pool, namespace="a")
 drafts = []

@@ -17,7 +17,7 @@ a hang is pinned on its case and the rest go on in a fresh child.  Children
 run with ``NUMBA_BOUNDSCHECK=1`` (own kernel cache): an out-of-range read in
 a kernel is an ``IndexError`` the fuzzer counts, not a silent read.
 
-``run`` drives it; ``bench/fuzz_segments.py`` and the slow tier call it.
+``run`` drives it; ``bench/fault_bench.py`` and the slow tier call it.
 A case is reproducible from ``(seed, case)``.
 """
 
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
 NAMESPACES = ("a", "b")
 EDGES = [-(1 << 31), -(1 << 20), -2, -1, 0, 1, 2, 3, 15, 16, 17, 63, 64, 65, 1 << 16,
          (1 << 30) - 1, 1 << 30, (1 << 31) - 1]
@@ -46,7 +45,7 @@ OUTCOMES = ("refused_description", "refused_size", "refused_structure", "drafted
 def make_pool(path: Path, n: int = 60, seed: int = 0) -> None:
     """A pool of ``n`` sequences over two namespaces, its snapshot built in
     partitions (so the segment holds freed rows: the partitions' roots)."""
-    from crafted import DEPTH, HEAD
+    from suffixspec.testing.crafted import DEPTH, HEAD
 
     from suffixspec.fingerprint import BYTES
     from suffixspec.pools.segments import write_snapshot
@@ -288,7 +287,7 @@ class Case:
     def __init__(self, pool: Path):
         import copy
 
-        from crafted import DEPTH
+        from suffixspec.testing.crafted import DEPTH
 
         from suffixspec.pools import files
         from suffixspec.pools.store import PoolStore
@@ -376,9 +375,8 @@ class Case:
 
 
 def child_main() -> None:
-    """``fuzz_segments.py POOL SEED FIRST LAST TIMEOUT``: cases ``FIRST..LAST-1``;
+    """``python -m suffixspec.testing.segment_fuzz POOL SEED FIRST LAST TIMEOUT``: cases ``FIRST..LAST-1``;
     each named on stderr before it runs, one JSON line per case on stdout."""
-    sys.path.insert(0, str(HERE))
     pool, seed, first, last, timeout = sys.argv[1], *map(int, sys.argv[2:6])
     case = Case(Path(pool))
     drafted = case.draft(case.segment, case.arrays)  # compiles the kernels before any case
@@ -410,7 +408,7 @@ def run(pool: Path, cases: int, seed: int = 0, batch: int = 2000, timeout: int =
     k = 0
     while k < cases:
         last = min(cases, k + batch)
-        proc = subprocess.run([sys.executable, str(HERE / "fuzz_segments.py"), str(pool),
+        proc = subprocess.run([sys.executable, "-m", "suffixspec.testing.segment_fuzz", str(pool),
                                str(seed), str(k), str(last), str(timeout)],
                               capture_output=True, text=True, env=env,
                               timeout=timeout * (last - k) + 600)
