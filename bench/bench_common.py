@@ -7,9 +7,16 @@ import ast
 import hashlib
 import json
 import pickle
+import sys
 from pathlib import Path
 
 from suffixspec.replay.traces import load_trace
+
+from provenance import run_meta
+
+#: Where this run comes from, taken when the benchmark starts (a commit made
+#: while it runs is not the code it ran).
+STARTED = run_meta(Path(sys.argv[0]).stem)
 
 # name -> (file under the traces folder, sessions to keep or None for all)
 TRACES = {
@@ -19,6 +26,22 @@ TRACES = {
     "bfcl": ("tool_bfcl.jsonl.gz", None),
     "agent": ("agent_miniswe_swebench.jsonl.gz", 40),
 }
+
+
+# Short slices of every trace, for quick comparisons (draft_digest, gpu_bench,
+# device_gate): name -> (file, load_trace bounds).
+SLICES = {"sql": ("sql_spider_bird.jsonl.gz", {"max_records": 5000}),
+          "code": ("code_humaneval_mbpp_leetcode.jsonl.gz", {}),
+          "gorilla": ("tool_gorilla_apibench.jsonl.gz", {"max_records": 4000}),
+          "bfcl": ("tool_bfcl.jsonl.gz", {"max_records": 3000}),
+          "agent": ("agent_miniswe_swebench.jsonl.gz", {"max_sessions": 10})}
+
+
+def load_slice(traces, name: str, encode, fraction: float = 1.0):
+    """The requests of slice ``name`` (``SLICES``), its bounds times ``fraction``."""
+    file, kw = SLICES[name]
+    kw = {k: max(1, int(v * fraction)) for k, v in kw.items()}
+    return load_trace(Path(traces) / file, encode, **kw)
 
 
 CACHE = Path(__file__).parent / "cache"
@@ -51,14 +74,17 @@ def load(traces_dir: str | Path, name: str, encode, tokenizer: str | Path | None
     return requests
 
 
-def save_results(out: str | Path, name: str, data, md: str, show: bool = True) -> None:
-    """Write ``name``.json and ``name``.md under ``out`` and print the table (``show``)."""
+def save_results(out: str | Path, name: str, data, md: str, show: bool = True) -> Path:
+    """Write ``name``.json under ``out``: where the run comes from (``run_meta``),
+    its table (``md``, Markdown) and its ``data``; print the table (``show``).
+    ``bench/report.py`` builds docs/results.md and README's headline from these files."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
-    (out / f"{name}.md").write_text(md + "\n")
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({**STARTED, "table": md, "data": data}, indent=1) + "\n")
     if show:
         print(md)
+    return path
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

@@ -55,6 +55,9 @@ from unittest import mock
 
 import numpy as np
 import torch
+from provenance import run_meta
+
+STARTED = run_meta("device_check")  # taken at the start: the code that runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -671,8 +674,8 @@ def main():
     _calibrate_sleep(device)
     rng = np.random.default_rng(3)
     requests = _requests(args.traces, args.tokenizer, LOOP_REQUESTS, rng)
-    report = {"device": str(device), "name": (torch.cuda.get_device_name(device)
-                                              if device.type == "cuda" else "cpu"),
+    report = {**STARTED, "device": str(device),
+              "name": (torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
               "torch": torch.__version__}
     parts = args.only or ["correctness", "device_time", "no_sync", "loop"]
     if {"no_sync", "loop"} & set(parts):  # steady state: every speculator drafts at once

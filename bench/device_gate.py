@@ -29,24 +29,21 @@ Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
 scan, the corpus, the open outputs, the one-token paths, the family row,
 or not at all.  Slices:
-policy_bench's times ``--fraction``.  Writes ``device_gate.json`` and
+the bench_common slices times ``--fraction``.  Writes ``device_gate.json`` and
 ``device_gate.md``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 from suffixspec.native import warmup
 from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import parser, save_results, token_kinds
-from policy_bench import SLICES, load_slice
+from bench_common import SLICES, load_slice, parser, save_results, token_kinds
 
 K16 = dict(max_depth=64, max_spec_tokens=16)
 RUNS = {  # name -> (engine, settings)
@@ -67,21 +64,11 @@ OPTIONAL = ("device, no arbiter", "device, no family row",
 def main():
     ap = parser(__doc__)
     ap.add_argument("--concurrency", default="1,32")
-    ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    ap.add_argument("--fraction", type=float, default=0.5, help="of each slice (bench_common.SLICES)")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--runs", nargs="*", choices=list(RUNS),
                     default=[r for r in RUNS if r not in OPTIONAL])
-    ap.add_argument("--tables-from", type=Path, default=None,
-                    help="Write the table again from an earlier run's device_gate.json.")
-    ap.add_argument("--merge", type=Path, default=None,
-                    help="an earlier run's device_gate.json: its rows are kept, this run's "
-                         "added or replacing them")
     args = ap.parse_args()
-    if args.tables_from is not None:
-        done = json.loads(args.tables_from.read_text())
-        args.fraction = done["fraction"]
-        save_results(args.out, "device_gate", done, markdown(done["rows"], args))
-        return
     encode = hf_encoder(args.tokenizer)
     warmup()
     kinds = token_kinds(args)
@@ -105,10 +92,6 @@ def main():
                       f"{m['mean_tokens_per_step']:.4f} ({time.perf_counter() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
             rows.append(row)
-    if args.merge is not None:
-        new = {(r["trace"], r["concurrency"]) for r in rows}
-        rows = [r for r in json.loads(args.merge.read_text())["rows"]
-                if (r["trace"], r["concurrency"]) not in new] + rows
     save_results(args.out, "device_gate", {"fraction": args.fraction, "rows": rows},
                  markdown(rows, args))
 
@@ -136,7 +119,7 @@ def markdown(rows: list[dict], args) -> str:
                    f"**{dev / host:.3f}** |{alone}{versus} {shares} |")
     return "\n".join(out) + (
         f"\n\nk = 16, depth 64, draft cost 0.03 for every run; windows one step old (8 per "
-        f"request, 64 tokens).  Slices: policy_bench's times {args.fraction}.  The gate: "
+        f"request, 64 tokens).  Slices: the bench_common slices times {args.fraction}.  The gate: "
         f"device / host >= 0.98.\n")
 
 

@@ -5,7 +5,7 @@ Usage (from the repository root):
     python bench/draft_digest.py --traces ../shared/data/traces \\
         --tokenizer ../shared/tokenizers/qwen
 
-Replays the slices of ``policy_bench`` (sql 5,000 records, code whole,
+Replays the slices of ``bench_common.SLICES`` (sql 5,000 records, code whole,
 gorilla 4,000, bfcl 3,000, agent 10 sessions) with the default settings,
 drafting paths and merged trees, and prints per slice MTS / est / drafted
 per step and an XXH3-64 digest over every draft's tokens, parents and
@@ -27,8 +27,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import config_settings, parser, token_kinds
-from policy_bench import SLICES, load_slice
+from bench_common import SLICES, config_settings, load_slice, parser, token_kinds
 
 MODES = {"path": {}, "tree": {"tree": True}}
 

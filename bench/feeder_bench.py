@@ -43,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import device_check as dc  # noqa: E402
+from provenance import run_meta  # noqa: E402
+
+STARTED = run_meta("feeder_bench")  # taken at the start: the code that runs
 
 JOBS_FORMAT = 2  # 2: the add job carries its event
 
@@ -156,7 +159,7 @@ def main():
             "phases": {p: min(r["phases"][p] for r in runs) for p in runs[0]["phases"]}}
     shown = path.resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
-    report = {"jobs": str(shown), "steps": len(steps), "level": args.level,
+    report = {**STARTED, "jobs": str(shown), "steps": len(steps), "level": args.level,
               "repeats": args.repeats, "min": best,
               "cpu_ms_per_step_all": [r["cpu_ms_per_step"] for r in runs],
               "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),

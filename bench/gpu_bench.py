@@ -41,7 +41,7 @@ Bookkeeping and round trip per step come from ``bench/mrv2_bench.py``'s
 vLLM's own per-request loop around arctic on the V1 runner is not priced.
 
 Host times are this machine's (a 2-core CPU; a server's is faster).  Slices
-as in ``bench/policy_bench.py`` times ``--fraction``.  Writes ``gpu.json``
+as in ``bench_common.SLICES`` times ``--fraction``.  Writes ``gpu.json``
 and ``gpu.md``.
 """
 
@@ -58,8 +58,7 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 from suffixspec.stepcost import H100_8B
 
-from bench_common import parser, save_results, token_kinds
-from policy_bench import SLICES, load_slice
+from bench_common import SLICES, load_slice, parser, save_results, token_kinds
 
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
 SYNC_MS = 0.26
@@ -112,7 +111,7 @@ def tokens_per_s(r: dict, host: bool, overheads: tuple, per_step_ms: dict) -> fl
 def main():
     ap = parser(__doc__)
     ap.add_argument("--concurrency", default="1,8,32,64")
-    ap.add_argument("--fraction", type=float, default=0.5, help="of each policy_bench slice")
+    ap.add_argument("--fraction", type=float, default=0.5, help="of each slice (bench_common.SLICES)")
     ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
                     help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
@@ -121,8 +120,6 @@ def main():
     ap.add_argument("--no-device-arbiter", dest="device_arbiter", action="store_false",
                     help="drafting on the device does not arbitrate "
                          "(SUFFIXSPEC_DEVICE_ARBITER=0)")
-    ap.add_argument("--tables-from", type=Path, default=None,
-                    help="Write the tables again from an earlier run's gpu.json (no replay).")
     ap.add_argument("--k", type=int, default=16,
                     help="num_speculative_tokens: every configuration's draft cap")
     ap.add_argument("--name", default="gpu", help="Name of the results files.")
@@ -130,11 +127,6 @@ def main():
                     help="bench/device_check.py's JSON from a GPU: its measured device time "
                          "per step replaces DEVICE_MS")
     args = ap.parse_args()
-    if args.tables_from is not None:
-        done = json.loads(args.tables_from.read_text())
-        measured = {int(b): c for b, c in done["per_step_ms"].items()}
-        save_results(args.out, args.name, done, markdown(done["rows"], args, measured))
-        return
     encode = hf_encoder(args.tokenizer)
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -234,7 +226,7 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
         f"{HIDDEN_MS} ms of vLLM host work their wait exposes.  Device drafting pays an "
         f"estimated device time per step: vLLM's drafter {VLLM_DEVICE_MS} ms, suffixspec's "
         f"the 'device' figure above ({'measured on a GPU' if args.device_check else 'an estimate; no GPU has run it'}).  "
-        f"Slices: policy_bench's times {args.fraction}.  Drafts capped at "
+        f"Slices: the bench_common slices times {args.fraction}.  Drafts capped at "
         f"{getattr(args, 'k', 16)} tokens.{arbiter}\n") + "\n".join(drafting) + (
         "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
         "the roofline a token below the knee is free, which is why every suffix drafter "

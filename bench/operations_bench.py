@@ -50,6 +50,8 @@ from suffixspec.fingerprint import BYTES
 from suffixspec.offline.ingest import export
 from suffixspec.pools.store import PoolStore
 
+from bench_common import save_results
+
 SECTIONS = ("two_names", "open_beside_compaction", "stale_readers",
             "serving_beside_maintenance", "delete_elsewhere", "concurrent_ingests")
 DEPTH = 16
@@ -391,11 +393,7 @@ def main():
             got["seconds"] = round(time.perf_counter() - t0, 1)
         report["sections"][name] = got
         print(name, got, file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    text = markdown(report)
-    (args.out / f"{args.name}.md").write_text(text)
-    print(text)
+    save_results(args.out, args.name, report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -31,13 +31,10 @@ keeps a cache per server, suffixspec's share one pool file).
 
 is the history run: day 1 of 200 requests, day 2 of 200.
 
-``python bench/vllm_bench.py record`` keeps the outputs without speculation
-for ``bench/engine_replay.py``.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -50,7 +47,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import CACHE, save_results  # noqa: E402
+from bench_common import save_results  # noqa: E402
 from smollm2 import ensure_model  # noqa: E402
 
 from suffixspec.replay.traces import read_records  # noqa: E402  (loads no Numba)
@@ -524,28 +521,6 @@ def one(model, method, wl, traces, prompts, concurrency, knobs, phase, replica, 
     res = run_one(model, method, wl, work, concurrency, spec,
                   phase, replica)
     print(json.dumps(res))
-
-
-@main.command()
-@click.option("--traces", type=click.Path(path_type=Path), default=TRACES, show_default=True)
-@click.option("--prompts", default=48, show_default=True)
-@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
-def record(traces, prompts, workloads):
-    """Serve each workload without speculation (8 in flight) and keep the
-    prompt and output token ids in bench/cache/, for bench/engine_replay.py."""
-    model = str(ensure_model())
-    for wl in workloads.split(","):
-        res = child(model, "none", wl, traces, prompts, 8, {})
-        path = recorded_path(wl, prompts)
-        path.parent.mkdir(exist_ok=True)
-        with gzip.open(path, "wt") as f:
-            json.dump({"workload": wl, "prompts": res["prompt_ids"],
-                       "outputs": res["outputs"]}, f)
-        print(f"{wl}: {res['requests']} requests, {res['output_tokens']} output tokens -> {path}")
-
-
-def recorded_path(wl: str, prompts: int) -> Path:
-    return CACHE / f"vllm-outputs-{wl}-{prompts}.json.gz"
 
 
 def write(rows, out: Path, name: str, knobs: dict, prompts: int, show: bool = True) -> None:

@@ -1,5 +1,6 @@
-"""Child of ``test_device_triton``: ``interpret N`` compares the kernel with the
-reference on N random cases; ``compile`` compiles it for sm_90.  Prints one
+"""Child of ``test_device_triton``: ``interpret N`` compares the kernels with the
+references on N random cases, ``serving N`` the fused kernel at serving shapes;
+``compile`` compiles them for sm_90.  Prints one
 JSON line."""
 
 from __future__ import annotations
@@ -143,7 +144,21 @@ def compile_sm90() -> dict:
             "scan_shared_bytes": int(scan.metadata.shared)}
 
 
+def serving(cases: int) -> dict:
+    """The fused kernel at the shapes it serves with (``cases.SERVING``)."""
+    from suffixspec.device.cases import SERVING, compare_fused
+
+    mismatches, rows = compare_fused(np.random.default_rng(11), cases, "cpu",
+                                     batch=SERVING["batch"], shape=SERVING)
+    return {"cases": cases, "rows": rows, "mismatches": mismatches}
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    result = interpret(int(sys.argv[2])) if mode == "interpret" else compile_sm90()
+    if mode == "interpret":
+        result = interpret(int(sys.argv[2]))
+    elif mode == "serving":
+        result = serving(int(sys.argv[2]))
+    else:
+        result = compile_sm90()
     print(json.dumps(result))

@@ -26,11 +26,10 @@ def test_the_device_check_runs_on_the_cpu(tmp_path):
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "device_check.json").read_text())
-    fused = [v for k, v in report["correctness"].items() if k.startswith("fused")]
-    assert fused and all(v["mismatches"] == 0 for v in fused)
-    assert report["correctness"]["scan"]["mismatches"] == 0
-    assert report["correctness"]["family_scan"]["mismatches"] == 0
-    assert report["correctness"]["live"]["cases"] == 3  # ran (CPU against CPU here)
+    checks = report["correctness"]
+    assert {"fused_b1", "fused_b8", "scan", "family_scan", "live"} <= set(checks)
+    for name, check in checks.items():  # each ran its cases, and none differed
+        assert check["cases"] > 0 and check["mismatches"] == 0, (name, check)
     assert all(v["step_us"] > 0 for v in report["device_time"].values())
     loop = report["loop"]
     for b in (8, 64):

@@ -197,16 +197,16 @@ def test_tensor_parallel_ranks_draft_alike_from_rank_0s_payload(make):
     for e in engines:
         for r, p in prompts.items():
             e.add(r, p)
-    for step in range(40):
+    drafted = 0
+    for _ in range(40):
         (d0, c0), (d1, c1) = (e.step() for e in engines)
         assert torch.equal(d0, d1) and torch.equal(c0, c1)
+        drafted += int((c0 > 0).sum())  # tokens drafted with a confidence
         emitted = {r: rng.integers(0, 20, int(rng.integers(1, 4))).tolist() for r in prompts}
         for e in engines:
             for r, t in emitted.items():
                 e.emit(r, t)
-        if step == 20:
-            engines[1].spec.drafter.feeder = None  # the follower's timing: it never had a feeder
-    assert leader.stats()["windows_built"] > 0
+    assert leader.stats()["windows_built"] > 0 and drafted > 0  # alike, and not alike in nothing
 
 
 def test_a_late_update_never_lands_on_a_reused_slot(make):

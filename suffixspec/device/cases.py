@@ -12,16 +12,27 @@ import numpy as np
 import torch
 
 
-def random_case(rng, device="cpu", batch=None):
+#: The shapes the vLLM drafter serves with (``WindowSpec``'s defaults): 8 windows
+#: of 64 tokens a slot, drafts of 16, a batch of 8 rows.
+SERVING = {"rows": 8, "width": 64, "k": 16, "batch": 8}
+
+
+def random_case(rng, device="cpu", batch=None, shape=None):
     """One call's arguments for ``fused_ref``/``fused_triton``, less the outputs,
-    and a function making fresh outputs (``batch`` rows, else 1 to 4)."""
+    and a function making fresh outputs (``batch`` rows, else 1 to 4).  ``shape``
+    (``rows``, ``width``, ``k``, e.g. ``SERVING``) fixes the window sizes; else
+    they are drawn small (1-3 rows of 8-32 tokens, k 1-16)."""
     from suffixspec.device.draft_ref import DIRECT_SOURCES, StepOutputs
     from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec
     from suffixspec.native import calibration as cal
 
     vocab = int(rng.integers(2, 6))
-    k = int(rng.choice([1, 3, 4, 8, 16]))
-    spec = WindowSpec(rows=int(rng.integers(1, 4)), width=int(rng.choice([8, 16, 32])), k=k)
+    if shape is None:
+        k = int(rng.choice([1, 3, 4, 8, 16]))
+        spec = WindowSpec(rows=int(rng.integers(1, 4)), width=int(rng.choice([8, 16, 32])), k=k)
+    else:
+        k = shape["k"]
+        spec = WindowSpec(rows=shape["rows"], width=shape["width"], k=k)
     b = int(rng.integers(1, 5)) if batch is None else batch
     slots = b + 2
     dw = DeviceWindows(spec, slots, device)
@@ -66,17 +77,16 @@ def random_case(rng, device="cpu", batch=None):
             slot_ids, dw, direct, calibration, k, vocab, lambda: StepOutputs.empty(b, k, device))
 
 
-
-
-def compare_fused(rng, cases: int, device="cpu", batch=None) -> tuple[list, int]:
+def compare_fused(rng, cases: int, device="cpu", batch=None, shape=None) -> tuple[list, int]:
     """The Triton kernel against ``fused_ref`` on ``cases`` random cases (outputs
-    poisoned first): the mismatching fields, and the rows compared."""
+    poisoned first; ``shape`` as in ``random_case``): the mismatching fields, and
+    the rows compared."""
     from suffixspec.device.draft_ref import fused_ref
     from suffixspec.device.draft_triton import fused_triton
 
     mismatches, rows = [], 0
     for case in range(cases):
-        *args, fresh = random_case(rng, device, batch)
+        *args, fresh = random_case(rng, device, batch, shape)
         want, got = fresh(), fresh()
         for o in (want, got):
             for field in o.__dataclass_fields__:
