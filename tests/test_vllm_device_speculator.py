@@ -386,3 +386,63 @@ def test_a_forget_in_the_pool_clears_the_devices_pool_tiers(make, monkeypatch, t
     engine.add("d", [6, 7, 8, 9, secret[0], secret[1]])
     (_, d), _ = engine.step()
     assert not set(d.tolist()) & set(secret[2:])
+
+
+def test_a_feeder_stalled_for_20_steps_lets_nothing_wrong_reach_the_pool_or_the_calibration(
+        make, monkeypatch, tmp_path, tokenizer_path):
+    """The worker does not wait for a stalled feeder (its bounded wait runs
+    out), and every snapshot is a host buffer of its own: when the feeder goes
+    on, 20 steps later, it learns each step's rows as they were.  The pool then
+    holds exactly the outputs the requests emitted, and the calibration table is
+    one a proposer may draft with.  (The requests finish just before the
+    drafter closes: the feeder handles what was queued before it stops.)"""
+    import threading
+
+    from suffixspec.device.feeder import WindowFeeder
+    from suffixspec.native.calibration import table_problem
+    from suffixspec.pools.store import PoolStore
+
+    monkeypatch.setenv("SUFFIXSPEC_POOL", str(tmp_path / "pool.lmdb"))
+    monkeypatch.setenv("SUFFIXSPEC_TOKENIZER", str(tokenizer_path))
+    spec = make()
+    spec.drafter.deadline = 0.002  # serving's bounded wait (the fixture's is 30 s)
+    stalled, go = threading.Event(), threading.Event()
+    handle = WindowFeeder.handle
+
+    def held(self, jobs):
+        if stalled.is_set():
+            assert go.wait(60)
+        return handle(self, jobs)
+
+    monkeypatch.setattr(WindowFeeder, "handle", held)
+    engine = Engine(spec)
+    rng = np.random.default_rng(5)
+    emitted = {}
+    for i in range(6):
+        req = f"r{i}"
+        engine.add(req, PATTERN + [int(t) for t in rng.integers(20, 40, 5)])
+        emitted[req] = []
+    feeder = spec.drafter.feeder
+    for step in range(60):
+        if step == 10:
+            stalled.set()
+        engine.step()
+        for req in list(emitted):
+            tokens = [int(t) for t in rng.integers(11, 19, int(rng.integers(1, K + 1)))]
+            engine.emit(req, tokens)
+            emitted[req] += tokens
+        if step == 30:
+            assert feeder.pending_snapshots() >= 15  # stalled while the worker went on
+            stalled.clear()
+            go.set()
+    for req in list(emitted):
+        engine.finish(req)
+    spec.close()
+    assert feeder.stats.stale_rows == 0 and feeder.stats.lost_requests == 0 and not feeder._warned
+    store = PoolStore(tmp_path / "pool.lmdb")
+    stored = sorted(s.output.tolist() for s in store.sequences())
+    store.close()
+    want = sorted(emitted.values())
+    assert stored == want  # whole, in order, nothing torn or lost
+    table = feeder.proposer.stats.table
+    assert table_problem(table) is None and table[:, 1].sum() > 0  # learned, and sound

@@ -269,9 +269,10 @@ class WindowFeeder:
             with self._cond:
                 while not self._jobs and not self._stop:
                     self._cond.wait()
-                if self._stop:
-                    return
-            self._drain()
+                stop = self._stop
+            self._drain()  # on close too: requests that finished just before it are committed
+            if stop:
+                return
 
     def _drain(self) -> None:
         """Do every job queued so far."""
