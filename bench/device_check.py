@@ -689,6 +689,7 @@ def main():
 
     def save() -> None:  # after each part: a run stopped at its limit keeps what it did
         report["seconds"] = round(time.perf_counter() - t0, 1)
+        report["table"] = markdown(report)
         (out / "device_check.json").write_text(json.dumps(report, indent=1))
     if "correctness" in parts:
         # one program per row: on the CPU more rows only lengthen the interpreter's run
@@ -717,7 +718,34 @@ def main():
                 save()
                 print(f"loop {variant} b={b}: {got}", file=sys.stderr, flush=True)
     save()
-    print(json.dumps(report, indent=1))
+    print(report["table"])
+
+
+def markdown(report: dict) -> str:
+    """The report's tables: correctness, device time per step, the serving loop."""
+    lines = [f"{report.get('name', '?')}, torch {report.get('torch', '?')}; kernels ready in "
+             f"{report.get('kernels_ready_s', '?')} s", ""]
+    if (checks := report.get("correctness")):
+        lines += ["| check | cases | mismatches |", "|---|---|---|"]
+        lines += [f"| {k} | {v['cases']} | {v['mismatches']} |" for k, v in checks.items()]
+        lines.append("")
+    if (times := report.get("device_time")):
+        lines += ["| batch, history | step µs (eager) | GPU µs | graph: GPU µs | graph: host µs |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v.get('step_us')} | {v.get('step_gpu_us')} | "
+                  f"{v.get('graph_gpu_us')} | {v.get('graph_host_us')} |" for k, v in times.items()]
+        lines.append("")
+    if (loop := report.get("loop")):
+        lines += ["| loop | step period p50 / p99 ms | tokens per request step | propose ms p50 | "
+                  "feeder CPU ms per step |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v.get('period_p50_ms')} / {v.get('period_p99_ms')} | "
+                  f"{v.get('tokens_per_request_step')} | {v.get('propose_ms_p50', '')} | "
+                  f"{v.get('feeder_cpu_ms_per_step', '')} |" for k, v in loop.items()]
+        lines.append("")
+    if (ns := report.get("no_sync")):
+        lines.append(f"No device read-back over {ns.get('steps')} steps: raised "
+                     f"{ns.get('raised')}, graph failures {ns.get('graph_failed')}.")
+    return "\n".join(lines).strip()
 
 
 if __name__ == "__main__":

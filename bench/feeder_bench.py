@@ -165,10 +165,25 @@ def main():
               "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),
               "published": runs[0]["published"], "windows_built": runs[0]["windows_built"],
               "lost_requests": runs[0]["lost_requests"]}
-    text = json.dumps(report, indent=1)
+    report["table"] = markdown(report)
     if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    print(report["table"])
+
+
+def markdown(report: dict) -> str:
+    """The feeder's host work per step, the smallest of the repeats, by phase."""
+    best = report["min"]
+    phases = " | ".join(best["phases"])
+    return "\n".join([
+        f"{report['steps']} recorded steps at {report['level']} in flight, replayed "
+        f"{report['repeats']} times (smallest shown); digest {report['digest']}, payloads "
+        f"{report['published']}, windows built {report['windows_built']}, requests lost "
+        f"{report['lost_requests']}.", "",
+        f"| CPU ms per step | wall ms per step | {phases} |",
+        "|---|---|" + "---|" * len(best["phases"]),
+        f"| {best['cpu_ms_per_step']} | {best['wall_ms_per_step']} | "
+        + " | ".join(str(v) for v in best["phases"].values()) + " |"])
 
 
 if __name__ == "__main__":

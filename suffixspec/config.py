@@ -139,8 +139,8 @@ class ProposerConfig:
         calibrated by a table of their own, learned from them alone; the
         requests of any other namespace share ``namespace``'s (0: one table
         for all).  Workloads served together accept drafts differently
-        (``bench/mixed_bench.py``).  Only ``namespace``'s table is kept in a
-        persistent pool.
+        (docs/findings.md, "One server, five workloads").  Only
+        ``namespace``'s table is kept in a persistent pool.
     reuse_tokens:
         Finished requests' own tries kept for the next turn of a conversation
         (the latest 64 requests, at most this many tokens in all; 0: none).

@@ -6,7 +6,7 @@ belongs to one tree.  A tree indexes every substring of its sequences of at most
 of positions where ``x`` occurs in the tree's sequences.  Continuation
 probabilities are ``count(x + a) / count(x)``.
 
-Representation (all chosen by measurement, see bench/index_bench.py):
+Representation (all chosen by measurement, docs/findings.md, "Index speed and memory"):
 
 * Path compression.  A node stands for an edge of tokens whose label is read
   from token storage at ``(REF_SEQ, REF_POS)``.  ``LEN > 0`` is its length.

@@ -66,7 +66,7 @@ RATIO = 2
 #: Stored tokens per segment, at most: a range with more is built as several
 #: segments, and segments merge only below it (unless there are more than
 #: ``layout.SEGMENTS``).  A build's memory grows with its segment (about
-#: 2.4 GB at 100M tokens, ``bench/results/scale.md``), so this bounds it.
+#: 2.4 GB at 100M tokens, ``bench/scale_bench.py``), so this bounds it.
 MAX_TOKENS = 100_000_000
 
 

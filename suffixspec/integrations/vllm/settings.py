@@ -30,13 +30,13 @@ over the file.
 ``SUFFIXSPEC_DRAFT_COST``           verification cost of one drafted token, as a
                                     share of a step; unset: measured from the
                                     engine's step times
-``SUFFIXSPEC_CUDA_GRAPHS``          0: the device's drafting step (``mrv2``) runs
+``SUFFIXSPEC_CUDA_GRAPHS``          0: the device's drafting step (vLLM >= 0.34) runs
                                     kernel by kernel instead of as CUDA graphs
-``SUFFIXSPEC_DEVICE_ARBITER``       0: drafting on the device (``mrv2``) does not
+``SUFFIXSPEC_DEVICE_ARBITER``       0: drafting on the device (vLLM >= 0.34) does not
                                     arbitrate between its pick and its
                                     own-history scan as the host does
                                     (``arbitrate``; docs/device.md)
-``SUFFIXSPEC_DEVICE_LIVE``          0: drafting on the device (``mrv2``) does not
+``SUFFIXSPEC_DEVICE_LIVE``          0: drafting on the device (vLLM >= 0.34) does not
                                     draft from the other requests' open outputs
                                     (``device.corpus.LiveCorpus``)
 ==================================  ==============================================

@@ -1,0 +1,5 @@
+"""``python -m suffixspec.cli``: the ``suffixspec`` command."""
+
+from suffixspec.cli import main
+
+main()
