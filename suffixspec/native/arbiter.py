@@ -72,7 +72,7 @@ def ring(max_tokens: int) -> int:
     return max(max_tokens, 1) + 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def cell(pick_match, pick_n, pick_source, reference_match, later):
     """Row of ``table`` for a pick (``pick_n`` tokens from source ``pick_source``,
     a ``FROM_*`` code, after a match of ``pick_match``) against a reference
@@ -83,7 +83,7 @@ def cell(pick_match, pick_n, pick_source, reference_match, later):
     return (p * N_REFERENCE + r) * N_PART + later
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def prefers_reference(table, row):
     """Whether the reference's value leads the pick's in ``row``."""
     return table[row, A_REFERENCE] > table[row, A_POLICY]

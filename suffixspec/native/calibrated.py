@@ -94,7 +94,7 @@ SCAN = -2  # ``listed_newest``: the tree cannot list the occurrences; scan for t
 LIST_BUDGET = 64  # nodes ``listed_newest`` visits at most
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _later(nodes, seqs, y, d, s, end, best):
     """The newer of ``best`` and the occurrence in sequence ``s`` that node ``y``
     (count 1) names, its label ``d`` tokens after the match's end.  A ref in
@@ -329,7 +329,7 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
     return n, gain
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def length_cap(limit, m, knobs):
     """The most tokens a draft from a match of ``m`` may have: ``limit``, or the
     length cap ``m * factor + offset`` where a factor is set."""
@@ -351,7 +351,7 @@ def _copy_draft(cand, out, n):
         out.buckets[j] = cand.buckets[j]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def last_token(ctx, end):
     """The last token of context ``ctx[:end]`` (-1: none)."""
     return np.int64(ctx[end - 1]) if end > 0 else np.int64(-1)
@@ -559,7 +559,7 @@ def _tree_draft(trees, ctx, start, end, anchored, how, knobs, stats, best, out, 
     return n_best, best, m_best, source
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def reference_counted(length, cap, depth):
     """The suffix length whose counts score the reference after a match of
     ``length``: the trie holds strings of at most ``depth`` tokens, so counts

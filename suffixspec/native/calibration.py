@@ -374,7 +374,7 @@ def _plane_base(agree):
     return PLANE_ROWS + (agree - 1) * PLANE
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def bucket(src, match_len, depth, c, n):
     """Fine bucket (table row) of a token chosen by ``c`` of ``n`` occurrences.
 
@@ -450,7 +450,7 @@ def bigram_row(prev, tok):
     return BIGRAM_BASE + ((tok ^ (p << 9) ^ (p >> 9)) & (BIGRAM_ROWS - 1))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def token_factor(table, tok, prev):
     """What token ``tok``'s rows, after token ``prev`` (-1: none, the token
     row alone), scale an estimate by (``NO_TOKEN``: 1, ``ANY_TOKEN``: the
@@ -469,7 +469,7 @@ def token_factor(table, tok, prev):
     return r
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def probability(table, state, fine, c, n, matched, kind, before, tok, prev):
     """Estimated chance that token ``tok`` (``NO_TOKEN``, ``ANY_TOKEN``: see
     ``token_factor``) of bucket ``fine`` and ``kind``, after token ``prev``
@@ -482,7 +482,7 @@ def probability(table, state, fine, c, n, matched, kind, before, tok, prev):
     return p if p < P_MAX else P_MAX
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def estimate(table, state, fine, prior, kind, before):
     """``probability`` before its token row, with the shared level's ``prior``."""
     coarse = coarse_of(fine)
@@ -504,7 +504,7 @@ def estimate(table, state, fine, prior, kind, before):
     return p if p < P_MAX else P_MAX
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def token_probability(stats, src, match_len, depth, c, n, tok, before):
     """``(fine bucket, estimated acceptance)`` of drafted token ``tok`` chosen by
     ``c`` of ``n``, after token ``before`` (-1: none)."""
@@ -514,7 +514,7 @@ def token_probability(stats, src, match_len, depth, c, n, tok, before):
                              kind_of(kinds, before), tok, before)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def threshold(state):
     """Gain a drafted token must beat: draft cost times the running tokens per unit cost.
 
@@ -526,7 +526,7 @@ def threshold(state):
     return cost * state[ST_EMITTED] / (1.0 + cost * state[ST_DRAFTED])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _count(table, row, hit, half_life, tried=1.0):
     """One outcome in ``row``: ``tried`` more tries (a token row: the
     estimate, expected acceptances), one more accepted if ``hit``."""

@@ -49,7 +49,7 @@ def side_tables(local, segs, delta):
     return mine, cross
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def state_of(local, pending, s):
     """The calibration state (``calibration.request_state``) of the request in
     own sequence ``s``: how its last draft fared, how far into its output it is."""

@@ -903,7 +903,7 @@ def occurring_position(index, root, ctx, end, length, own):
     return walk_occurring(nodes, hkeys, hvals, seqs, root, ctx, end - length, end)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _ring_node(active, length, own):
     """The node the open sequence ``own`` (see ``suffix_position``) names for
     its suffix of ``length`` tokens, or -1 where its ring does not."""

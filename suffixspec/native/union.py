@@ -62,7 +62,7 @@ def _pointer(typingctx, address):
     return types.voidptr(address), codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row(a, t):
     t[0] = a.ctypes.data
     t[2] = 0
@@ -82,7 +82,7 @@ def put(sides, k, index):
     _row(index.active, sides[k, 6])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def side(sides, k):
     """Side ``k``: an ``Index`` over the addresses the table gives."""
     t = sides[k]

@@ -42,12 +42,12 @@ def buckets_for(corpus_tokens: int) -> int:
     return 1 << int(np.ceil(np.log2(n)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _bucket(hv, n_buckets):
     return ((hv >> 29) ^ hv) & (n_buckets - 1)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _key_buckets(row, end, n_buckets):
     """The 4- and 2-token key buckets of the tokens before ``row[end]`` (0 for
     those before the row's start), as ``ingest`` keys each position."""
@@ -296,7 +296,7 @@ def propose(row, seq_len, corpus, table, depth, k, out):
     return valid, length, source
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def len_bucket(length):
     """Adaptive verification's match-length bucket (``LEN_BUCKETS`` of them)."""
     if length <= 6:

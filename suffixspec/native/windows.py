@@ -218,7 +218,7 @@ def _group(i, kind, j, pools, solo):
     return cross, roots[:used], own, used
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _found(found, row, kind, j, length, match, source):
     found[row, 0] = kind
     found[row, 1] = j
