@@ -187,7 +187,9 @@ def main():
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--depth", type=int, default=24)
     ap.add_argument("--corpus-tokens", type=int, default=1 << 16)
-    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--max-len", type=int, default=None,
+                    help="max_model_len (default: 16,384 for agent, whose prompts are long, "
+                         "2,048 for the rest: vLLM's own-history scan grows with it)")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     args = ap.parse_args()
     from suffixspec.fingerprint import hf_encoder
@@ -196,18 +198,19 @@ def main():
     rows = []
     for name in args.only or list(SLICES):
         requests = load_slice(args.traces, name, encode, 0.05)
-        got = check(requests, args.k, args.depth, args.corpus_tokens, args.max_len,
-                    args.requests)
-        rows.append({"trace": name, **got})
+        max_len = args.max_len or (16384 if name == "agent" else 2048)
+        got = check(requests, args.k, args.depth, args.corpus_tokens, max_len, args.requests)
+        rows.append({"trace": name, "max_model_len": max_len, **got})
         print(name, {k: v for k, v in got.items() if k != "first_differences"}, file=sys.stderr,
               flush=True)
-    lines = ["| trace | requests | steps | model = vLLM (valid tokens) | all k slots | vLLM accepted"
-             " per step |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['trace']} | {r['requests']} | {r['steps']:,} | {r['same_valid_tokens']:,} "
+    lines = ["| trace | max_model_len | requests | steps | model = vLLM (valid tokens) | all k "
+             "slots | vLLM accepted per step |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['trace']} | {r['max_model_len']:,} | {r['requests']} | {r['steps']:,} | "
+              f"{r['same_valid_tokens']:,} "
               f"({100 * r['share_same']:.2f}%) | {r['same_all_slots']:,} | "
               f"{r['vllm_accepted_per_step']} |" for r in rows]
-    lines.append(f"\nk {args.k}, depth {args.depth}, corpus {args.corpus_tokens:,} tokens, "
-                 f"max_model_len {args.max_len}; one request at a time, driven by vLLM's drafts.")
+    lines.append(f"\nk {args.k}, depth {args.depth}, corpus {args.corpus_tokens:,} tokens; one "
+                 f"request at a time, driven by vLLM's drafts.")
     save_results(args.out, "vllm_drafter", {"k": args.k, "depth": args.depth,
                                             "corpus_tokens": args.corpus_tokens, "rows": rows},
                  "\n".join(lines))
