@@ -21,28 +21,24 @@ configuration, what the step also pays:
   (``SYNC_MS``: async scheduling is worth 3-5% of an 8B model's step in
   published runs);
 * ``suffixspec V1``: suffixspec drafting for this roofline (candidates cut
-  to what the whole batch gains from: ``Roofline.admit``), its measured time,
-  the plugin's bookkeeping around it, and ``SYNC_MS``;
-* ``suffixspec MRV2 sync``: the same drafts on Model Runner V2 by the
-  synchronous speculator (the design ``SUFFIXSPEC_RUNNER=mrv2`` had before):
-  its measured time, the bookkeeping, one host round trip per step (copies
-  and the host token mirror), and the host work async scheduling would have
-  hidden: its wait drains the stream, so the GPU idles through vLLM's own
-  per-step host work (``HIDDEN_MS``);
-* ``suffixspec device``: drafting on the device (``suffixspec.device``,
-  ``SUFFIXSPEC_RUNNER=mrv2``): windows one step old, fitted to the roofline
-  on the device; no host time on the critical path, an estimated device time
-  per step (``DEVICE_MS``, or measured: ``--device-check``).
+  to what the whole batch gains from: ``Roofline.admit``), its measured time
+  and ``SYNC_MS``;
+* ``suffixspec device``: drafting on the device, as vLLM 0.34 serves
+  ``method: "suffixspec"`` (``suffixspec.device``): windows one step old,
+  fitted to the roofline on the device; what it adds to a step is taken
+  from ``--device-check`` (``bench/device_check.py`` on a GPU: the loop's
+  step period with the device drafter less that with no drafter, at the
+  same number in flight, forward held at 6.5 ms), else ``DEVICE_MS``, an
+  estimate.
 
-vLLM's own drafter pays its estimated device time too (``VLLM_DEVICE_MS``).
-
-Bookkeeping and round trip per step come from ``bench/mrv2_bench.py``'s
-``mrv2.json`` (``--mrv2``), at the same numbers of requests in flight.
-vLLM's own per-request loop around arctic on the V1 runner is not priced.
+What vLLM's own drafter adds to a step is ``VLLM_DEVICE_MS``, an estimate,
+unless the device check timed vLLM's own speculator in its loop
+(``vllm_b<N>`` rows).  Every tokens/s figure that rests on an estimate is
+marked ``*`` in the table, and the list of per-step costs says which are
+measured; the README's headline takes nothing from this table's tokens/s.
 
 Host times are this machine's (a 2-core CPU; a server's is faster).  Slices
-as in ``bench_common.SLICES`` times ``--fraction``.  Writes ``gpu.json``
-and ``gpu.md``.
+as in ``bench_common.SLICES`` times ``--fraction``.  Writes ``gpu.json``.
 """
 
 from __future__ import annotations
@@ -62,19 +58,12 @@ from bench_common import SLICES, load_slice, parser, save_results, token_kinds
 
 #: The V1 runner's synchronous scheduling per step (4% of the 6.5 ms step).
 SYNC_MS = 0.26
-#: vLLM's per-step host work (output processing, scheduling, prepare_inputs,
-#: launch) that async scheduling hides and a synchronising speculator exposes:
-#: the same figure (async scheduling is worth 3-5% of an 8B model's step in
-#: published runs; vLLM PR #29184 reports +3-39% tokens/s).
-HIDDEN_MS = SYNC_MS
-#: Device time per step, estimated (no GPU has run them): vLLM's drafter, 2-3
-#: small kernels and a scan of the history (its design notes: 20-100 us);
-#: suffixspec's device step, 3 Triton kernels and about 100 small torch ops
-#: (counted by bench/device_check.py: 54 to draft, 31 to apply the payload, and
-#: the snapshot), at ~2 us each.
+#: Estimates, used where no GPU measured them: vLLM's drafter's device time
+#: per step (2-3 small kernels and a scan of the history; its design notes:
+#: 20-100 us) and what suffixspec's device path adds to a step.
 VLLM_DEVICE_MS = 0.05
 DEVICE_MS = 0.2
-CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see host_costs);
+CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see step_costs);
     # every one drafts at most --k tokens
     "vllm-gpu": ("vllm-gpu", dict(max_depth=24), False, ("vllm device",)),
     "vllm-gpu adaptive": ("vllm-gpu", dict(max_depth=24, adaptive=True), False,
@@ -82,9 +71,7 @@ CONFIGS = {  # name -> (engine, settings, host time counted, per-step costs: see
     "arctic V1": ("arctic", dict(max_depth=64, max_spec_factor=2.0, min_token_prob=0.2),
                   True, ("sync",)),
     "suffixspec V1": ("suffixspec", dict(max_depth=64, cross_pool_tokens=None), True,
-                      ("sync", "bookkeeping")),
-    "suffixspec MRV2 sync": ("suffixspec", dict(max_depth=64, cross_pool_tokens=None),
-                             True, ("bookkeeping", "round trip", "hidden")),
+                      ("sync",)),
     "suffixspec device": ("suffixspec-device", dict(max_depth=64, cross_pool_tokens=None),
                           False, ("device",)),
 }
@@ -103,7 +90,7 @@ def run_one(requests, engine: str, settings: dict, concurrency: int) -> dict:
 
 
 def tokens_per_s(r: dict, host: bool, overheads: tuple, per_step_ms: dict) -> float:
-    extra = sum(per_step_ms[o] for o in overheads) * 1e-3
+    extra = sum(per_step_ms[o][0] for o in overheads) * 1e-3
     seconds = r["gpu_s"] + (r["host_s"] if host else 0.0) + r["steps"] * extra
     return r["output_tokens"] / seconds
 
@@ -112,8 +99,6 @@ def main():
     ap = parser(__doc__)
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--fraction", type=float, default=0.5, help="of each slice (bench_common.SLICES)")
-    ap.add_argument("--mrv2", type=Path, default=Path(__file__).parent / "results" / "mrv2.json",
-                    help="bench/mrv2_bench.py's results: bookkeeping and round trip per step")
     ap.add_argument("--only", nargs="*", choices=list(SLICES))
     ap.add_argument("--configs", nargs="*", choices=list(CONFIGS), default=list(CONFIGS),
                     help="run only these configurations (the table leaves the others out)")
@@ -124,13 +109,13 @@ def main():
                     help="num_speculative_tokens: every configuration's draft cap")
     ap.add_argument("--name", default="gpu", help="Name of the results files.")
     ap.add_argument("--device-check", type=Path, default=None,
-                    help="bench/device_check.py's JSON from a GPU: its measured device time "
-                         "per step replaces DEVICE_MS")
+                    help="bench/device_check.py's JSON from a GPU: what the device drafters "
+                         "add to a step, measured, replaces the estimates")
     args = ap.parse_args()
     encode = hf_encoder(args.tokenizer)
     warmup()
     levels = [int(c) for c in args.concurrency.split(",")]
-    measured = host_costs(args.mrv2, levels, args.device_check)
+    measured = step_costs(levels, args.device_check)
     kinds = token_kinds(args)
     rows = []
     for name in args.only or list(SLICES):
@@ -148,6 +133,8 @@ def main():
                 t0 = time.perf_counter()
                 r = run_one(requests, engine, settings, b)
                 row[config] = tokens_per_s(r, host, overhead, measured[b])
+                row[config + " estimated"] = any(measured[b][o][1] != "measured"
+                                                 for o in overhead)
                 row[config + " detail"] = r
                 print(f"{name} @{b} {config}: {row[config]:.1f} tok/s, MTS {r['mts']:.3f}, "
                       f"drafted {r['drafted']:.2f}, host {1e3 * r['host_s'] / r['steps']:.3f} "
@@ -157,29 +144,24 @@ def main():
                                        "k": args.k, "rows": rows}, markdown(rows, args, measured))
 
 
-def host_costs(path: Path, levels: list[int], device_check: Path | None = None) -> dict:
-    """Per level in flight, the milliseconds a step adds: ``sync`` (V1), the
-    plugin's ``bookkeeping`` and MRV2 ``round trip`` measured by mrv2_bench,
-    the host work a synchronising speculator exposes (``hidden``), and the
-    device time of vLLM's drafter and of suffixspec's (``device``: measured
-    by device_check on a GPU when given, 16K-token histories)."""
-    try:
-        rows = {r["in_flight"]: r for r in json.loads(path.read_text())["rows"]}
-    except (OSError, ValueError, KeyError) as exc:
-        sys.exit(f"gpu_bench: no MRV2 timings in {path} ({exc}); run bench/mrv2_bench.py first")
-    missing = [b for b in levels if b not in rows]
-    if missing:
-        sys.exit(f"gpu_bench: {path} has no timings at {missing} in flight")
-    device = {b: DEVICE_MS for b in levels}
-    if device_check is not None:
-        timed = json.loads(device_check.read_text())["device_time"]
-        # As CUDA graphs when the check recorded them (the speculator's way on a GPU).
-        device = {b: timed[f"b{b}_h16384"].get("graph_gpu_us",
-                                                timed[f"b{b}_h16384"]["step_us"]) / 1e3
-                  for b in levels}
-    return {b: {"sync": SYNC_MS, "bookkeeping": rows[b]["bookkeeping_p50_ms"],
-                "round trip": rows[b]["round_trip_p50_ms"], "hidden": HIDDEN_MS,
-                "vllm device": VLLM_DEVICE_MS, "device": device[b]} for b in levels}
+def step_costs(levels: list[int], device_check: Path | None = None) -> dict:
+    """Per level in flight, the milliseconds a step adds and where each figure
+    comes from: ``sync`` (the V1 runner's synchronous scheduling, published),
+    ``vllm device`` and ``device`` (vLLM's drafter and suffixspec's device
+    path: from the device check's loop when it ran them at that level, else
+    the estimates)."""
+    check = json.loads(device_check.read_text()) if device_check else {}
+    loop = check.get("data", check).get("loop", {})  # a file kept here wraps the run in "data"
+
+    def added(variant: str, b: int):
+        if f"{variant}_b{b}" in loop and f"none_b{b}" in loop:
+            ms = loop[f"{variant}_b{b}"]["period_p50_ms"] - loop[f"none_b{b}"]["period_p50_ms"]
+            return (round(ms, 3), "measured")
+        return None
+
+    return {b: {"sync": (SYNC_MS, "published estimate"),
+                "vllm device": added("vllm", b) or (VLLM_DEVICE_MS, "estimate"),
+                "device": added("device", b) or (DEVICE_MS, "estimate")} for b in levels}
 
 
 def _plain(requests, b: int) -> float:
@@ -199,16 +181,20 @@ def _versus(r: dict, config: str) -> str:
 def markdown(rows: list[dict], args, measured: dict) -> str:
     configs = [c for c in CONFIGS if any(c in r for r in rows)]
     names = ["none"] + configs
-    out = ["| trace | in flight | " + " | ".join(names)
-           + " | MRV2 sync / vllm-gpu best | device / vllm-gpu best |",
-           "|---|---|" + "---|" * (len(names) + 2)]
+    out = ["| trace | in flight | " + " | ".join(names) + " | device / vllm-gpu best |",
+           "|---|---|" + "---|" * (len(names) + 1)]
+
+    def cell(r, n):
+        return f"{r[n]:.0f}" + ("*" if r.get(n + " estimated") else "")
+
     for r in rows:
+        vs = _versus(r, "suffixspec device")
+        star = "*" if vs != "-" and (r.get("suffixspec device estimated") or any(
+            r.get(c + " estimated") for c in ("vllm-gpu", "vllm-gpu adaptive"))) else ""
         out.append(f"| {r['trace']} | {r['concurrency']} | "
-                   + " | ".join(f"{r[n]:.0f}" for n in names)
-                   + f" | {_versus(r, 'suffixspec MRV2 sync')} | "
-                     f"**{_versus(r, 'suffixspec device')}** |")
-    costs = "; ".join(f"{b} in flight: bookkeeping {c['bookkeeping']:.3f}, round trip "
-                      f"{c['round trip']:.3f}, device {c['device']:.3f}"
+                   + " | ".join(cell(r, n) for n in names) + f" | {vs}{star} |")
+    costs = "; ".join(f"{b} in flight: " + ", ".join(f"{k} {v[0]} ms ({v[1]})"
+                                                    for k, v in c.items())
                       for b, c in measured.items())
     drafting = ["", "Drafting at one request in flight (the same replays): MTS, drafted "
                 "tokens per step, est = MTS / (1 + 0.03 × drafted)", "",
@@ -220,14 +206,11 @@ def markdown(rows: list[dict], args, measured: dict) -> str:
     arbiter = ("" if getattr(args, "device_arbiter", True)
                else "  Drafting on the device does not arbitrate (`--no-device-arbiter`).")
     return "\n".join(out) + (
-        f"\n\nTokens per second under the H100_8B roofline; host times measured here; "
-        f"V1 steps add {SYNC_MS} ms of synchronous scheduling; suffixspec's host steps add the "
-        f"plugin's measured ms per step ({costs}), MRV2 sync steps the round trip and "
-        f"{HIDDEN_MS} ms of vLLM host work their wait exposes.  Device drafting pays an "
-        f"estimated device time per step: vLLM's drafter {VLLM_DEVICE_MS} ms, suffixspec's "
-        f"the 'device' figure above ({'measured on a GPU' if args.device_check else 'an estimate; no GPU has run it'}).  "
-        f"Slices: the bench_common slices times {args.fraction}.  Drafts capped at "
-        f"{getattr(args, 'k', 16)} tokens.{arbiter}\n") + "\n".join(drafting) + (
+        f"\n\nTokens per second under the H100_8B roofline (a model: no GPU ran these "
+        f"replays); the drafters' host times measured here.  *: rests on an estimated "
+        f"per-step cost.  Per-step costs added: {costs}.  Slices: the bench_common slices "
+        f"times {args.fraction}.  Drafts capped at {getattr(args, 'k', 16)} tokens.{arbiter}\n"
+    ) + "\n".join(drafting) + (
         "\n\nest prices a drafted token at 0.03 of a step, as the replay tables do; under "
         "the roofline a token below the knee is free, which is why every suffix drafter "
         "here drafts long.\n")
