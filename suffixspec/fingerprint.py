@@ -81,11 +81,12 @@ def load_hf_tokenizer(path: str | Path):
         raise ValueError(f"{file} is not a Hugging Face tokenizer.json ({e})") from None
 
 
-def tokenizer_id(path: str | Path) -> TokenizerId:
-    """The id of a Hugging Face ``tokenizer.json`` (the file or its folder)."""
+def tokenizer_id(path: str | Path, tok=None) -> TokenizerId:
+    """The id of a Hugging Face ``tokenizer.json`` (the file or its folder);
+    ``tok``: the ``tokenizers.Tokenizer`` already loaded from it."""
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
-    tok = load_hf_tokenizer(path)
+    tok = load_hf_tokenizer(path) if tok is None else tok
     added = [(t.content, i, bool(t.special)) for i, t in tok.get_added_tokens_decoder().items()]
     special = [(content, i) for content, i, is_special in added if is_special]
     name = file.parent.name or file.stem
@@ -103,10 +104,12 @@ def tokenizer_id(path: str | Path) -> TokenizerId:
                            tok.get_vocab(with_added_tokens=False), special))
 
 
-def hf_encoder(path: str | Path):
-    """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder):
-    a list of texts to their token id lists, no special tokens added."""
-    tok = load_hf_tokenizer(path)
+def hf_encoder(path: str | Path, tok=None):
+    """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder;
+    ``tok``: the ``tokenizers.Tokenizer`` already loaded from it): a list of
+    texts to their token id lists, no special tokens added.  The library
+    encodes a batch on every core."""
+    tok = load_hf_tokenizer(path) if tok is None else tok
 
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]

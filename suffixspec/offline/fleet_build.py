@@ -28,12 +28,13 @@ def build_shard(log: str, out: str, tokenizer: str, namespace: str | None, max_d
                 jobs: int, hold_back: int) -> tuple[str, dict, list]:
     """Ingest one log shard into the shard pool ``out`` and snapshot it; returns
     ``(out, the ingest summary, the held-back requests)``."""
-    from suffixspec.fingerprint import hf_encoder, tokenizer_id
+    from suffixspec.fingerprint import hf_encoder, load_hf_tokenizer, tokenizer_id
     from suffixspec.offline.ingest import ingest
     from suffixspec.pools.segments import write_snapshot
     from suffixspec.pools.store import PoolStore
 
-    tok, encode = tokenizer_id(tokenizer), hf_encoder(tokenizer)
+    loaded = load_hf_tokenizer(tokenizer)
+    tok, encode = tokenizer_id(tokenizer, loaded), hf_encoder(tokenizer, loaded)
     with PoolStore(out, tokenizer=tok, max_depth=max_depth) as store:
         report = ingest(store, [log], encode, namespace=namespace, hold_back=hold_back)
         if report.sequences:

@@ -472,15 +472,21 @@ def ingest(store: PoolStore, files: list[str | Path], encode_batch: Callable | N
         if not texts:
             return
         t0 = time.perf_counter()
-        new = list(dict.fromkeys(p for *_, prompt in texts for p in prompt or ()
-                                 if p not in pieces))
-        ids = encode_batch([t for t, *_ in texts] + new)
-        for p, tok in zip(new, ids[len(texts):]):
+        # Prompts repeat (a database's schema, a task's statement, a function
+        # list) and an output's prompt is also a prompt text: each distinct
+        # prompt is tokenized once and kept among the pieces.
+        outputs = [t for t, _, _, is_output, _ in texts if is_output]
+        wanted = dict.fromkeys(t for t, _, _, is_output, _ in texts if not is_output)
+        wanted.update(dict.fromkeys(p for *_, prompt in texts for p in prompt or ()))
+        new = [p for p in wanted if p not in pieces]
+        ids = encode_batch(outputs + new)
+        for p, tok in zip(new, ids[len(outputs):]):
             pieces[p] = np.asarray(tok, np.int32)
         report.tokenize_s += time.perf_counter() - t0
         ns = namespace or DEFAULT_NAMESPACE
-        for (_, source, record_id, is_output, prompt), tok in zip(texts, ids):
-            arr = np.asarray(tok, np.int32)
+        output_ids = iter(ids[:len(outputs)])
+        for text, source, record_id, is_output, prompt in texts:
+            arr = np.asarray(next(output_ids), np.int32) if is_output else pieces[text]
             if is_output:
                 # The anchors of the prompt the log names (the engine's own
                 # prompt when the log holds what the engine saw); without
