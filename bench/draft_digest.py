@@ -14,11 +14,18 @@ every step: run it before and after a change that must not move drafts.
 ``--draft-cost`` replays with that draft cost instead (0: drafts free);
 ``--set name=value`` changes any other ``ProposerConfig`` setting (an int,
 float or bool value), e.g. ``--set newest_window=4096``.
+
+``--pool POOL`` drafts with a persistent pool (``suffixspec ingest``'s, say)
+as the cross-request pool: each replay works on a copy of it, so two pools
+built by two versions of ``ingest`` are compared by their lines.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import xxhash
 
@@ -52,12 +59,26 @@ class Recording:
         return getattr(self.inner, name)
 
 
+def copied_pool(pool: Path, tmp: Path, tokenizer: str):
+    """A ``PersistentPool`` over a copy of ``pool`` (its file and snapshot folder)."""
+    from suffixspec.fingerprint import tokenizer_id
+    from suffixspec.pools.persistent import PersistentPool
+
+    for part in pool.parent.glob(pool.name + "*"):
+        if part.name.endswith(("-lock", "-gate")):
+            continue
+        (shutil.copytree if part.is_dir() else shutil.copy2)(part, tmp / part.name)
+    return PersistentPool(tmp / pool.name, tokenizer=tokenizer_id(tokenizer))
+
+
 def main():
     ap = parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=list(SLICES), help="these slices only")
     ap.add_argument("--modes", nargs="*", choices=list(MODES), help="these modes only")
     ap.add_argument("--draft-cost", type=float, default=None,
                     help="ProposerConfig.draft_cost (default: the default; 0: drafts free)")
+    ap.add_argument("--pool", type=Path, default=None,
+                    help="a persistent pool to draft from (a copy of it per replay)")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                     help="other ProposerConfig settings")
     args = ap.parse_args()
@@ -70,9 +91,14 @@ def main():
         requests = load_slice(args.traces, name, encode)
         for mode in args.modes or list(MODES):
             options = MODES[mode]
-            proposer = Recording(make_proposer("suffixspec", requests, cross_pool_tokens=None,
-                                               token_kinds=kinds, **options, **settings))
-            m = replay(requests, proposer).metrics()
+            with tempfile.TemporaryDirectory() as tmp:
+                pool = {} if args.pool is None else {"pool": copied_pool(args.pool, Path(tmp),
+                                                                          args.tokenizer)}
+                proposer = Recording(make_proposer("suffixspec", requests,
+                                                   cross_pool_tokens=None, token_kinds=kinds,
+                                                   **pool, **options, **settings))
+                m = replay(requests, proposer).metrics()
+                proposer.close()
             print(f"{name:8s} {mode}: MTS {m['mean_tokens_per_step']:.4f} est {m['est']:.4f} "
                   f"drafted {m['drafted_per_step']:.4f} digest {proposer.hash.hexdigest()}",
                   flush=True)

@@ -46,6 +46,8 @@ BENCHES = [
     Bench("replay", "replay_bench", "Replay against arctic-inference", "replay"),
     Bench("fleet", "fleet_bench", "The pool in a fleet: replicas, restarts, logs", "replay"),
     Bench("vllm", "vllm_bench", "Real vLLM on CPU", "measured"),
+    Bench("vllm_drafter", "vllm_drafter_check", "vLLM 0.34's own suffix drafter against "
+          "suffixspec's model of it", "measured"),
     Bench("gpu", "gpu_bench", "GPU regime: replay priced by a GPU step roofline", "model"),
     Bench("device_gate", "device_gate", "Drafting on the device: the replay gate", "replay"),
     Bench("device_check", "device_check", "The device check on a lent GPU", "measured"),
@@ -163,6 +165,15 @@ def gpu_row(d: dict) -> tuple[str, str, str] | None:
             cells, "replay")
 
 
+def vllm_drafter_row(d: dict) -> tuple[str, str, str] | None:
+    rows = d["rows"]
+    steps = sum(r["steps"] for r in rows)
+    same = sum(r["same_valid_tokens"] for r in rows)
+    return ("vLLM 0.34's own suffix drafter (unmodified, CPU tensors, Triton interpreter): "
+            "steps whose draft suffixspec's model of it gives token for token",
+            ", ".join(r["trace"] for r in rows), f"{same:,} of {steps:,} steps")
+
+
 def device_gate_row(d: dict) -> tuple[str, str, str] | None:
     rows = [r for r in d["rows"] if "host" in r and "device" in r]
     if not rows:
@@ -230,6 +241,7 @@ def start_row(d: dict) -> tuple[str, str, str] | None:
 
 
 HEADLINE = {"replay": replay_row, "gpu": gpu_row, "fleet": fleet_row, "vllm": vllm_row,
+            "vllm_drafter": vllm_drafter_row,
             "device_gate": device_gate_row, "compat": compat_row, "operations": operations_row,
             "faults": faults_row, "start": start_row}
 
