@@ -184,6 +184,9 @@ def check(requests, k: int, depth: int, corpus_tokens: int, max_len: int, limit:
 def main():
     ap = parser(__doc__)
     ap.add_argument("--requests", type=int, default=40, help="records per trace")
+    ap.add_argument("--agent-requests", type=int, default=10,
+                    help="records of agent (its requests are long: over 15 minutes for 40 "
+                         "under the interpreter on 2 cores)")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--depth", type=int, default=24)
     ap.add_argument("--corpus-tokens", type=int, default=1 << 16)
@@ -199,7 +202,8 @@ def main():
     for name in args.only or list(SLICES):
         requests = load_slice(args.traces, name, encode, 0.05)
         max_len = args.max_len or (16384 if name == "agent" else 2048)
-        got = check(requests, args.k, args.depth, args.corpus_tokens, max_len, args.requests)
+        limit = args.agent_requests if name == "agent" else args.requests
+        got = check(requests, args.k, args.depth, args.corpus_tokens, max_len, limit)
         rows.append({"trace": name, "max_model_len": max_len, **got})
         print(name, {k: v for k, v in got.items() if k != "first_differences"}, file=sys.stderr,
               flush=True)

@@ -35,11 +35,12 @@ def _child(mode: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_the_kernels_write_what_the_reference_writes():
+@pytest.mark.parametrize("cases", [pytest.param(12), pytest.param(60, marks=pytest.mark.slow)])
+def test_the_kernels_write_what_the_reference_writes(cases):
     """The fused kernel; the own-history, family, corpus and live-corpus kernels against
     their torch twins."""
-    got = _child("interpret", "60")
-    assert got["cases"] == 60 and got["rows"] > 60
+    got = _child("interpret", str(cases))
+    assert got["cases"] == cases and got["rows"] > cases
     assert got["mismatches"] == [], got["mismatches"][:3]
 
 

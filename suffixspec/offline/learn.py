@@ -43,6 +43,10 @@ from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import Request
 
 
+#: ``refresh_interval`` while learning: never (the year is longer than any run).
+NO_REFRESH = 365 * 24 * 3600.0
+
+
 def learning_file(pool: str | Path) -> Path:
     """Where a pool's held-back requests wait while they are served."""
     pool = Path(pool)
@@ -108,8 +112,12 @@ def calibrate(pool: str | Path, tokenizer: TokenizerId, max_depth: int,
     if len(namespaces) > 1:
         raise ValueError(f"held-back requests of several namespaces: {sorted(namespaces)}")
     requests = [Request(h.request_id, h.prompt, h.output, anchors=h.anchors) for h in held]
+    # The only writer is this proposer, whose commits it indexes itself: no
+    # looks for others' commits on a timer, so what is learned never rests on
+    # when one fell between two requests (two ingests of one log learn alike).
     with SuffixProposer(pool=pool, tokenizer=tokenizer, max_depth=max_depth,
-                        namespace=namespaces.pop()) as proposer:
+                        namespace=namespaces.pop(),
+                        pool_options={"refresh_interval": NO_REFRESH}) as proposer:
         result = replay(requests, proposer)
     m = result.metrics()
     return {"requests": m["requests"], "mean_tokens_per_step": m["mean_tokens_per_step"],
