@@ -89,6 +89,7 @@ def test_partitions_laid_together_equal_one_index(tmp_path_factory, seqs, partit
     _assert_same(one, one_trees, ix, info["namespaces"], stored)
 
 
+@pytest.mark.slow
 def test_worker_processes_build_the_same_index(tmp_path):
     rng = np.random.default_rng(0)
     seqs = [("a" if i % 3 else "b", rng.integers(0, 8, rng.integers(1, 200)).tolist())

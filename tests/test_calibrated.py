@@ -124,8 +124,11 @@ def _reference_update(table, draft, emitted, buckets, kinds=None, last=-1):
     return table
 
 
-@pytest.mark.parametrize("kinds", [None, [2, -1, 5], [2, 0, 5]])
-@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("tree, kinds", [
+    (False, None), (True, [2, 0, 5]),
+    *(pytest.param(tree, kinds, marks=pytest.mark.slow)
+      for tree, kinds in [(True, None), (False, [2, -1, 5]), (True, [2, -1, 5]),
+                          (False, [2, 0, 5])])])
 def test_calibration_counts_exactly_what_the_engine_emitted(tree, kinds):
     rng = np.random.default_rng(1)
     p = SuffixProposer(max_depth=8, max_spec_tokens=6, tree=tree, draft_cost=0.0,

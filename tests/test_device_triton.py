@@ -35,7 +35,7 @@ def _child(mode: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("cases", [pytest.param(12), pytest.param(60, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("cases", [pytest.param(6), pytest.param(60, marks=pytest.mark.slow)])
 def test_the_kernels_write_what_the_reference_writes(cases):
     """The fused kernel; the own-history, family, corpus and live-corpus kernels against
     their torch twins."""

@@ -26,6 +26,7 @@ def _probe(cache_dir) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_changed_source_digest_drops_the_cached_kernels(tmp_path):
     from suffixspec.native.cache import STAMP, source_digest
 
@@ -71,6 +72,7 @@ print(subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, t
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_adds_a_variant_leaves_the_cache_whole_for_the_others(tmp_path):
     assert _probe(tmp_path) == {"hits": 0, "misses": 1}
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
@@ -88,6 +90,7 @@ tokens.first_bad_token(np.zeros(3, np.int64))  # a new variant: the index is sav
 """
 
 
+@pytest.mark.slow
 def test_a_process_starting_while_another_saves_a_kernel_does_not_drop_the_cache(tmp_path):
     # Numba saves a kernel's index by rename; until the saving process lists
     # the files again, the listing is behind.  That is no damage.
@@ -97,7 +100,8 @@ def test_a_process_starting_while_another_saves_a_kernel_does_not_drop_the_cache
     assert _probe(tmp_path) == {"hits": 1, "misses": 0}
 
 
-@pytest.mark.parametrize("kind, damage", [("nbi", "cut"), ("nbc", "flip")])
+@pytest.mark.parametrize("kind, damage", [("nbi", "cut"),
+                                          pytest.param("nbc", "flip", marks=pytest.mark.slow)])
 def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
         tmp_path, kind, damage):
     # Inodes vouch for a file only in the folder they were listed in: in a copy

@@ -151,7 +151,8 @@ def test_an_idle_process_holding_the_pool_does_not_block_forget(tmp_path):
     assert idle.returncode == 0 and out.strip() == "3", err  # drafts from the new file
 
 
-@pytest.mark.parametrize("trial", range(6))
+@pytest.mark.parametrize("trial", [0, *(pytest.param(t, marks=pytest.mark.slow)
+                                      for t in range(1, 6))])
 def test_a_killed_forget_never_leaves_forgotten_data_draftable(tmp_path, trial):
     path = tmp_path / "pool.lmdb"
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)

@@ -201,6 +201,7 @@ def test_another_applications_file_is_refused_and_left_untouched(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db", "notes.txt"]
 
 
+@pytest.mark.slow
 def test_the_fingerprint_covers_added_tokens_special_or_not_and_the_size(tmp_path,
                                                                          tokenizer_path):
     """Qwen plus <sql_block> and Qwen plus <json_block> at the same id are two
