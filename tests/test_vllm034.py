@@ -132,19 +132,7 @@ from vllm.v1.worker.gpu.spec_decode import init_speculator
 from vllm.v1.worker.gpu.spec_decode.speculator_config import get_method_config_class
 from vllm.v1.worker.gpu.states import RequestState
 
-def bindings():
-    out = {}
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("vllm") or module is None:
-            continue
-        for attr, value in list(vars(module).items()):
-            if callable(value):
-                out[f"{name}.{attr}"] = id(value)
-                if isinstance(value, type) and value.__module__ == name:
-                    for k, v in list(vars(value).items()):
-                        if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
-                            out[f"{name}.{attr}.{k}"] = id(v)
-    return out
+from suffixspec.testing.vllm_bindings import vllm_bindings as bindings
 
 def built(method, **options):
     model = ModelConfig(model=sys.argv[1], max_model_len=512)

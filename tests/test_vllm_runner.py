@@ -50,19 +50,7 @@ import vllm.config.speculative, vllm.v1.spec_decode.suffix_decoding
 import vllm.v1.spec_decode.ngram_proposer, vllm.v1.spec_decode.eagle, vllm.v1.spec_decode.medusa
 import vllm.v1.worker.gpu_model_runner
 
-def bindings():
-    out = {}
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("vllm") or module is None:
-            continue
-        for attr, value in list(vars(module).items()):
-            if callable(value):
-                out[f"{name}.{attr}"] = id(value)
-                if isinstance(value, type) and value.__module__ == name:
-                    for k, v in list(vars(value).items()):
-                        if callable(v) or isinstance(v, (staticmethod, classmethod, property)):
-                            out[f"{name}.{attr}.{k}"] = id(v)
-    return out
+from suffixspec.testing.vllm_bindings import vllm_bindings as bindings
 
 before = bindings()
 os.environ["SUFFIXSPEC_ENABLE"] = "1"

@@ -1,5 +1,6 @@
-"""What the pool's fault tests and ``bench/fault_bench.py`` share: crafted and
-fuzzed snapshot segments, and the scripts they run as child processes.
+"""What the tests and the benchmarks share: crafted and fuzzed snapshot
+segments and the pool's child scripts (the fault tests, ``bench/fault_bench.py``),
+and what vLLM's modules bind (the plugin's no-rebinding tests).
 
 Nothing here is imported by the serving path.
 """
