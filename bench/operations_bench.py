@@ -49,6 +49,7 @@ import numpy as np
 from suffixspec.fingerprint import BYTES
 from suffixspec.offline.ingest import export
 from suffixspec.pools.store import PoolStore
+from suffixspec.testing.pool_children import READ_AND_WAIT
 
 from bench_common import save_results
 
@@ -167,17 +168,6 @@ def open_beside_compaction(tmp: Path, rounds: int = 50) -> dict:
     return {"rounds": rounds, "open_alone_s": round(baseline, 3),
             "open_worst_s": round(max(times), 3), "over_alone_plus_1s": sum(
                 t > baseline + 1.0 for t in times), "hung": hung}
-
-
-READ_AND_WAIT = r"""
-import sys, time
-from suffixspec.pools.store import PoolStore
-store = PoolStore(sys.argv[1])
-txn = store.read()
-txn.get(b"format", db=store.db("meta"))
-print("reading", flush=True)
-time.sleep(60)
-"""
 
 
 def stale_readers(tmp: Path, kills: int = 20) -> dict:

@@ -23,6 +23,7 @@ from suffixspec import SuffixProposer
 from suffixspec.fingerprint import BYTES
 from suffixspec.pools.persistent import PersistentPool
 from suffixspec.pools.store import PoolError, PoolStore
+from suffixspec.testing.pool_children import READ_AND_WAIT
 
 DEPTH = 16
 SECRET = [900011, 900012, 900013, 900014, 900015, 900016, 900017, 900018]
@@ -536,17 +537,6 @@ def test_snapshot_finishes_a_cut_short_forget_while_a_server_has_the_pool_open(t
     with PoolStore(path) as store:
         assert not store.compaction_pending()
     assert SECRET[0].to_bytes(4, "little") not in path.read_bytes()
-
-
-READ_AND_WAIT = r"""
-import sys, time
-from suffixspec.pools.store import PoolStore
-store = PoolStore(sys.argv[1])
-txn = store.read()
-txn.get(b"format", db=store.db("meta"))
-print("reading", flush=True)
-time.sleep(60)
-"""
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Scripts the pool fault tests and ``bench/fault_bench.py`` run as child processes.
+"""Scripts the pool's tests and benchmarks run as child processes.
 
 Each runs in its own interpreter (``python -c SCRIPT ARGS``), so a crash or a
 SIGKILL hits the child, not the runner.
@@ -116,3 +116,16 @@ def damaged_pool_copies(folder, cases: int) -> tuple:
         target.write_bytes(bytes(data))
         copies.append(copy)
     return path, copies, Path(folder) / "unsnapshotted.lmdb"
+
+
+#: Opens the pool, starts a read transaction and holds it a minute (the
+#: stale readers' case: the process is killed meanwhile).
+READ_AND_WAIT = r"""
+import sys, time
+from suffixspec.pools.store import PoolStore
+store = PoolStore(sys.argv[1])
+txn = store.read()
+txn.get(b"format", db=store.db("meta"))
+print("reading", flush=True)
+time.sleep(60)
+"""
