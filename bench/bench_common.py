@@ -7,6 +7,7 @@ import ast
 import hashlib
 import json
 import pickle
+import shutil
 import sys
 from pathlib import Path
 
@@ -132,3 +133,13 @@ def fill_store(store, sequences, target: int, namespace: str = "main") -> int:
     if batch:
         store.add_many(batch)
     return total
+
+
+def copy_pool(pool: Path, to: Path) -> Path:
+    """Copy the pool file ``pool`` and its snapshot folder to the pool path ``to``
+    (its lock files stay: each copy makes its own); returns ``to``."""
+    for part in pool.parent.glob(pool.name + "*"):
+        if not part.name.endswith(("-lock", "-gate")):
+            target = to.with_name(to.name + part.name[len(pool.name):])
+            (shutil.copytree if part.is_dir() else shutil.copy2)(part, target)
+    return to

@@ -22,7 +22,6 @@ built by two versions of ``ingest`` are compared by their lines.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +33,7 @@ from suffixspec.replay.engines import make_proposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import hf_encoder
 
-from bench_common import SLICES, config_settings, load_slice, parser, token_kinds
+from bench_common import SLICES, config_settings, copy_pool, load_slice, parser, token_kinds
 
 MODES = {"path": {}, "tree": {"tree": True}}
 
@@ -64,12 +63,9 @@ def copied_pool(pool: Path, tmp: Path, tokenizer: str):
     from suffixspec.fingerprint import tokenizer_id
     from suffixspec.pools.persistent import PersistentPool
 
-    for part in pool.parent.glob(pool.name + "*"):
-        if part.name.endswith(("-lock", "-gate")):
-            continue
-        (shutil.copytree if part.is_dir() else shutil.copy2)(part, tmp / part.name)
     # No looks for commits on a timer: what the replay sees never rests on timing.
-    return PersistentPool(tmp / pool.name, tokenizer=tokenizer_id(tokenizer), refresh_interval=1e9)
+    return PersistentPool(copy_pool(pool, tmp / pool.name), tokenizer=tokenizer_id(tokenizer),
+                          refresh_interval=1e9)
 
 
 def main():

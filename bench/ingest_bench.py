@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from bench_common import TRACES, parser, save_results
+from bench_common import TRACES, copy_pool, parser, save_results
 
 FILES = [file for file, _ in TRACES.values()]
 
@@ -92,10 +91,7 @@ def run_once(checkout: Path, traces: Path, tokenizer: str, jobs: int | None, ext
         summary["commit"] = commit_of(checkout)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            for part in Path(tmp).glob("pool.lmdb*"):
-                if not part.name.endswith(("-lock", "-gate")):
-                    (shutil.copytree if part.is_dir() else shutil.copy2)(
-                        part, keep / part.name.replace("pool", summary["commit"], 1))
+            copy_pool(pool, keep / f"{summary['commit']}.lmdb")
         return summary
 
 
