@@ -60,12 +60,12 @@ class Recording:
 
 def copied_pool(pool: Path, tmp: Path, tokenizer: str):
     """A ``PersistentPool`` over a copy of ``pool`` (its file and snapshot folder)."""
+    from suffixspec.config import NO_REFRESH
     from suffixspec.fingerprint import tokenizer_id
     from suffixspec.pools.persistent import PersistentPool
 
-    # No looks for commits on a timer: what the replay sees never rests on timing.
     return PersistentPool(copy_pool(pool, tmp / pool.name), tokenizer=tokenizer_id(tokenizer),
-                          refresh_interval=1e9)
+                          refresh_interval=NO_REFRESH)
 
 
 def main():

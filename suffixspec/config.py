@@ -24,6 +24,10 @@ REMOVED = {
 
 #: Seconds between a persistent pool's looks for other processes' commits.
 REFRESH_INTERVAL = 1.0
+#: ``refresh_interval`` of a pool whose only writer is its own proposer (learning
+#: from logs, a replay): no looks for others' commits, so what it drafts never
+#: rests on when one fell between two requests (a year: longer than any run).
+NO_REFRESH = 365 * 24 * 3600.0
 #: Where outputs go when no namespace is named.
 DEFAULT_NAMESPACE = "default"
 MAX_NAMESPACE = 128

@@ -104,6 +104,13 @@ def tokenizer_id(path: str | Path, tok=None) -> TokenizerId:
                            tok.get_vocab(with_added_tokens=False), special))
 
 
+def id_and_encoder(path: str | Path) -> tuple[TokenizerId, object]:
+    """``(tokenizer_id, hf_encoder)`` of a ``tokenizer.json``, read once (a
+    second's work)."""
+    tok = load_hf_tokenizer(path)
+    return tokenizer_id(path, tok), hf_encoder(path, tok)
+
+
 def hf_encoder(path: str | Path, tok=None):
     """Batch encoder of a Hugging Face ``tokenizer.json`` (file or its folder;
     ``tok``: the ``tokenizers.Tokenizer`` already loaded from it): a list of

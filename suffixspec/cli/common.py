@@ -24,11 +24,10 @@ def parse_duration(text: str) -> float:
 
 def load_tokenizer(path: str):
     """``(TokenizerId, batch encoder)`` of a tokenizer.json, or a one-line CLI error."""
-    from suffixspec.fingerprint import hf_encoder, load_hf_tokenizer, tokenizer_id
+    from suffixspec.fingerprint import id_and_encoder
 
     try:
-        tok = load_hf_tokenizer(path)  # once: reading a tokenizer.json takes a second
-        return tokenizer_id(path, tok), hf_encoder(path, tok)
+        return id_and_encoder(path)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--tokenizer") from None
 

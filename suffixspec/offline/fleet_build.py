@@ -28,13 +28,12 @@ def build_shard(log: str, out: str, tokenizer: str, namespace: str | None, max_d
                 jobs: int, hold_back: int) -> tuple[str, dict, list]:
     """Ingest one log shard into the shard pool ``out`` and snapshot it; returns
     ``(out, the ingest summary, the held-back requests)``."""
-    from suffixspec.fingerprint import hf_encoder, load_hf_tokenizer, tokenizer_id
+    from suffixspec.fingerprint import id_and_encoder
     from suffixspec.offline.ingest import ingest
     from suffixspec.pools.segments import write_snapshot
     from suffixspec.pools.store import PoolStore
 
-    loaded = load_hf_tokenizer(tokenizer)
-    tok, encode = tokenizer_id(tokenizer, loaded), hf_encoder(tokenizer, loaded)
+    tok, encode = id_and_encoder(tokenizer)
     with PoolStore(out, tokenizer=tok, max_depth=max_depth) as store:
         report = ingest(store, [log], encode, namespace=namespace, hold_back=hold_back)
         if report.sequences:

@@ -33,6 +33,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from suffixspec.config import NO_REFRESH
 from suffixspec.fingerprint import TokenizerId
 from suffixspec.offline.ingest import Held
 from suffixspec.pools import files
@@ -41,10 +42,6 @@ from suffixspec.pools.store import PoolStore
 from suffixspec.proposer import SuffixProposer
 from suffixspec.replay.harness import replay
 from suffixspec.replay.traces import Request
-
-
-#: ``refresh_interval`` while learning: never (the year is longer than any run).
-NO_REFRESH = 365 * 24 * 3600.0
 
 
 def learning_file(pool: str | Path) -> Path:
