@@ -135,10 +135,10 @@ def main():
     os.environ.setdefault("SUFFIXSPEC_DRAFT_COST", "0.03")
     tokenizer = str(Path(args.tokenizer) / "tokenizer.json"
                     if Path(args.tokenizer).is_dir() else args.tokenizer)
-    from suffixspec.kernels import compile_on_two_cores
+    from suffixspec.kernels import compile_in_parallel
     from suffixspec.native.warmup import DEVICE, STEPS
 
-    compile_on_two_cores(STEPS + DEVICE)
+    compile_in_parallel(STEPS + DEVICE)
     path = Path(args.jobs or ROOT / "bench" / "cache" / f"feeder_jobs_b{args.level}.pkl")
     if path.is_file():
         with path.open("rb") as f:

@@ -110,3 +110,41 @@ def test_a_first_run_compiles_on_two_cores_and_fills_the_cache_for_the_next(
                             env={**os.environ, "NUMBA_CACHE_DIR": str(first.path)}, check=True)
     assert loaded.stdout.strip() == "True"  # every serving kernel is in the cache now
     assert first.replay(first.path) == first.row
+
+
+def test_step_groups_put_the_longest_step_alone_and_share_the_rest_by_core():
+    from suffixspec.kernels import LONGEST, step_groups
+    from suffixspec.native.warmup import SERVING
+
+    assert step_groups(SERVING, 1) == [SERVING]
+    assert step_groups(SERVING, 2) == [(LONGEST,), ("indexing", "learning", "maintenance")]
+    assert step_groups(SERVING, 3) == [(LONGEST,), ("indexing", "maintenance"), ("learning",)]
+    assert step_groups(SERVING, 64) == [(LONGEST,), ("indexing",), ("learning",),
+                                        ("maintenance",)]
+    assert step_groups(("learning", "checks"), 4) == [("learning",), ("checks",)]
+    for n in range(1, 8):  # every step once, in no more groups than cores
+        groups = step_groups(SERVING, n)
+        assert sorted(s for g in groups for s in g) == sorted(SERVING) and len(groups) <= n
+
+
+@pytest.mark.slow
+def test_a_background_start_loads_what_its_children_compiled(tmp_path):
+    """On an empty cache the children compile; this process only loads."""
+    script = (
+        "import importlib, json, logging, threading\n"
+        "from suffixspec.kernels import BackgroundStart\n"
+        "w = importlib.import_module('suffixspec.native.warmup')\n"
+        "ready = threading.Event()\n"
+        "start = BackgroundStart(lambda s: ready.set(), logging.getLogger('t'),\n"
+        "                        ('learning', 'checks')).start()\n"
+        "assert start.join(600) and ready.is_set()\n"
+        "print(json.dumps([len(start._children),\n"
+        "                  sum(sum(k._cache_misses.values()) for k in w.KERNELS),\n"
+        "                  sum(sum(k._cache_hits.values()) for k in w.KERNELS)]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, check=True)
+    children, misses, hits = json.loads(out.stdout.strip().splitlines()[-1])
+    from suffixspec.kernels import cores
+
+    assert children == min(2, cores())
+    assert misses == 0 and hits > 0

@@ -173,11 +173,11 @@ victim.write_bytes(bytes(data))
 """
 
 USE_CACHE = r"""
-from suffixspec.kernels import compile_on_two_cores, from_cache
+from suffixspec.kernels import compile_in_parallel, from_cache
 from suffixspec import SuffixProposer
 from suffixspec.native.warmup import SERVING
 ready = from_cache(SERVING)
-compile_on_two_cores(SERVING)  # as a first run compiles them (an engine: in the background)
+compile_in_parallel(SERVING)  # as a first run compiles them (an engine: in the background)
 p = SuffixProposer(max_depth=8)
 p.start_request("r", [1, 2, 3, 1, 2])
 print(ready, p.propose(["r"])[0].token_ids.tolist())

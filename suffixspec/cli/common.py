@@ -98,10 +98,10 @@ class KernelLoader:
         return self.seconds
 
     def _run(self) -> None:
-        from suffixspec.kernels import compile_on_two_cores
+        from suffixspec.kernels import compile_in_parallel
 
         try:
-            self.seconds = compile_on_two_cores(self.steps, self._progress)
+            self.seconds = compile_in_parallel(self.steps, self._progress)
         except BaseException as e:  # noqa: BLE001 - raised again by wait()
             self._error = e
 

@@ -45,7 +45,10 @@ def side_tables(local, segs, delta):
     put(mine, 0, local)
     cross = np.empty((1 + segs.shape[0], FIELDS, 3), np.int64)
     put(cross, 0, delta)
-    cross[1:] = segs
+    for k in range(segs.shape[0]):  # loops, not a slice copy: that compiles a costly error path
+        for f in range(FIELDS):
+            for j in range(3):
+                cross[1 + k, f, j] = segs[k, f, j]
     return mine, cross
 
 

@@ -107,7 +107,7 @@ class DeviceSuffixSpeculator(BaseSpeculator):
     def start(self, wait: bool = False) -> None:
         """Build the proposer (the kernels compile in the background on a cold
         cache, unless ``wait``; until then the device drafts from its own tiers)."""
-        from suffixspec.native.warmup import DEVICE, STEPS, warmup
+        from suffixspec.native.warmup import DEVICE, SERVING, warmup
 
         drafter = self.drafter
 
@@ -121,10 +121,11 @@ class DeviceSuffixSpeculator(BaseSpeculator):
                         "cross-request pool %s%s", drafter.k, proposer.max_depth, pool, ranks)
             return proposer
 
-        if wait or from_cache(STEPS + DEVICE):  # the device's kernels too, else in the background
+        if wait or from_cache(SERVING + DEVICE):  # the device's kernels too, else in the background
             drafter.ready(build())
         else:
-            self._start = BackgroundStart(lambda s: drafter.ready(build()), logger).start()
+            self._start = BackgroundStart(lambda s: drafter.ready(build()), logger,
+                                          SERVING + DEVICE).start()
 
     # ---------------------------------------------------------- BaseSpeculator
     def init_cudagraph_manager(self, cudagraph_mode) -> None:
