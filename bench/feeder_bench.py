@@ -21,6 +21,18 @@ Prints the minimum over repeats per phase and in all, and the digest: two
 versions of the code that publish the same payloads from the same jobs have
 the same digest, so a trim of the feeder is timed against its parent on
 one jobs file and checked to change nothing.
+
+3. beside a worker (``--worker-ms``, one run alone and one beside the feeder,
+   ``--repeats`` times): this thread plays the worker, a step at a time: its
+   own host work (pure Python holding the interpreter lock, ``--worker-ms``
+   when alone), the step's jobs handed to the feeder's thread as the device
+   speculator hands them, a forward (``--forward-ms``, the lock released, as
+   while the GPU runs), then ``take`` with the worker's deadline.  What the
+   worker loses is its host work's wall time beside the feeder less alone
+   (the lock waits: a thread in Python holds the lock up to the switch
+   interval, 5 ms, before handing it over) and its waits for the payload;
+   the feeder's windows' age at each take (steps, p50 and p99) says whether
+   it keeps up.
 """
 
 from __future__ import annotations
@@ -119,6 +131,92 @@ def replay(steps: list[list[tuple]], level: int) -> dict:
     return out
 
 
+def _worker_host_work(n: int) -> int:
+    """Pure Python, holding the interpreter lock throughout: a worker's own
+    host work in a step (scheduling, input preparation)."""
+    acc = 0
+    for i in range(n):
+        acc = (acc + i * 7) % 1000003
+    return acc
+
+
+def _calibrate(ms: float) -> int:
+    """Iterations of ``_worker_host_work`` taking ``ms`` on this thread alone."""
+    n = 20000
+    while True:
+        t0 = time.perf_counter()
+        _worker_host_work(n)
+        took = time.perf_counter() - t0
+        if took > 0.02:
+            return max(1, int(n * ms / 1e3 / took))
+        n *= 2
+
+
+_HAND = {"add": "add", "snapshot": "snapshot", "finish": "finished", "forget": "forget"}
+
+
+def beside_worker(steps: list[list[tuple]], level: int, iters: int, forward_ms: float,
+                  with_feeder: bool) -> dict:
+    """The worker's step, played in this thread, with the feeder's thread fed
+    the recorded jobs (or idle, ``with_feeder`` False): per step, the host
+    work's wall milliseconds and the step period; the feeder's lag."""
+    from suffixspec.device.drafter import DEADLINE
+    from suffixspec.integrations.vllm import device_speculator as ds
+
+    max_reqs = max(level, 8)
+    spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
+                                     dc.States(max_reqs, 4096, torch.device("cpu")),
+                                     start=False)
+    spec.start(wait=True)
+    feeder = spec.drafter.feeder
+    while feeder.stats.seconds == 0.0:
+        time.sleep(0.01)
+    feeder.stats = type(feeder.stats)()
+    host, period = [], []
+    for n, group in enumerate(steps, start=1):
+        t0 = time.perf_counter()
+        _worker_host_work(iters)
+        t1 = time.perf_counter()
+        if with_feeder:
+            for job in group:
+                getattr(feeder, _HAND[job[0]])(*job[1:])
+        time.sleep(forward_ms / 1e3)
+        if with_feeder:
+            feeder.take(n + 1, DEADLINE)
+        host.append(t1 - t0)
+        period.append(time.perf_counter() - t0)
+    lag = feeder.lag()
+    spec.close()
+    host_ms, period_ms = 1e3 * np.asarray(host), 1e3 * np.asarray(period)
+    return {"host_ms_p50": round(float(np.median(host_ms)), 3),
+            "host_ms_mean": round(float(host_ms.mean()), 3),
+            "host_ms_p99": round(float(np.percentile(host_ms, 99)), 3),
+            "period_ms_mean": round(float(period_ms.mean()), 3),
+            "feeder_cpu_ms_per_step": round(1e3 * feeder.stats.cpu_seconds / len(steps), 3),
+            **({"age_p50": lag["age_p50"], "age_p99": lag["age_p99"],
+                "taken": lag["taken"], "waits_timed_out": lag["waits_timed_out"],
+                "wait_ms_per_take": lag["wait_ms_per_take"]} if with_feeder else {})}
+
+
+def worker_loss(steps, level: int, worker_ms: float, forward_ms: float, repeats: int) -> dict:
+    """Alone and beside the feeder, ``repeats`` times each, interleaved; the
+    medians of the runs, and the worker's loss per step (beside less alone)."""
+    iters = _calibrate(worker_ms)
+    beside_worker(steps, level, iters, forward_ms, True)  # first: anything loaded on first use
+    runs = {"alone": [], "beside": []}
+    for _ in range(repeats):
+        runs["alone"].append(beside_worker(steps, level, iters, forward_ms, False))
+        runs["beside"].append(beside_worker(steps, level, iters, forward_ms, True))
+    med = {k: {f: round(float(np.median([r[f] for r in v])), 3) for f in v[0]}
+           for k, v in runs.items()}
+    return {"worker_ms": worker_ms, "forward_ms": forward_ms, "repeats": repeats,
+            "median": med, "runs": runs,
+            "host_loss_ms_mean": round(med["beside"]["host_ms_mean"]
+                                       - med["alone"]["host_ms_mean"], 3),
+            "period_loss_ms_mean": round(med["beside"]["period_ms_mean"]
+                                         - med["alone"]["period_ms_mean"], 3)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", required=True)
@@ -129,6 +227,10 @@ def main():
     ap.add_argument("--jobs", default=None,
                     help="recorded jobs (made when missing; default "
                          "bench/cache/feeder_jobs_b<level>.pkl)")
+    ap.add_argument("--worker-ms", type=float, default=2.0,
+                    help="the worker's own host work per step, alone (0: not timed beside "
+                         "a worker)")
+    ap.add_argument("--forward-ms", type=float, default=6.5)
     ap.add_argument("--out", default=None, help="a JSON file for the figures")
     args = ap.parse_args()
     os.environ.setdefault("SUFFIXSPEC_LOG_INTERVAL", "0")
@@ -165,6 +267,9 @@ def main():
               "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),
               "published": runs[0]["published"], "windows_built": runs[0]["windows_built"],
               "lost_requests": runs[0]["lost_requests"]}
+    if args.worker_ms > 0:
+        report["worker"] = worker_loss(steps, args.level, args.worker_ms, args.forward_ms,
+                                       args.repeats)
     report["table"] = markdown(report)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
@@ -183,7 +288,29 @@ def markdown(report: dict) -> str:
         f"| CPU ms per step | wall ms per step | {phases} |",
         "|---|---|" + "---|" * len(best["phases"]),
         f"| {best['cpu_ms_per_step']} | {best['wall_ms_per_step']} | "
-        + " | ".join(str(v) for v in best["phases"].values()) + " |"])
+        + " | ".join(str(v) for v in best["phases"].values()) + " |"]
+        + (worker_table(report["worker"]) if "worker" in report else []))
+
+
+def worker_table(w: dict) -> list[str]:
+    """The worker's step alone and beside the feeder (medians of the runs)."""
+    from suffixspec.device.drafter import DEADLINE
+
+    a, b = w["median"]["alone"], w["median"]["beside"]
+    return [
+        "", f"A worker-shaped thread beside the feeder: its own host work {w['worker_ms']} ms "
+        f"of Python per step alone, a {w['forward_ms']} ms forward with the lock released, "
+        f"the worker's {1e3 * DEADLINE:g} ms deadline; medians of {w['repeats']} runs each.", "",
+        "| worker | host work ms (mean) | host work ms (p99) | step ms (mean) "
+        "| feeder CPU ms per step | windows' age p50 / p99 (steps) | waits timed out |",
+        "|---|---|---|---|---|---|---|",
+        f"| alone | {a['host_ms_mean']} | {a['host_ms_p99']} | {a['period_ms_mean']} | "
+        f"| | |",
+        f"| beside the feeder | {b['host_ms_mean']} | {b['host_ms_p99']} | "
+        f"{b['period_ms_mean']} | {b['feeder_cpu_ms_per_step']} | "
+        f"{b['age_p50']:g} / {b['age_p99']:g} | {b['waits_timed_out']:g} |", "",
+        f"The worker loses {w['host_loss_ms_mean']} ms per step to lock waits in its host "
+        f"work and {w['period_loss_ms_mean']} ms per step in all."]
 
 
 if __name__ == "__main__":
