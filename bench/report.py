@@ -60,6 +60,8 @@ BENCHES = [
     Bench("scale", "scale_bench", "Pool scale", "measured"),
     Bench("ingest", "ingest_bench", "Ingest at scale", "measured"),
     Bench("start", "start_bench", "Cold start", "measured"),
+    Bench("vllm_first", "vllm_bench", "Real vLLM on CPU, first served after install (an "
+          "empty kernel cache)", "measured"),
 ]
 
 KIND_NOTE = {

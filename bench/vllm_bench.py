@@ -25,6 +25,8 @@ pool ``suffixspec ingest`` built from day 1's log; against arctic never
 restarted, which serves both days in one process) and ``replicas`` (sql:
 two servers at once, one core each, every other request to each; arctic
 keeps a cache per server, suffixspec's share one pool file).
+``--empty-kernel-cache``: every cold row's server starts with an empty Numba
+cache, as the first server after install does.
 
     python bench/vllm_bench.py --scenarios restart,replicas --restart-workloads sql \
         --prompts 400 --modes concurrent --name vllm_history
@@ -40,6 +42,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -313,9 +316,13 @@ def spec_counts(llm) -> dict:
               default=Path(__file__).parent / "results", show_default=True,
               help="Folder for NAME.json and NAME.md.")
 @click.option("--name", default="vllm", show_default=True, help="Name of the results files.")
+@click.option("--empty-kernel-cache", is_flag=True,
+              help="cold rows: each server with an empty Numba cache of its own, as the "
+                   "first after install (suffixspec compiles its kernels as it serves)")
 @click.pass_context
 def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, scenarios,
-         restart_workloads, replica_workloads, repeats, baseline_once, mode_names, out, name):
+         restart_workloads, replica_workloads, repeats, baseline_once, mode_names, out, name,
+         empty_kernel_cache):
     if ctx.invoked_subcommand is not None:
         return
     for method in methods.split(","):
@@ -341,7 +348,8 @@ def main(ctx, traces, prompts, k, depth, factor, min_prob, methods, workloads, s
                 for method in methods.split(","):
                     if method == "none" and base is not None:
                         continue
-                    res = child(model, method, wl, traces, prompts, conc, knobs)
+                    res = child(model, method, wl, traces, prompts, conc, knobs,
+                                empty_kernel_cache=empty_kernel_cache)
                     if method == "none":
                         base = res["outputs"]
                     res["identical"] = None if base is None else res["outputs"] == base
@@ -404,16 +412,23 @@ def ingest_day1_log(model, wl, traces, prompts, conc, knobs, pool: Path) -> None
                    check=True, stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
 
 
-def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None) -> dict:
-    """One row on a fresh server in a child process."""
-    return collect(start_child(model, method, wl, traces, prompts, conc, knobs, phase, pool),
-                   method, wl)
+def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None,
+          empty_kernel_cache: bool = False) -> dict:
+    """One row on a fresh server in a child process (``empty_kernel_cache``: with
+    a Numba cache of its own, empty, as the first server after install)."""
+    with tempfile.TemporaryDirectory(prefix="kernel-cache-") as cache:
+        return collect(start_child(model, method, wl, traces, prompts, conc, knobs, phase, pool,
+                                   numba_cache=cache if empty_kernel_cache else None),
+                       method, wl)
 
 
 def start_child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None,
-                replica: str | None = None, barrier: Path | None = None) -> subprocess.Popen:
+                replica: str | None = None, barrier: Path | None = None,
+                numba_cache: str | None = None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                NUMBA_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    if numba_cache is not None:
+        env["NUMBA_CACHE_DIR"] = numba_cache
     env.pop("SUFFIXSPEC_POOL", None)
     if pool is not None:
         env["SUFFIXSPEC_POOL"] = str(pool)
