@@ -46,10 +46,16 @@ def step_groups(steps, n: int) -> list[tuple[str, ...]]:
     return groups if n > 1 else [tuple(steps)]
 
 
-def _child(steps, stderr=subprocess.DEVNULL) -> subprocess.Popen | None:
-    """A child process compiling the kernels of ``steps`` into Numba's cache
-    (None where no process can be started)."""
+#: How much lower a background compile runs than the engine beside it (``os.nice``).
+BACKGROUND_NICE = 10
+
+
+def _child(steps, stderr=subprocess.DEVNULL, nice: int = 0) -> subprocess.Popen | None:
+    """A child process compiling the kernels of ``steps`` into Numba's cache,
+    ``nice`` lower than this one (None where no process can be started)."""
     code = f"from suffixspec.native.warmup import warmup; warmup(steps={tuple(steps)!r})"
+    if nice:
+        code = f"import os; os.nice({nice}); " + code
     try:
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=stderr, text=True)
@@ -97,7 +103,8 @@ class BackgroundStart:
     call ``then(seconds)``.
 
     The children (``step_groups``, one per core) have interpreters of their
-    own, so the compile holds no lock of the engine's.  Where the cache cannot
+    own, so the compile holds no lock of the engine's, and run
+    ``BACKGROUND_NICE`` lower, so the engine's own start comes first.  Where the cache cannot
     be written (a child's work is lost) the kernels compile in this
     process's thread instead.  ``stop`` ends it early (the children are
     killed; Numba writes cache files whole, by rename) and ``then`` is not
@@ -147,7 +154,7 @@ class BackgroundStart:
             if self._stopped.is_set():
                 break
             err = tempfile.TemporaryFile("w+")  # not a pipe: a child never blocks on it
-            child = _child(group, stderr=err)
+            child = _child(group, stderr=err, nice=BACKGROUND_NICE)
             if child is None:
                 err.close()
                 self._logger.info("suffixspec: compiling in this process (no child process)")
