@@ -13,7 +13,10 @@ Reported from the command's own summary (``--json``): tokens stored, seconds
 end to end and per phase (reading and tokenizing, storing, the snapshot
 build, learning the calibration from the last requests), tokens per second
 end to end and per core, and the peak resident memory of the command and its
-children together (sampled every 50 ms).
+children together (sampled every 50 ms), in all and its anonymous part (RSS
+less file-backed pages: serving the held-back requests maps the snapshot just
+written, whose pages are the page cache's, and on this machine's kernel a
+few lookups map most of it).
 
 ``--checkouts`` runs the command of each checkout named (another commit's
 worktree, say ``git worktree add /tmp/before <commit>``), one after the
@@ -41,17 +44,19 @@ FILES = [file for file, _ in TRACES.values()]
 
 
 def peak_rss(proc: psutil.Process, stop: threading.Event, out: list) -> None:
-    """The largest RSS of ``proc`` and its children together until ``stop``."""
-    peak = 0
+    """The largest RSS of ``proc`` and its children together until ``stop``, and
+    the largest of its anonymous part (RSS less file-backed and shared pages:
+    the snapshot files a process maps are page cache, not its own memory)."""
+    peak = anon = 0
     while not stop.is_set():
         try:
-            rss = proc.memory_info().rss + sum(c.memory_info().rss
-                                               for c in proc.children(recursive=True))
-            peak = max(peak, rss)
+            infos = [p.memory_info() for p in (proc, *proc.children(recursive=True))]
+            peak = max(peak, sum(i.rss for i in infos))
+            anon = max(anon, sum(i.rss - i.shared for i in infos))
         except psutil.Error:
             pass
         time.sleep(0.05)
-    out.append(peak)
+    out += [peak, anon]
 
 
 def cli(checkout: Path) -> tuple[list[str], dict]:
@@ -88,6 +93,7 @@ def run_once(checkout: Path, traces: Path, tokenizer: str, jobs: int | None, ext
         summary = json.loads(out.strip().splitlines()[-1])
         summary["process_s"] = round(wall, 2)
         summary["peak_rss_mb"] = round(peak[0] / 2**20)
+        summary["peak_anon_mb"] = round(peak[1] / 2**20)
         summary["commit"] = commit_of(checkout)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -97,13 +103,15 @@ def run_once(checkout: Path, traces: Path, tokenizer: str, jobs: int | None, ext
 
 def markdown(rows: list[dict], cores: int) -> str:
     lines = ["| commit | run | tokens | seconds | tokens/s | per core | tokenize s | store s | snapshot s "
-             "| learn s | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| learn s | peak RSS MB | peak anonymous MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         learn = (r.get("learned_from") or {}).get("learn_s", "")
         tps = r["tokens"] / r["wall_s"]
         lines.append(f"| {r['commit']} | {r['run']} | {r['tokens']:,} | {r['wall_s']:.1f} | {tps / 1e6:.3f}M | "
                      f"{tps / cores / 1e6:.3f}M | {r['tokenize_s']:.1f} | {r['store_s']:.1f} | "
-                     f"{r['snapshot_s']:.1f} | {learn} | {r['peak_rss_mb']:,} |")
+                     f"{r['snapshot_s']:.1f} | {learn} | {r['peak_rss_mb']:,} | "
+                     f"{r['peak_anon_mb']:,} |")
     return "\n".join(lines) + (f"\n\n{cores} CPUs.  seconds: the command's own, end to end "
                                "(its kernels loaded from the cache before, apart).")
 
