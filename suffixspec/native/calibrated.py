@@ -306,10 +306,10 @@ def draft_tree(index, x, off, cap, thr, discount, src, match_len, stats, beat, c
     """
     nodes, arena, seqs = index.nodes, index.arena, index.seqs
     ref, last = follow
-    # Typed arguments (no literals), so ``_push_next`` compiles once.
+    # Typed arguments (no literals, ``np.bool_`` too), so ``_push_next`` compiles once.
     size = _push_next(index, np.int64(x), off, (1.0, np.int64(-1), np.int64(0), np.int64(last)),
                       np.int64(discount), thr, src, match_len, stats, heap, np.int64(0),
-                      (ref, True))
+                      (ref, np.bool_(True)))
     n = 0
     gain = 0.0
     while n < cap and size > 0:
@@ -366,16 +366,18 @@ def _first_probability(stats, src, m, c, n, ref, tok, last):
     table, state, kinds = stats
     before = cal.kind_of(kinds, last)
     if tok >= 0:
-        fine = cal.bucket(cal.with_agreement(src, agreement(ref, 0, tok, True)), m, 0, c, n)
+        # Typed arguments (no literals): the callees compile once for every caller.
+        on = agreement(ref, np.int64(0), np.int64(tok), np.bool_(True))
+        fine = cal.bucket(cal.with_agreement(src, on), m, 0, c, n)
         return cal.probability(table, state, fine, c, n, m, cal.kind_of(kinds, tok), before,
-                               tok, last)
+                               np.int64(tok), last)
     best = 0.0
     for agree in range(cal.N_AGREE):
         if (agree == cal.AGREE_NONE) != (ref[0] == 0):
             continue
         fine = cal.bucket(cal.with_agreement(src, agree), m, 0, c, n)
-        best = max(best, cal.probability(table, state, fine, c, n, m, -1, -1, cal.ANY_TOKEN,
-                                         last))
+        best = max(best, cal.probability(table, state, fine, c, n, m, np.int64(-1),
+                                         np.int64(-1), cal.ANY_TOKEN, last))
         if kinds.shape[0] > 1 or kinds[0] >= 0:  # a tokenizer's kinds: each may lift
             for kind in range(cal.N_KIND):
                 best = max(best, cal.probability(table, state, fine, c, n, m, kind, before,
@@ -478,7 +480,7 @@ def _lengths(trees, ctx, end, span, how, knobs, stats, best_gain, out, work, pos
             merge_in(work.merged, cand, n)  # every candidate's whole tree
         else:
             n, gain = draft_path(sides, pos, cap, thr, discount, s, m, stats, best_gain, cand,
-                                 (work.ref, False), last)
+                                 (work.ref, np.bool_(False)), last)
             for i in range(n):
                 cand.parents[i] = i - 1
         # Longer matches are tried first and win ties.
@@ -587,7 +589,7 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     cand = work.alt  # whole, for the arbiter and the merged tree
     whole = knobs.tree or knobs.arbitrate
     n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * state, length, stats,
-                         -1.0 if whole else best, cand, (work.ref, True), last_token(ctx, end))
+                         -1.0 if whole else best, cand, (work.ref, np.bool_(True)), last_token(ctx, end))
     for i in range(n):
         cand.parents[i] = i - 1
     if knobs.tree:
