@@ -97,9 +97,10 @@ def record(traces: str | None, tokenizer: str | None, level: int,
     return steps_of
 
 
-def replay(steps: list[list[tuple]], level: int) -> dict:
-    """One replay into a fresh feeder: its CPU per step by phase, and the digest."""
-    from suffixspec.device.feeder import PHASES
+def _fresh_feeder(level: int):
+    """A device speculator on CPU tensors for ``level`` requests, ready, and its
+    feeder with its figures counted from here (the ready job runs on the
+    feeder's own thread and is left out)."""
     from suffixspec.integrations.vllm import device_speculator as ds
 
     max_reqs = max(level, 8)
@@ -108,9 +109,17 @@ def replay(steps: list[list[tuple]], level: int) -> dict:
                                      start=False)
     spec.start(wait=True)
     feeder = spec.drafter.feeder
-    while feeder.stats.seconds == 0.0:  # the ready job runs on the feeder's own thread
+    while feeder.stats.seconds == 0.0:
         time.sleep(0.01)
-    feeder.stats = type(feeder.stats)()  # this thread's work only, from here
+    feeder.stats = type(feeder.stats)()
+    return spec, feeder
+
+
+def replay(steps: list[list[tuple]], level: int) -> dict:
+    """One replay into a fresh feeder: its CPU per step by phase, and the digest."""
+    from suffixspec.device.feeder import PHASES
+
+    spec, feeder = _fresh_feeder(level)
     payloads = [b.numpy() for b in spec.drafter._host_payloads]
     digest = hashlib.blake2b(digest_size=8)
     cpu = wall = 0.0
@@ -161,17 +170,8 @@ def beside_worker(steps: list[list[tuple]], level: int, iters: int, forward_ms: 
     the recorded jobs (or idle, ``with_feeder`` False): per step, the host
     work's wall milliseconds and the step period; the feeder's lag."""
     from suffixspec.device.drafter import DEADLINE
-    from suffixspec.integrations.vllm import device_speculator as ds
 
-    max_reqs = max(level, 8)
-    spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
-                                     dc.States(max_reqs, 4096, torch.device("cpu")),
-                                     start=False)
-    spec.start(wait=True)
-    feeder = spec.drafter.feeder
-    while feeder.stats.seconds == 0.0:
-        time.sleep(0.01)
-    feeder.stats = type(feeder.stats)()
+    spec, feeder = _fresh_feeder(level)
     host, period = [], []
     for n, group in enumerate(steps, start=1):
         t0 = time.perf_counter()
