@@ -37,6 +37,7 @@ is the history run: day 1 of 200 requests, day 2 of 200.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -416,10 +417,10 @@ def child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=Non
           empty_kernel_cache: bool = False) -> dict:
     """One row on a fresh server in a child process (``empty_kernel_cache``: with
     a Numba cache of its own, empty, as the first server after install)."""
-    with tempfile.TemporaryDirectory(prefix="kernel-cache-") as cache:
+    with (tempfile.TemporaryDirectory(prefix="kernel-cache-") if empty_kernel_cache
+          else contextlib.nullcontext()) as cache:
         return collect(start_child(model, method, wl, traces, prompts, conc, knobs, phase, pool,
-                                   numba_cache=cache if empty_kernel_cache else None),
-                       method, wl)
+                                   numba_cache=cache), method, wl)
 
 
 def start_child(model, method, wl, traces, prompts, conc, knobs, phase="all", pool=None,

@@ -39,11 +39,12 @@ def cores() -> int:
 def step_groups(steps, n: int) -> list[tuple[str, ...]]:
     """``steps`` in at most ``n`` groups to compile side by side: ``LONGEST``
     alone, the others shared round-robin among the rest (each in order)."""
+    if n <= 1 or not steps:
+        return [tuple(steps)]
     rest = [s for s in steps if s != LONGEST]
     groups = [(LONGEST,)] if LONGEST in steps else []
     lanes = max(1, n - len(groups))
-    groups += [tuple(rest[i::lanes]) for i in range(min(lanes, len(rest)))]
-    return groups if n > 1 else [tuple(steps)]
+    return groups + [tuple(rest[i::lanes]) for i in range(min(lanes, len(rest)))]
 
 
 #: How much lower a background compile runs than the engine beside it (``os.nice``).

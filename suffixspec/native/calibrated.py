@@ -589,7 +589,8 @@ def _reference_draft(trees, ctx, end, length, how, knobs, stats, best, out, work
     cand = work.alt  # whole, for the arbiter and the merged tree
     whole = knobs.tree or knobs.arbitrate
     n, gain = draft_path(sides, pos, cap, thr, discount, src + cal.N_SRC * state, length, stats,
-                         -1.0 if whole else best, cand, (work.ref, np.bool_(True)), last_token(ctx, end))
+                         -1.0 if whole else best, cand, (work.ref, np.bool_(True)),
+                         last_token(ctx, end))
     for i in range(n):
         cand.parents[i] = i - 1
     if knobs.tree:
