@@ -67,6 +67,7 @@ def test_replay_reports_a_file_that_is_not_a_trace(tmp_path, tokenizer_path):
     assert result.exit_code == 1 and "not a trace file" in result.output
 
 
+@pytest.mark.slow  # a child interpreter
 def test_arctic_engine_when_installed():
     pytest.importorskip("arctic_inference.suffix_decoding")
     result = run("replay", "--engine", "arctic", "--json", "-k", "8")

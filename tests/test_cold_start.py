@@ -94,6 +94,7 @@ for r in range(3):
 """
 
 
+@pytest.mark.slow  # a child interpreter (the serving one stays fast)
 def test_drafting_on_the_device_after_warmup_compiles_no_kernel_again():
     pytest.importorskip("torch")
     grew = _grown_after_warmup("SERVING + DEVICE", DEVICE_SERVE)

@@ -134,6 +134,7 @@ pool.close()
 """
 
 
+@pytest.mark.slow  # a child interpreter
 def test_an_idle_process_holding_the_pool_does_not_block_forget(tmp_path):
     path = tmp_path / "pool.lmdb"
     pool = PersistentPool(path, tokenizer=BYTES, max_depth=DEPTH)
