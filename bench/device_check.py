@@ -35,7 +35,8 @@ after each part (a run stopped at its limit keeps what it did):
    for a snapshot's event included: CUDA spins) and its split by phase
    (``feeder.PHASES``, the wait apart), how old the windows were when
    used (steps), how often the one bounded wait ran out and how long the
-   worker waited.  ``device_idle`` (not run by default) tells the feeder
+   worker waited.  ``device_process``: the feeder in a process of its own
+   (``device.feeder_process``).  ``device_idle`` (not run by default) tells the feeder
    nothing: the device's part of a step without the host's.  All speculators
    draft from the first step (the kernels are compiled first).
 """
@@ -65,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 K = 16
 #: The device speculator's loop variants: as served, kernel by kernel (no CUDA
 #: graphs), and with its feeder told nothing (the device's part of a step alone).
-DEVICE_VARIANTS = ("device", "device_eager", "device_idle")
+DEVICE_VARIANTS = ("device", "device_eager", "device_idle", "device_process")
 FORWARD_S = 6.5e-3
 #: Requests the loop serves: on the sql trace some 240 steps at 64 in flight
 #: (400 gave about 105, too few for a steady p50).
@@ -497,7 +498,9 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
     spec = None
     if variant in DEVICE_VARIANTS:  # device_eager: no CUDA graphs
         graphs = "0" if variant == "device_eager" else "1"
-        with mock.patch.dict(os.environ, SUFFIXSPEC_CUDA_GRAPHS=graphs):
+        process = "1" if variant == "device_process" else "0"
+        with mock.patch.dict(os.environ, SUFFIXSPEC_CUDA_GRAPHS=graphs,
+                             SUFFIXSPEC_DEVICE_FEEDER_PROCESS=process):
             spec = ds.DeviceSuffixSpeculator(config, device, states, start=False)
         spec.start(wait=True)
         if variant == "device_idle":  # the feeder hears of nothing: no host work, no windows
@@ -617,11 +620,12 @@ def loop(device, variant: str, b: int, steps: int, requests, max_len: int,
         result["graphs"] = drafter._draft_graphs.recorded + drafter._apply_graph.recorded
         failed = drafter._draft_graphs.failed or drafter._apply_graph.failed
         result["graph_failed"] = None if failed is None else repr(failed)[:300]
-        stats = drafter.feeder.stats
+        feeder = drafter.feeder
+        spec.close()  # a feeder process reports its last figures as it closes
+        stats = feeder.stats
         result["feeder_ms_per_step"] = round(1e3 * stats.seconds / max(step, 1), 3)
         result["feeder_cpu_ms_per_step"] = round(1e3 * stats.cpu_seconds / max(step, 1), 3)
-        result["feeder_phase_cpu_ms_per_step"] = drafter.feeder.phases(step)
-        spec.close()
+        result["feeder_phase_cpu_ms_per_step"] = feeder.phases(step)
     return result
 
 
@@ -712,7 +716,7 @@ def main():
 
         report["deadline_s"] = DEADLINE
         for b in levels:
-            for variant in args.variants or ("none", "device_eager", "device"):
+            for variant in args.variants or ("none", "device_eager", "device", "device_process"):
                 got = loop(device, variant, b, 40 if small else 400, requests, 4096)
                 report["loop"][f"{variant}_b{b}"] = got
                 save()

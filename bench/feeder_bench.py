@@ -20,19 +20,30 @@ interpreter lock while it does (at 64 in flight it cost the step 0.9-1.8 ms,
 Prints the minimum over repeats per phase and in all, and the digest: two
 versions of the code that publish the same payloads from the same jobs have
 the same digest, so a trim of the feeder is timed against its parent on
-one jobs file and checked to change nothing.
+one jobs file and checked to change nothing.  The same jobs go once more
+through a feeder in a process of its own (``device.feeder_process``), each
+step's payload waited for: its digest must be the same.
 
-3. beside a worker (``--worker-ms``, one run alone and one beside the feeder,
-   ``--repeats`` times): this thread plays the worker, a step at a time: its
-   own host work (pure Python holding the interpreter lock, ``--worker-ms``
-   when alone), the step's jobs handed to the feeder's thread as the device
-   speculator hands them, a forward (``--forward-ms``, the lock released, as
-   while the GPU runs), then ``take`` with the worker's deadline.  What the
-   worker loses is its host work's wall time beside the feeder less alone
-   (the lock waits: a thread in Python holds the lock up to the switch
-   interval, 5 ms, before handing it over) and its waits for the payload;
-   the feeder's windows' age at each take (steps, p50 and p99) says whether
-   it keeps up.
+3. beside a worker (``--worker-ms``; alone, beside the feeder's thread and
+   beside the feeder's process, ``--repeats`` times, interleaved): this
+   thread plays the worker, a step at a time: its own host work (pure Python
+   holding the interpreter lock, ``--worker-ms`` when alone) with the feeder
+   working beside it on the jobs just handed over (as on a GPU, where the
+   last step's snapshot lands as the worker's host work for the next one
+   starts), a forward (``--forward-ms``, the lock released, as while the GPU
+   runs), then
+   ``take`` with the worker's deadline and the payload's copy.  Its lock
+   wait per step is the step's wall time less its CPU time, its time waiting
+   for a CPU (this thread's ``/proc`` schedstat), the forward asked for and
+   its time off the CPU in ``take`` (the payload wait, shown apart): mostly
+   taking the lock back after the forward, where a thread in Python holds it
+   up to the switch interval, 5 ms, before handing it over.  Alone it is the
+   timer's slack.  Also: its host work's wall time, its step period; the
+   feeder's windows' age at each take (steps, p50 and p99) says whether it
+   keeps up.  On these 2 cores the
+   feeder's process competes with the worker for a core as its thread does
+   not (its thread mostly waits for the lock): the lock waits are the
+   figure that carries to a GPU host with cores to spare.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 import time
 from pathlib import Path
 from unittest import mock
@@ -97,46 +109,65 @@ def record(traces: str | None, tokenizer: str | None, level: int,
     return steps_of
 
 
-def _fresh_feeder(level: int):
+def _fresh_feeder(level: int, process: bool = False):
     """A device speculator on CPU tensors for ``level`` requests, ready, and its
-    feeder with its figures counted from here (the ready job runs on the
-    feeder's own thread and is left out)."""
+    feeder (in a process of its own with ``process``); its CPU so far (the
+    ready job, left out of the figures)."""
     from suffixspec.integrations.vllm import device_speculator as ds
 
     max_reqs = max(level, 8)
-    spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
-                                     dc.States(max_reqs, 4096, torch.device("cpu")),
-                                     start=False)
+    with mock.patch.dict(os.environ, {"SUFFIXSPEC_DEVICE_FEEDER_PROCESS": str(int(process))}):
+        spec = ds.DeviceSuffixSpeculator(dc._config(max_reqs, 4096), torch.device("cpu"),
+                                         dc.States(max_reqs, 4096, torch.device("cpu")),
+                                         start=False)
     spec.start(wait=True)
     feeder = spec.drafter.feeder
     while feeder.stats.seconds == 0.0:
+        if process:
+            feeder.take(0, 0.0)  # reads the child's replies
         time.sleep(0.01)
-    feeder.stats = type(feeder.stats)()
-    return spec, feeder
+    return spec, feeder, feeder.stats.cpu_seconds
 
 
-def replay(steps: list[list[tuple]], level: int) -> dict:
-    """One replay into a fresh feeder: its CPU per step by phase, and the digest."""
+def _cpu_ms(spec, feeder, before: float, steps: int) -> float:
+    """The feeder's CPU milliseconds per step since ``before``, once closed
+    (a child reports its last figures as it closes)."""
+    spec.close()
+    return round(1e3 * (feeder.stats.cpu_seconds - before) / steps, 3)
+
+
+def replay(steps: list[list[tuple]], level: int, process: bool = False) -> dict:
+    """One replay into a fresh feeder: its CPU per step by phase, and the digest.
+    In this thread, or (``process``) handed to a feeder process a step at a
+    time, each step's payload waited for."""
     from suffixspec.device.feeder import PHASES
 
-    spec, feeder = _fresh_feeder(level)
+    spec, feeder, before = _fresh_feeder(level, process)
     payloads = [b.numpy() for b in spec.drafter._host_payloads]
     digest = hashlib.blake2b(digest_size=8)
-    cpu = wall = 0.0
+    phases0 = dict(feeder.stats.phase_cpu)
+    wall = 0.0
     for n, group in enumerate(steps, start=1):
-        cpu0, wall0 = time.thread_time(), time.perf_counter()
-        feeder.handle(group)
-        cpu, wall = cpu + time.thread_time() - cpu0, wall + time.perf_counter() - wall0
-        b = feeder.take(n + 1, 0.0)
+        wall0 = time.perf_counter()
+        if process:
+            for job in group:
+                getattr(feeder, _HAND[job[0]])(*job[1:])
+            b = feeder.take(n + 1, 60.0)
+        else:
+            feeder.handle(group)
+            b = feeder.take(n + 1, 0.0)
+        wall += time.perf_counter() - wall0
         if b is not None:
             digest.update(payloads[b].tobytes())
-    out = {"cpu_ms_per_step": round(1e3 * cpu / len(steps), 3),
+            feeder.sent(b, None)
+    cpu = _cpu_ms(spec, feeder, before, len(steps))
+    feeder.stats.phase_cpu = {p: t - phases0.get(p, 0.0) for p, t in feeder.stats.phase_cpu.items()}
+    out = {"cpu_ms_per_step": cpu,
            "wall_ms_per_step": round(1e3 * wall / len(steps), 3),
            "phases": feeder.phases(len(steps)), "digest": digest.hexdigest(),
            "published": feeder.stats.published, "windows_built": feeder.stats.windows_built,
            "lost_requests": feeder.stats.lost_requests}
     assert set(out["phases"]) == set(PHASES)
-    spec.close()
     return out
 
 
@@ -164,57 +195,95 @@ def _calibrate(ms: float) -> int:
 _HAND = {"add": "add", "snapshot": "snapshot", "finish": "finished", "forget": "forget"}
 
 
+def _queued(path: str) -> float:
+    """This thread's seconds so far waiting for a CPU (``/proc``'s schedstat;
+    its time on a CPU there is only brought up to date at a switch, so that
+    comes from ``time.thread_time``)."""
+    with open(path) as f:
+        return int(f.read().split()[1]) / 1e9
+
+
+#: The worker's runs: alone (the feeder idle), beside the feeder's thread, beside
+#: the feeder's own process (``device.feeder_process``).
+ARMS = ("alone", "beside", "beside_process")
+
+
 def beside_worker(steps: list[list[tuple]], level: int, iters: int, forward_ms: float,
-                  with_feeder: bool) -> dict:
-    """The worker's step, played in this thread, with the feeder's thread fed
-    the recorded jobs (or idle, ``with_feeder`` False): per step, the host
-    work's wall milliseconds and the step period; the feeder's lag."""
+                  arm: str) -> dict:
+    """The worker's step, played in this thread, with the feeder fed the
+    recorded jobs (``arm``, one of ``ARMS``): per step, the host work's wall
+    milliseconds and the step period; the feeder's CPU and lag."""
     from suffixspec.device.drafter import DEADLINE
 
-    spec, feeder = _fresh_feeder(level)
-    host, period = [], []
+    with_feeder = arm != "alone"
+    spec, feeder, before = _fresh_feeder(level, process=arm == "beside_process")
+    payloads, device_payload = spec.drafter._host_payloads, spec.drafter.payload
+    host, period, lock, payload_wait = [], [], [], []
+    stat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    forward = forward_ms / 1e3
     for n, group in enumerate(steps, start=1):
-        t0 = time.perf_counter()
-        _worker_host_work(iters)
-        t1 = time.perf_counter()
-        if with_feeder:
+        queued0, cpu0, t0 = _queued(stat), time.thread_time(), time.perf_counter()
+        if with_feeder:  # the last step's snapshot is ready as this step's host work starts
             for job in group:
                 getattr(feeder, _HAND[job[0]])(*job[1:])
-        time.sleep(forward_ms / 1e3)
+        _worker_host_work(iters)
+        t1 = time.perf_counter()
+        time.sleep(forward)
+        w0, wcpu0 = time.perf_counter(), time.thread_time()
         if with_feeder:
-            feeder.take(n + 1, DEADLINE)
+            b = feeder.take(n + 1, DEADLINE)
+            if b is not None:  # as the worker does: the payload to the device
+                device_payload.copy_(payloads[b])
+                feeder.sent(b, None)
+        t2, cpu2, queued2 = time.perf_counter(), time.thread_time(), _queued(stat)
+        waited = (t2 - w0) - (cpu2 - wcpu0)  # off the CPU in ``take``: the payload wait
         host.append(t1 - t0)
-        period.append(time.perf_counter() - t0)
+        period.append(t2 - t0)
+        payload_wait.append(waited)
+        # The rest of its time off a CPU, neither runnable nor asleep by choice: lock waits.
+        lock.append((t2 - t0) - (cpu2 - cpu0) - (queued2 - queued0) - forward - waited)
     lag = feeder.lag()
-    spec.close()
+    cpu = _cpu_ms(spec, feeder, before, len(steps))
     host_ms, period_ms = 1e3 * np.asarray(host), 1e3 * np.asarray(period)
-    return {"host_ms_p50": round(float(np.median(host_ms)), 3),
+    lock_ms = 1e3 * np.clip(lock, 0.0, None)
+    return {"lock_wait_ms_mean": round(float(lock_ms.mean()), 3),
+            "lock_wait_ms_p99": round(float(np.percentile(lock_ms, 99)), 3),
+            "payload_wait_ms_mean": round(1e3 * float(np.mean(payload_wait)), 3),
+            "host_ms_p50": round(float(np.median(host_ms)), 3),
             "host_ms_mean": round(float(host_ms.mean()), 3),
             "host_ms_p99": round(float(np.percentile(host_ms, 99)), 3),
             "period_ms_mean": round(float(period_ms.mean()), 3),
-            "feeder_cpu_ms_per_step": round(1e3 * feeder.stats.cpu_seconds / len(steps), 3),
+            "feeder_cpu_ms_per_step": cpu if with_feeder else 0.0,
             **({"age_p50": lag["age_p50"], "age_p99": lag["age_p99"],
                 "taken": lag["taken"], "waits_timed_out": lag["waits_timed_out"],
                 "wait_ms_per_take": lag["wait_ms_per_take"]} if with_feeder else {})}
 
 
 def worker_loss(steps, level: int, worker_ms: float, forward_ms: float, repeats: int) -> dict:
-    """Alone and beside the feeder, ``repeats`` times each, interleaved; the
-    medians of the runs, and the worker's loss per step (beside less alone)."""
+    """Alone and beside the feeder's thread and its process (``ARMS``),
+    ``repeats`` times each, interleaved; the medians of the runs, and the
+    worker's loss per step beside each (beside less alone)."""
     iters = _calibrate(worker_ms)
-    beside_worker(steps, level, iters, forward_ms, True)  # first: anything loaded on first use
-    runs = {"alone": [], "beside": []}
+    for arm in ARMS[1:]:  # first: anything loaded on first use
+        beside_worker(steps, level, iters, forward_ms, arm)
+    runs = {arm: [] for arm in ARMS}
     for _ in range(repeats):
-        runs["alone"].append(beside_worker(steps, level, iters, forward_ms, False))
-        runs["beside"].append(beside_worker(steps, level, iters, forward_ms, True))
+        for arm in ARMS:
+            runs[arm].append(beside_worker(steps, level, iters, forward_ms, arm))
     med = {k: {f: round(float(np.median([r[f] for r in v])), 3) for f in v[0]}
            for k, v in runs.items()}
+    alone = med["alone"]
     return {"worker_ms": worker_ms, "forward_ms": forward_ms, "repeats": repeats,
             "median": med, "runs": runs,
-            "host_loss_ms_mean": round(med["beside"]["host_ms_mean"]
-                                       - med["alone"]["host_ms_mean"], 3),
-            "period_loss_ms_mean": round(med["beside"]["period_ms_mean"]
-                                         - med["alone"]["period_ms_mean"], 3)}
+            **{f"{arm}_lock_wait_loss_ms_mean": round(med[arm]["lock_wait_ms_mean"]
+                                                       - alone["lock_wait_ms_mean"], 3)
+               for arm in ARMS[1:]},
+            **{f"{arm}_host_loss_ms_mean": round(med[arm]["host_ms_mean"]
+                                                  - alone["host_ms_mean"], 3)
+               for arm in ARMS[1:]},
+            **{f"{arm}_period_loss_ms_mean": round(med[arm]["period_ms_mean"]
+                                                    - alone["period_ms_mean"], 3)
+               for arm in ARMS[1:]}}
 
 
 def main():
@@ -267,6 +336,11 @@ def main():
               "digest": runs[0]["digest"] if len(digests) == 1 else sorted(digests),
               "published": runs[0]["published"], "windows_built": runs[0]["windows_built"],
               "lost_requests": runs[0]["lost_requests"]}
+    # The same jobs through a feeder process, each step's payload waited for: the
+    # same payloads (its digest), and its CPU per step in the child.
+    in_process = replay(steps, args.level, process=True)
+    report["process"] = {f: in_process[f] for f in ("digest", "cpu_ms_per_step",
+                                                    "wall_ms_per_step", "published")}
     if args.worker_ms > 0:
         report["worker"] = worker_loss(steps, args.level, args.worker_ms, args.forward_ms,
                                        args.repeats)
@@ -288,29 +362,46 @@ def markdown(report: dict) -> str:
         f"| CPU ms per step | wall ms per step | {phases} |",
         "|---|---|" + "---|" * len(best["phases"]),
         f"| {best['cpu_ms_per_step']} | {best['wall_ms_per_step']} | "
-        + " | ".join(str(v) for v in best["phases"].values()) + " |"]
+        + " | ".join(str(v) for v in best["phases"].values()) + " |", "",
+        f"In a feeder process, each step's payload waited for: digest "
+        f"{report['process']['digest']}, payloads {report['process']['published']}, "
+        f"{report['process']['cpu_ms_per_step']} CPU ms per step in the child, "
+        f"{report['process']['wall_ms_per_step']} ms per step from the jobs handed over "
+        f"to the payload taken."]
         + (worker_table(report["worker"]) if "worker" in report else []))
 
 
 def worker_table(w: dict) -> list[str]:
-    """The worker's step alone and beside the feeder (medians of the runs)."""
+    """The worker's step alone and beside the feeder's thread and its process
+    (medians of the runs)."""
     from suffixspec.device.drafter import DEADLINE
 
-    a, b = w["median"]["alone"], w["median"]["beside"]
+    names = {"alone": "alone", "beside": "beside the feeder's thread",
+             "beside_process": "beside the feeder's process"}
+    rows = []
+    for arm in ARMS:
+        m = w["median"][arm]
+        lag = (f"{m['feeder_cpu_ms_per_step']} | {m['age_p50']:g} / {m['age_p99']:g} | "
+               f"{m['waits_timed_out']:g} |" if arm != "alone" else " | | |")
+        rows.append(f"| {names[arm]} | {m['lock_wait_ms_mean']} | {m['lock_wait_ms_p99']} | "
+                    f"{m['payload_wait_ms_mean']} | {m['host_ms_mean']} | {m['host_ms_p99']} | "
+                    f"{m['period_ms_mean']} | {lag}")
     return [
         "", f"A worker-shaped thread beside the feeder: its own host work {w['worker_ms']} ms "
         f"of Python per step alone, a {w['forward_ms']} ms forward with the lock released, "
         f"the worker's {1e3 * DEADLINE:g} ms deadline; medians of {w['repeats']} runs each.", "",
-        "| worker | host work ms (mean) | host work ms (p99) | step ms (mean) "
-        "| feeder CPU ms per step | windows' age p50 / p99 (steps) | waits timed out |",
-        "|---|---|---|---|---|---|---|",
-        f"| alone | {a['host_ms_mean']} | {a['host_ms_p99']} | {a['period_ms_mean']} | "
-        f"| | |",
-        f"| beside the feeder | {b['host_ms_mean']} | {b['host_ms_p99']} | "
-        f"{b['period_ms_mean']} | {b['feeder_cpu_ms_per_step']} | "
-        f"{b['age_p50']:g} / {b['age_p99']:g} | {b['waits_timed_out']:g} |", "",
-        f"The worker loses {w['host_loss_ms_mean']} ms per step to lock waits in its host "
-        f"work and {w['period_loss_ms_mean']} ms per step in all."]
+        "| worker | lock wait ms (mean) | lock wait ms (p99) | payload wait ms (mean) "
+        "| host work ms (mean) | host work ms (p99) | step ms (mean) | feeder CPU ms per step "
+        "| windows' age p50 / p99 (steps) | waits timed out |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "Lock wait: the step's wall time less its CPU time (``time.thread_time``), its time "
+        "waiting for a CPU (``/proc``'s schedstat for this thread), the forward and the "
+        "payload wait (off the CPU in ``take``). Alone it is the timer's slack.", "",
+        f"Beside the feeder's thread the worker waits {w['beside_lock_wait_loss_ms_mean']} ms "
+        f"more per step for the lock than alone, and its step takes "
+        f"{w['beside_period_loss_ms_mean']} ms longer; beside the feeder's process "
+        f"{w['beside_process_lock_wait_loss_ms_mean']} ms and "
+        f"{w['beside_process_period_loss_ms_mean']} ms."]
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from suffixspec.device.corpus import (DeviceCorpus, LiveCorpus, OneTokenPaths, c
 from suffixspec.device.draft_ref import (StepOutputs, context_tail, direct_sources, draft_step,
                                          fused_ref)
 from suffixspec.device.feeder import WindowFeeder, snapshot_columns, snapshot_width
+from suffixspec.device.feeder_process import FeederProcess
 from suffixspec.device.graphs import Replay
 from suffixspec.device.layout import Calibration, DeviceWindows, WindowSpec, family_width
 from suffixspec.device.payload import Packer, PayloadSpec, apply, views
@@ -83,6 +84,7 @@ class DeviceDrafter:
                  arbiter: bool = True, live: bool = True, family: bool = True,
                  one_token_paths: bool = True, branch_points: int = 4,
                  cuda_graphs: bool = True, threaded: bool = True,
+                 feeder_process: bool = False,
                  fit: Callable[[StepOutputs], None] | None = None,
                  logger: logging.Logger | None = None):
         self.config = config
@@ -168,6 +170,14 @@ class DeviceDrafter:
         self.feeder = None
         if not self.leader:
             return
+        if feeder_process:
+            self.feeder = FeederProcess(self.payload_spec, k, vocab_size, packer, params,
+                                        branch_points=branch_points, arbiter=arbiter,
+                                        logger=self.logger, on_built=self.calibration.set_kinds)
+            self._host_payloads = [torch.from_numpy(b) for b in self.feeder.buffers]
+            if cuda:
+                pin(self._host_payloads, self.logger)
+            return
         host = [torch.zeros(self.payload_spec.size, dtype=torch.int32, pin_memory=cuda)
                 for _ in range(3)]
         self._host_payloads = host
@@ -188,6 +198,14 @@ class DeviceDrafter:
         proposer.vocab_size = self.vocab_size
         self.calibration.set_kinds(proposer.stats.kinds)
         self.feeder.ready(proposer)
+
+    def ready_with(self, build: Callable) -> None:
+        """As ``ready(build())``; a feeder in a process of its own builds the
+        proposer there (``build``: picklable, no arguments)."""
+        if isinstance(self.feeder, FeederProcess):
+            self.feeder.ready(build)
+        else:
+            self.ready(build())
 
     # ----------------------------------------------------------- lifecycle
     def add(self, req_id: str, slot: int, prompt_len: int, learn: bool = True) -> None:
@@ -245,11 +263,6 @@ class DeviceDrafter:
         if self.feeder is None:
             return
         self.feeder.close()
-        prop = self.feeder.proposer
-        if prop is not None:
-            for req_id in list(prop.active_requests):
-                prop.finish_request(req_id)
-            prop.close()
         self.feeder = None
 
     # ---------------------------------------------------------------- step
@@ -445,4 +458,19 @@ class DeviceDrafter:
             prop = self.feeder.proposer
             if prop is not None and prop.cross is not None:
                 out["cross_tokens"] = int(prop.cross.tokens)
+            elif getattr(self.feeder, "cross_tokens", -1) >= 0:
+                out["cross_tokens"] = self.feeder.cross_tokens
         return out
+
+
+def pin(host: list[torch.Tensor], logger: logging.Logger) -> None:
+    """Register ``host`` (shared, not torch's) as pinned memory, so that its
+    copies to the device run asynchronously; where that fails they still
+    copy, through a staging buffer.  Not yet run on a GPU."""
+    cudart = torch.cuda.cudart()
+    for t in host:
+        err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        if int(err) != 0:
+            logger.warning("suffixspec: the feeder's shared buffers could not be pinned "
+                           "(CUDA error %s); their copies to the GPU wait for the host", err)
+            return

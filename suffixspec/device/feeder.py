@@ -116,6 +116,7 @@ class FeederStats:
     docs_sent: int = 0
     families_sent: int = 0
     published: int = 0
+    unpublished: int = 0  # steps handled with no free buffer to pack (``FeederProcess``)
     taken: int = 0
     waits_timed_out: int = 0
     wait_seconds: float = 0.0  # the worker's, in ``take``, for the previous step's payload
@@ -255,6 +256,8 @@ class WindowFeeder:
         self._sent[buffer] = event
 
     def close(self) -> None:
+        """Stop, what is queued done first; then what requests in flight emitted
+        (genuine model output) joins the pool, and the pool closes."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -262,6 +265,11 @@ class WindowFeeder:
             self._drain()
         else:
             self._thread.join(timeout=10)
+        prop = self.proposer
+        if prop is not None:
+            for req_id in list(prop.active_requests):
+                prop.finish_request(req_id)
+            prop.close()
 
     # ------------------------------------------------------- feeder thread
     def _run(self) -> None:
@@ -464,13 +472,22 @@ class WindowFeeder:
             self._docs.append(rec.all()[max(rec.prompt_len - PROMPT_CONTEXT, 0):])
         self._lap("finish")
 
-    def _publish(self, step: int) -> None:
-        """Pack the next payload into a free buffer and offer it to the worker."""
+    def _claim(self) -> int | None:
+        """The buffer to pack next (None: none is free; the step publishes nothing)."""
         b = self._next
+        self._next = (b + 1) % len(self.buffers)
         event = self._sent[b]
         if event is not None:
             event.synchronize()  # its last copy to the device is done
+        return b
+
+    def _publish(self, step: int) -> None:
+        """Pack the next payload into a free buffer and offer it to the worker."""
+        b = self._claim()
         self._lap("wait")
+        if b is None:
+            self.stats.unpublished += 1
+            return
         v = self.buffers[b]
         self.packer.clear(v)
         v["header"][0] = step
@@ -500,7 +517,6 @@ class WindowFeeder:
         self._lap("docs")
         with self._cond:
             self._ready = (b, step)
-            self._next = (b + 1) % len(self.buffers)
         self.stats.published += 1
 
     def _pack_forget(self, v, prop) -> None:

@@ -39,6 +39,7 @@ through vLLM 0.34's own config, ``init_speculator``, ``RequestState`` and
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import weakref
 
@@ -88,7 +89,8 @@ class DeviceSuffixSpeculator(BaseSpeculator):
             max_len=int(model.max_model_len), device=device,
             tp=tp_group if tp_group is not None else tensor_parallel_group(),
             arbiter=settings.device_arbiter, live=settings.device_live,
-            cuda_graphs=settings.cuda_graphs, logger=logger)
+            cuda_graphs=settings.cuda_graphs, feeder_process=settings.device_feeder_process,
+            logger=logger)
         self.draft_token_confidence_probs = self.drafter.out.conf
         self._start = None
         self._closed = False
@@ -107,25 +109,20 @@ class DeviceSuffixSpeculator(BaseSpeculator):
     def start(self, wait: bool = False) -> None:
         """Build the proposer (the kernels compile in the background on a cold
         cache, unless ``wait``; until then the device drafts from its own tiers)."""
-        from suffixspec.native.warmup import DEVICE, SERVING, warmup
+        from suffixspec.native.warmup import DEVICE, SERVING
 
         drafter = self.drafter
 
-        def build():
-            proposer = build_proposer(drafter.config, self.settings, self._tokenizer,
-                                      engine_token_kinds(self._model, self.settings))
-            warmup(steps=DEVICE)
-            pool = self.settings.pool or ("in memory" if proposer.cross is not None else "off")
-            ranks = f", for {drafter.tp.world_size} ranks" if drafter.tp is not None else ""
-            logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, "
-                        "cross-request pool %s%s", drafter.k, proposer.max_depth, pool, ranks)
-            return proposer
+        def begin():
+            ranks = drafter.tp.world_size if drafter.tp is not None else 1
+            drafter.ready_with(functools.partial(
+                device_proposer, drafter.config, self.settings, self._tokenizer,
+                engine_token_kinds(self._model, self.settings), drafter.k, ranks))
 
         if wait or from_cache(SERVING + DEVICE):  # the device's kernels too, else in the background
-            drafter.ready(build())
+            begin()
         else:
-            self._start = BackgroundStart(lambda s: drafter.ready(build()), logger,
-                                          SERVING + DEVICE).start()
+            self._start = BackgroundStart(lambda s: begin(), logger, SERVING + DEVICE).start()
 
     # ---------------------------------------------------------- BaseSpeculator
     def init_cudagraph_manager(self, cudagraph_mode) -> None:
@@ -182,6 +179,19 @@ class DeviceSuffixSpeculator(BaseSpeculator):
     def stats(self) -> dict:
         """Counters for tests and tools."""
         return self.drafter.stats()
+
+
+def device_proposer(config, settings: Settings, tokenizer, kinds, k: int, ranks: int):
+    """The feeder's proposer, its device kernels loaded (in the worker's process,
+    or in the feeder's own: ``Settings.device_feeder_process``)."""
+    from suffixspec.native.warmup import DEVICE, warmup
+
+    proposer = build_proposer(config, settings, tokenizer, kinds)
+    warmup(steps=DEVICE)
+    pool = settings.pool or ("in memory" if proposer.cross is not None else "off")
+    logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, cross-request "
+                "pool %s%s", k, proposer.max_depth, pool, f", for {ranks} ranks" if ranks > 1 else "")
+    return proposer
 
 
 def is_warmup(req_id: str) -> bool:

@@ -109,6 +109,9 @@ class Settings:
     cuda_graphs: bool = True  # the device's drafting step replayed as graphs (``device.graphs``)
     device_arbiter: bool = True  # the device arbitrates as the host (``native.arbiter``)
     device_live: bool = True  # the device drafts from open outputs too (``LiveCorpus``)
+    # The feeder in a process of its own (``device.feeder_process``); off until it has run
+    # on a GPU.
+    device_feeder_process: bool = False
 
     def __post_init__(self):
         for name in ("cross_tokens", "snapshot_every"):
