@@ -182,12 +182,13 @@ class DeviceSuffixSpeculator(BaseSpeculator):
 
 
 def device_proposer(config, settings: Settings, tokenizer, kinds, k: int, ranks: int):
-    """The feeder's proposer, its device kernels loaded (in the worker's process,
-    or in the feeder's own: ``Settings.device_feeder_process``)."""
-    from suffixspec.native.warmup import DEVICE, warmup
+    """The feeder's proposer, its kernels loaded (in the worker's process, or in
+    the feeder's own: ``Settings.device_feeder_process``), so that its first
+    steps load none."""
+    from suffixspec.native.warmup import DEVICE, SERVING, warmup
 
     proposer = build_proposer(config, settings, tokenizer, kinds)
-    warmup(steps=DEVICE)
+    warmup(steps=SERVING + DEVICE)
     pool = settings.pool or ("in memory" if proposer.cross is not None else "off")
     logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, cross-request "
                 "pool %s%s", k, proposer.max_depth, pool, f", for {ranks} ranks" if ranks > 1 else "")
