@@ -52,6 +52,8 @@ BENCHES = [
     Bench("device_gate", "device_gate", "Drafting on the device: the replay gate", "replay"),
     Bench("device_check", "device_check", "The device check on a lent GPU", "measured"),
     Bench("feeder", "feeder_bench", "The device feeder's host work per step", "measured"),
+    Bench("feeder_busy", "feeder_bench", "The device feeder beside a busier worker (5 ms of "
+          "host work, a 3.5 ms forward)", "measured"),
     Bench("compat", "compat_bench", "arctic-compatible API, draft for draft", "measured"),
     Bench("arctic_simulator", "arctic_simulator", "arctic-inference's own simulator on the "
           "compatible API", "measured"),
