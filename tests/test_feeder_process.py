@@ -85,6 +85,7 @@ def test_a_payload_buffer_the_worker_holds_is_never_written():
         feeder.close()
 
 
+@pytest.mark.slow
 def test_the_worker_goes_on_when_the_feeder_process_dies(caplog):
     """Killed, the child takes no more jobs: every later ``take`` returns None
     at once, the loss is said once, and ``close`` does not wait for it."""

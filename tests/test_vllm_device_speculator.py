@@ -473,6 +473,7 @@ def _play(engine, steps: int = 40) -> list[list[int]]:
     return drafts
 
 
+@pytest.mark.slow
 def test_a_feeder_process_drafts_as_the_feeder_thread(make, monkeypatch):
     """The feeder in a process of its own (``device_feeder_process``) publishes
     what the feeder's thread does: each step waiting for the last step's
