@@ -21,9 +21,6 @@ through:
   outputs reach it only as the own tree's window), their A/B.
 * ``device, no live corpus``: the device without the other requests' open
   outputs (``corpus.LiveCorpus``; ``SUFFIXSPEC_DEVICE_LIVE=0``), its A/B.
-* ``device, same-step windows``: the device drafting from windows built at
-  the same step (``stale=0``; serving cannot), so the table splits what the
-  one-step-old windows cost from what the device's other candidates do.
 
 Reports est (MTS / (1 + 0.03 x drafted)), its ratio to the host's (the gate:
 >= 0.98), and the share of steps drafted from a window, the own-history
@@ -53,12 +50,11 @@ RUNS = {  # name -> (engine, settings)
     "device, windows only": ("suffixspec-device", dict(K16, corpus_tokens=0, vocab_size=0)),
     "device, no family row": ("suffixspec-device", dict(K16, family=False)),
     "device, no live corpus": ("suffixspec-device", dict(K16, live=False)),
-    "device, same-step windows": ("suffixspec-device", dict(K16, stale=0)),
 }
 SOURCES = ("window", "scan", "corpus", "live", "short", "family", "none")
 SOURCE_NAMES = {"live": "open outputs", "short": "one-token"}  # the rest as named
 OPTIONAL = ("device, no arbiter", "device, no family row",
-            "device, no live corpus", "device, same-step windows")  # A/Bs, run when asked
+            "device, no live corpus")  # A/Bs, run when asked
 
 
 def main():
