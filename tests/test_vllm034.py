@@ -277,8 +277,10 @@ def _trace_requests(traces_dir: Path, tokenizer_path: Path, count: int):
             if r.output.shape[0] >= 2 and r.prompt.shape[0] >= 4]
 
 
+@pytest.mark.parametrize("feeder_process", [False, True], ids=["lockstep", "process"])
 def test_300_steps_through_vllms_objects_draft_as_replay_and_keep_exactly_the_outputs(
-        plugins, model_folder, traces_dir, tokenizer_path, tmp_path, monkeypatch):
+        plugins, model_folder, traces_dir, tokenizer_path, tmp_path, monkeypatch,
+        feeder_process):
     """vLLM's config and ``init_speculator`` build the speculator (its pool an
     LMDB file); warmup's requests run and end, then ``reset_state``; then real
     requests of the sql trace arrive, decode and finish for 320 steps, each
@@ -287,9 +289,11 @@ def test_300_steps_through_vllms_objects_draft_as_replay_and_keep_exactly_the_ou
     requests and tokens, its own pool another file; the pool holds exactly
     the finished requests' outputs, warmup's none; and no ``propose`` reads
     the device back (its feeder, in lockstep here so that both runs share one
-    schedule, left out: on a GPU it runs in a thread of its own)."""
+    schedule, left out: on a GPU it runs in a thread of its own), or in a
+    process of its own (``device_feeder_process``), in lockstep too."""
     from suffixspec.device import drafter as drafter_module
     from suffixspec.device.feeder import WindowFeeder
+    from suffixspec.device.feeder_process import FeederProcess
     from suffixspec.device.replay import DeviceWindowsProposer
     from suffixspec.fingerprint import load_hf_tokenizer, tokenizer_id
     from suffixspec.integrations.vllm.build import build_proposer
@@ -302,10 +306,14 @@ def test_300_steps_through_vllms_objects_draft_as_replay_and_keep_exactly_the_ou
     def lockstep(*args, **kwargs):
         return WindowFeeder(*args, **{**kwargs, "threaded": False})
 
+    def lockstep_process(*args, **kwargs):
+        return FeederProcess(*args, **{**kwargs, "lockstep": True})
+
     monkeypatch.setattr(drafter_module, "WindowFeeder", lockstep)
+    monkeypatch.setattr(drafter_module, "FeederProcess", lockstep_process)
     pool = tmp_path / "served.lmdb"
     options = {"pool": str(pool), "tokenizer": str(tokenizer_path), "log_interval": 0,
-               "snapshot_every": 0}
+               "snapshot_every": 0, "device_feeder_process": feeder_process}
     vc = _config(model_folder, method="suffixspec", num_speculative_tokens=K,
                  speculator_options=options)
     states = _request_state(vc)
@@ -323,7 +331,10 @@ def test_300_steps_through_vllms_objects_draft_as_replay_and_keep_exactly_the_ou
     wire = Tripwire(monkeypatch, spec.drafter.device)
     spec.propose = wire.guard(spec.propose)
     feeder = spec.drafter.feeder
-    feeder._drain = wire.unguarded(feeder._drain)
+    if feeder_process:  # what the relay thread does, here in the worker's (lockstep)
+        feeder._send_queued = wire.unguarded(feeder._send_queued)
+    else:
+        feeder._drain = wire.unguarded(feeder._drain)
 
     # Warmup, as vLLM's: requests of its own, a few steps, ended, then reset_state.
     rng = np.random.default_rng(0)

@@ -99,6 +99,7 @@ class DeviceDrafter:
         self.fit = fit
         self.logger = logger or logging.getLogger("suffixspec.device")
         self.deadline = DEADLINE
+        self.feeder_process = feeder_process
         # Family rows where past outputs are kept (the proposer keeps families there).
         pooled = config.cross_pool_tokens != 0
         self.window_spec = WindowSpec(k=k, family=family_width(config.family_outputs)
@@ -173,7 +174,8 @@ class DeviceDrafter:
         if feeder_process:
             self.feeder = FeederProcess(self.payload_spec, k, vocab_size, packer, params,
                                         branch_points=branch_points, arbiter=arbiter,
-                                        logger=self.logger, on_built=self.calibration.set_kinds)
+                                        logger=self.logger, on_built=self.calibration.set_kinds,
+                                        lockstep=not threaded)
             self._host_payloads = [torch.from_numpy(b) for b in self.feeder.buffers]
             if cuda:
                 pin(self._host_payloads, self.logger)
@@ -202,7 +204,7 @@ class DeviceDrafter:
     def ready_with(self, build: Callable) -> None:
         """As ``ready(build())``; a feeder in a process of its own builds the
         proposer there (``build``: picklable, no arguments)."""
-        if isinstance(self.feeder, FeederProcess):
+        if self.feeder_process:
             self.feeder.ready(build)
         else:
             self.ready(build())

@@ -170,11 +170,14 @@ class FeederProcess:
     the module docstring).  ``buffers``: the payload buffers, numpy views of
     the shared mapping, for the worker to copy from; ``on_built(kinds)``
     runs in the worker's thread (in ``take``) once the child built its
-    proposer."""
+    proposer.  ``lockstep``: no relay thread; ``take`` sends what was queued
+    since the last one and waits until the child has done it (as
+    ``WindowFeeder``'s ``threaded=False``: replay and tests)."""
 
     def __init__(self, spec: PayloadSpec, k: int, vocab_size: int, packer: Packer,
                  params: list[float], branch_points: int = 4, arbiter: bool = True,
-                 count: int = BUFFERS, logger: logging.Logger | None = None, on_built=None):
+                 count: int = BUFFERS, logger: logging.Logger | None = None, on_built=None,
+                 lockstep: bool = False):
         self.logger = logger or logging.getLogger("suffixspec.device")
         self.on_built = on_built
         self.proposer = None  # it lives in the child
@@ -212,9 +215,12 @@ class FeederProcess:
         self._queue: deque = deque()
         self._cond = threading.Condition()
         self._stop = False
-        self._relay = threading.Thread(target=self._run_relay, name="suffixspec-feeder-relay",
-                                       daemon=True)
-        self._relay.start()
+        self._dones = 0  # the child's turns replied
+        self._relay = None
+        if not lockstep:
+            self._relay = threading.Thread(target=self._run_relay,
+                                           name="suffixspec-feeder-relay", daemon=True)
+            self._relay.start()
 
     # ------------------------------------------------ from the worker thread
     def ready(self, build) -> None:
@@ -242,6 +248,10 @@ class FeederProcess:
     def take(self, step: int, deadline: float) -> int | None:
         """As ``WindowFeeder.take``: the newest payload buffer published (None:
         nothing new), waiting at most ``deadline`` for step ``step - 1``'s."""
+        if self._relay is None and self._send_queued():  # lockstep: the child's turn first
+            dones = self._dones
+            while self._alive and self._dones == dones:
+                self._read(1.0)
         self._read(0.0)
         if self._done_step < step - 1 and deadline > 0 and self._alive:
             began = time.perf_counter()
@@ -275,10 +285,14 @@ class FeederProcess:
         """The child commits what is in flight and closes the pool (at most
         ``CLOSE_SECONDS``), then exits."""
         self._put(("close",))
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._relay.join(timeout=CLOSE_SECONDS)
+        if self._relay is None:
+            self._send_queued()
+            self._jobs_out.close()
+        else:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            self._relay.join(timeout=CLOSE_SECONDS)
         end = time.monotonic() + CLOSE_SECONDS
         while self._alive and self._closed_stats is None and time.monotonic() < end:
             self._read(min(end - time.monotonic(), 1.0), quiet=True)
@@ -300,22 +314,30 @@ class FeederProcess:
             self._cond.notify()
 
     def _run_relay(self) -> None:
-        """Each job's copy waited for, then the jobs sent as one message."""
         while True:
             with self._cond:
                 while not self._queue and not self._stop:
                     self._cond.wait()
-                jobs = list(self._queue)
-                self._queue.clear()
                 stop = self._stop
-            if jobs and self._alive:
-                try:
-                    self._jobs_out.send([_on_host(job) for job in jobs])
-                except (OSError, ValueError) as exc:  # the child is gone
-                    self._gone(exc)
+            self._send_queued()
             if stop:
                 self._jobs_out.close()
                 return
+
+    def _send_queued(self) -> bool:
+        """The jobs queued, each one's copy waited for, sent as one message;
+        False when there were none (or the child is gone)."""
+        with self._cond:
+            jobs = list(self._queue)
+            self._queue.clear()
+        if not jobs or not self._alive:
+            return False
+        try:
+            self._jobs_out.send([_on_host(job) for job in jobs])
+        except (OSError, ValueError) as exc:  # the child is gone
+            self._gone(exc)
+            return False
+        return True
 
     def _read(self, timeout: float, quiet: bool = False) -> None:
         """The child's replies, waiting at most ``timeout`` for the first."""
@@ -332,6 +354,7 @@ class FeederProcess:
         kind = msg[0]
         if kind == "done":
             _, step, handled, ready, counters = msg
+            self._dones += 1
             if step is not None:
                 self._done_step = max(self._done_step, step)
             self._handled = handled
