@@ -717,7 +717,10 @@ def main():
         report["deadline_s"] = DEADLINE
         for b in levels:
             for variant in args.variants or ("none", "device_eager", "device", "device_process"):
-                got = loop(device, variant, b, 40 if small else 400, requests, 4096)
+                try:
+                    got = loop(device, variant, b, 40 if small else 400, requests, 4096)
+                except Exception as exc:  # one variant failing loses none of the others
+                    got = {"failed": repr(exc)[:500], "where": traceback.format_exc()[-1500:]}
                 report["loop"][f"{variant}_b{b}"] = got
                 save()
                 print(f"loop {variant} b={b}: {got}", file=sys.stderr, flush=True)

@@ -154,9 +154,9 @@ def step_costs(levels: list[int], device_check: Path | None = None) -> dict:
     loop = check.get("data", check).get("loop", {})  # a file kept here wraps the run in "data"
 
     def added(variant: str, b: int):
-        if f"{variant}_b{b}" in loop and f"none_b{b}" in loop:
-            ms = loop[f"{variant}_b{b}"]["period_p50_ms"] - loop[f"none_b{b}"]["period_p50_ms"]
-            return (round(ms, 3), "measured")
+        ran, none = loop.get(f"{variant}_b{b}", {}), loop.get(f"none_b{b}", {})
+        if "period_p50_ms" in ran and "period_p50_ms" in none:  # (a failed run has none)
+            return (round(ran["period_p50_ms"] - none["period_p50_ms"], 3), "measured")
         return None
 
     return {b: {"sync": (SYNC_MS, "published estimate"),

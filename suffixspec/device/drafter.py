@@ -469,10 +469,12 @@ def pin(host: list[torch.Tensor], logger: logging.Logger) -> None:
     """Register ``host`` (shared, not torch's) as pinned memory, so that its
     copies to the device run asynchronously; where that fails they still
     copy, through a staging buffer.  Not yet run on a GPU."""
-    cudart = torch.cuda.cudart()
-    for t in host:
-        err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        if int(err) != 0:
-            logger.warning("suffixspec: the feeder's shared buffers could not be pinned "
-                           "(CUDA error %s); their copies to the GPU wait for the host", err)
-            return
+    try:
+        cudart = torch.cuda.cudart()
+        for t in host:
+            err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+            if int(err) != 0:
+                raise RuntimeError(f"CUDA error {err}")
+    except Exception as exc:  # unpinned, the copies still run
+        logger.warning("suffixspec: the feeder's shared buffers could not be pinned (%r); "
+                       "their copies to the GPU wait for the host", exc)
