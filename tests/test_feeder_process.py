@@ -1,4 +1,5 @@
-"""The window feeder in a process of its own (``device.feeder_process``), with real processes.
+"""The window feeder in a process of its own (``device.feeder_process``), with real processes
+(each test a child interpreter: the slow tier).
 
 Its equivalence to the feeder's thread (the same drafts, step by step) is in
 ``test_vllm_device_speculator.py``; here: a payload buffer the worker holds
@@ -54,6 +55,7 @@ class Request:
         return self.feeder.take(self.step + 1, deadline)
 
 
+@pytest.mark.slow
 def test_a_payload_buffer_the_worker_holds_is_never_written():
     """Ownership moves by message: a buffer taken is the worker's until it says
     it is free.  Holding one, the child packs the others; holding all, it
