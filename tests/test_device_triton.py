@@ -44,6 +44,7 @@ def test_the_kernels_write_what_the_reference_writes(cases):
     assert got["mismatches"] == [], got["mismatches"][:3]
 
 
+@pytest.mark.slow  # a child interpreter, 11 s here; the 6-case run above stays fast
 def test_the_fused_kernel_writes_what_the_reference_writes_at_serving_shapes():
     """8 windows of 64 tokens a slot, drafts of 16, 8 rows: the shapes the vLLM
     drafter serves with, where the small random cases above do not reach."""
