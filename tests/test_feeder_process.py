@@ -59,10 +59,16 @@ class Request:
 def test_a_payload_buffer_the_worker_holds_is_never_written():
     """Ownership moves by message: a buffer taken is the worker's until it says
     it is free.  Holding one, the child packs the others; holding all, it
-    handles steps and publishes nothing (counted); freed, it publishes again."""
+    handles steps and publishes nothing (counted); freed, it publishes again.
+    The child, its proposer built as serving builds it, never loads torch."""
+    from suffixspec.config import ProposerConfig
+    from suffixspec.integrations.vllm.build import device_proposer
+    from suffixspec.integrations.vllm.settings import Settings
+
     feeder = _feeder()
     try:
-        feeder.ready(functools.partial(SuffixProposer, max_depth=16, max_spec_tokens=K))
+        feeder.ready(functools.partial(device_proposer, ProposerConfig(max_depth=16,
+                                       max_spec_tokens=K), Settings(), None, None, K, 1))
         req = Request(feeder)
         held = req.advance()
         assert held is not None
@@ -83,6 +89,8 @@ def test_a_payload_buffer_the_worker_holds_is_never_written():
             feeder.sent(b, None)
         assert req.advance() is not None  # its own again: it publishes
         assert feeder.stats.windows_built > 0 and feeder.stats.lost_requests == 0
+        with open(f"/proc/{feeder._proc.pid}/maps") as f:
+            assert "libtorch" not in f.read()
     finally:
         feeder.close()
 

@@ -69,6 +69,7 @@ import torch
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native.layout import FROM_ANCHOR, FROM_LIVE as PICK_LIVE, FROM_REQUEST
 from suffixspec.device import calib
+from suffixspec.device.spec import PAIR_CELL, PAIR_FIELDS, PAIR_PICK, PAIR_REFERENCE  # noqa: F401
 from suffixspec.device.layout import (P_ARBITRATE, P_DEPTH, P_FACTOR, P_OFFSET, P_REFERENCE,
                                       P_THR, P_W_COARSE, P_W_FINE, P_W_SHARED, W_AT, W_HEAD,
                                       W_LEN, W_MATCH, W_SOURCE, Calibration, DeviceWindows)
@@ -83,9 +84,7 @@ FROM_FAMILY = -5
 FROM_LIVE = -6
 FROM_NOTHING = -1
 
-#: ``StepOutputs.pair``'s fields.
-PAIR_CELL, PAIR_PICK, PAIR_REFERENCE = range(3)
-PAIR_FIELDS = 3
+#: ``StepOutputs.pair``'s fields: ``spec.PAIR_*`` (imported above).
 
 
 @dataclass

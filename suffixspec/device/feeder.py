@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from suffixspec.device.draft_ref import PAIR_FIELDS
-from suffixspec.device.layout import Calibration, family_row
 from suffixspec.device.payload import Packer, PayloadSpec, views
+from suffixspec.device.spec import PAIR_FIELDS, family_row, host_params
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native import layout as lay
 from suffixspec.native.tokens import MAX_TOKEN_ID
@@ -500,7 +499,7 @@ class WindowFeeder:
             self._pack_paths(v)
             self._lap("paths")
             thr = max(cal.threshold(prop.stats.state), prop.min_token_prob)
-            v["params"].view(np.float32)[:] = Calibration.host_params(
+            v["params"].view(np.float32)[:] = host_params(
                 prop.stats.state, thr, prop.max_spec_factor, prop.max_spec_offset,
                 prop.max_depth, prop.config.newest_window > 0,
                 self.arbiter and prop.config.arbitrate)

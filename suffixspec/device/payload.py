@@ -20,14 +20,19 @@ trash row too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
-from suffixspec.device.layout import PARAMS, W_FIELDS, Calibration, DeviceWindows, WindowSpec
+from suffixspec.device.spec import PARAMS, W_FIELDS, WindowSpec
 from suffixspec.native import arbiter, calibration as cal
 from suffixspec.native.vllm_suffix import SLOTS, pack_doc
+
+if TYPE_CHECKING:  # the packing side (the feeder) runs without torch
+    import torch
+
+    from suffixspec.device.corpus import DeviceCorpus, OneTokenPaths
+    from suffixspec.device.layout import Calibration, DeviceWindows
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,7 @@ def apply(payload: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
           calibration: Calibration, paths: OneTokenPaths | None,
           corpus: DeviceCorpus | None) -> None:
     """Write ``payload`` (a device tensor) into the drafting state, fixed shapes only."""
+    import torch
     v = views(payload, spec)
     _clear(v["clear"].to(torch.int64), spec, windows, paths, corpus)
     slots = v["slots"].to(torch.int64)
@@ -196,6 +202,8 @@ def _clear(clear: torch.Tensor, spec: PayloadSpec, windows: DeviceWindows,
     then fails its check), one-token path rows ``clear[2]:clear[3]``, and
     every slot's family row when ``clear[4]``.  Unused entries name the trash
     position and row."""
+    import torch
+
     windows.family_len.mul_((clear[4] == 0).to(windows.family_len.dtype))
     if corpus is not None and corpus.capacity > 1:
         at = clear[0] + torch.arange(spec.clear_ring, device=clear.device)

@@ -64,6 +64,20 @@ def build_proposer(config: ProposerConfig, settings: Settings, tokenizer=None,
     return SuffixProposer(config, pool=pool, token_kinds=token_kinds)
 
 
+def device_proposer(config, settings: Settings, tokenizer, kinds, k: int, ranks: int):
+    """The device feeder's proposer, its kernels loaded (in the worker's process,
+    or in the feeder's own: ``Settings.device_feeder_process``, which unpickles
+    this without torch), so that its first steps load none."""
+    from suffixspec.native.warmup import DEVICE, SERVING, warmup
+
+    proposer = build_proposer(config, settings, tokenizer, kinds)
+    warmup(steps=SERVING + DEVICE)
+    pool = settings.pool or ("in memory" if proposer.cross is not None else "off")
+    logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, cross-request "
+                "pool %s%s", k, proposer.max_depth, pool, f", for {ranks} ranks" if ranks > 1 else "")
+    return proposer
+
+
 def tensor_parallel_group():
     """vLLM's tensor-parallel group when it has more than one rank, else None."""
     try:

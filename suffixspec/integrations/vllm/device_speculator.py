@@ -51,7 +51,7 @@ except ImportError:  # no vLLM (the device check on a bare GPU machine): the sam
     BaseSpeculator = object
 
 from suffixspec.device.drafter import DeviceDrafter
-from suffixspec.integrations.vllm.build import (build_proposer, engine_token_kinds,
+from suffixspec.integrations.vllm.build import (device_proposer, engine_token_kinds,
                                                 pool_tokenizer, proposer_config,
                                                 tensor_parallel_group)
 from suffixspec.integrations.vllm.prometheus import Publisher, announce
@@ -179,20 +179,6 @@ class DeviceSuffixSpeculator(BaseSpeculator):
     def stats(self) -> dict:
         """Counters for tests and tools."""
         return self.drafter.stats()
-
-
-def device_proposer(config, settings: Settings, tokenizer, kinds, k: int, ranks: int):
-    """The feeder's proposer, its kernels loaded (in the worker's process, or in
-    the feeder's own: ``Settings.device_feeder_process``), so that its first
-    steps load none."""
-    from suffixspec.native.warmup import DEVICE, SERVING, warmup
-
-    proposer = build_proposer(config, settings, tokenizer, kinds)
-    warmup(steps=SERVING + DEVICE)
-    pool = settings.pool or ("in memory" if proposer.cross is not None else "off")
-    logger.info("suffixspec drafter on the device: up to %d tokens, depth %d, cross-request "
-                "pool %s%s", k, proposer.max_depth, pool, f", for {ranks} ranks" if ranks > 1 else "")
-    return proposer
 
 
 def is_warmup(req_id: str) -> bool:
