@@ -127,6 +127,33 @@ class FeederStats:
     ages: deque = field(default_factory=lambda: deque(maxlen=4096))  # steps, per taken payload
 
 
+def wait_for_step(stats: FeederStats, behind, wait, deadline: float) -> None:
+    """While ``behind()``, ``wait(seconds left)``, at most ``deadline`` seconds in
+    all: the worker's one wait for the feeder, counted in ``stats``."""
+    if deadline <= 0 or not behind():
+        return
+    began = time.perf_counter()
+    end = began + deadline
+    while behind():
+        left = end - time.perf_counter()
+        if left <= 0:
+            stats.waits_timed_out += 1
+            break
+        wait(left)
+    stats.wait_seconds += time.perf_counter() - began
+
+
+def hand_over(stats: FeederStats, ready: tuple[int, int] | None, step: int) -> int | None:
+    """The buffer of ``ready`` (``(buffer, step built from)``, or None) for step
+    ``step``, counted with its windows' age."""
+    if ready is None:
+        return None
+    buffer, built = ready
+    stats.taken += 1
+    stats.ages.append(step - 1 - built)
+    return buffer
+
+
 class WindowFeeder:
     """See the module docstring.  ``buffers``: pinned host payload buffers
     (numpy int32 views, at least 2) the worker copies from; ``k`` the draft
@@ -232,23 +259,10 @@ class WindowFeeder:
         if self._thread is None:
             self._drain()
         with self._cond:
-            if self._done_step < step - 1 and deadline > 0:
-                began = time.perf_counter()
-                end = began + deadline
-                while self._done_step < step - 1 and not self._stop:
-                    left = end - time.perf_counter()
-                    if left <= 0:
-                        self.stats.waits_timed_out += 1
-                        break
-                    self._cond.wait(left)
-                self.stats.wait_seconds += time.perf_counter() - began
+            wait_for_step(self.stats, lambda: self._done_step < step - 1 and not self._stop,
+                          self._cond.wait, deadline)
             ready, self._ready = self._ready, None
-        if ready is None:
-            return None
-        buffer, built = ready
-        self.stats.taken += 1
-        self.stats.ages.append(step - 1 - built)
-        return buffer
+        return hand_over(self.stats, ready, step)
 
     def sent(self, buffer: int, event) -> None:
         """The worker copied ``buffer``: it may be packed again once ``event`` is done."""

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from suffixspec.device.feeder import FeederStats, WindowFeeder
+from suffixspec.device.feeder import FeederStats, WindowFeeder, hand_over, wait_for_step
 from suffixspec.device.payload import Packer, PayloadSpec
 
 #: Payload buffers: one being packed, one published, one being copied.
@@ -253,23 +253,10 @@ class FeederProcess:
             while self._alive and self._dones == dones:
                 self._read(1.0)
         self._read(0.0)
-        if self._done_step < step - 1 and deadline > 0 and self._alive:
-            began = time.perf_counter()
-            end = began + deadline
-            while self._done_step < step - 1 and self._alive:
-                left = end - time.perf_counter()
-                if left <= 0:
-                    self.stats.waits_timed_out += 1
-                    break
-                self._read(left)
-            self.stats.wait_seconds += time.perf_counter() - began
+        wait_for_step(self.stats, lambda: self._done_step < step - 1 and self._alive,
+                      self._read, deadline)
         ready, self._ready = self._ready, None
-        if ready is None:
-            return None
-        buffer, built = ready
-        self.stats.taken += 1
-        self.stats.ages.append(step - 1 - built)
-        return buffer
+        return hand_over(self.stats, ready, step)
 
     def sent(self, buffer: int, event) -> None:
         """The worker copied ``buffer``: the child may pack it again once ``event`` is done."""
