@@ -24,7 +24,8 @@ max_len]``, ``total_len.gpu``, and on the host ``prompt_len.np``,
 
 The host's half, ``WindowFeeder`` (``device.feeder``), runs in a thread of
 its own in serving and in the caller's thread in replay (``threaded``), one
-step behind.  A step reads none of its device values on the host; its one
+step behind; with ``feeder_process`` in a process of its own
+(``device.feeder_process``), which builds its proposer itself (``ready_with``).  A step reads none of its device values on the host; its one
 wait is for the feeder's work on the previous step, bounded by
 ``deadline``.  Every copy the feeder reads (prompts, snapshots, finished
 tails) lands in a host tensor of its own (pinned on a GPU, from torch's
@@ -197,6 +198,8 @@ class DeviceDrafter:
     def ready(self, proposer) -> None:
         """The host policy is ready (its kernels compiled): the feeder follows the
         requests with ``proposer`` from now on."""
+        if self.feeder_process:
+            raise TypeError("a feeder process builds its own proposer: use ready_with(build)")
         proposer.vocab_size = self.vocab_size
         self.calibration.set_kinds(proposer.stats.kinds)
         self.feeder.ready(proposer)
