@@ -31,8 +31,7 @@ step's payload waited for: its digest must be the same.
    working beside it on the jobs just handed over (as on a GPU, where the
    last step's snapshot lands as the worker's host work for the next one
    starts), a forward (``--forward-ms``, the lock released, as while the GPU
-   runs), then
-   ``take`` with the worker's deadline and the payload's copy.  Its lock
+   runs), then ``take`` with the worker's deadline and the payload's copy.  Its lock
    wait per step is the step's wall time less its CPU time, its time waiting
    for a CPU (this thread's ``/proc`` schedstat), the forward asked for and
    its time off the CPU in ``take`` (the payload wait, shown apart): mostly

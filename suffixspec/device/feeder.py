@@ -126,6 +126,20 @@ class FeederStats:
     phase_cpu: dict = field(default_factory=dict)  # that CPU time by ``PHASES``
     ages: deque = field(default_factory=lambda: deque(maxlen=4096))  # steps, per taken payload
 
+    def lag(self) -> dict:
+        """Window age (steps between the snapshot a payload was built from and
+        the step that used it), p50 and p99, how often a wait timed out, and the
+        worker's milliseconds waiting per payload taken."""
+        ages = np.asarray(self.ages) if self.ages else np.zeros(1)
+        return {"age_p50": float(np.percentile(ages, 50)),
+                "age_p99": float(np.percentile(ages, 99)),
+                "waits_timed_out": self.waits_timed_out, "taken": self.taken,
+                "wait_ms_per_take": round(1e3 * self.wait_seconds / max(self.taken, 1), 3)}
+
+    def phases(self, steps: int) -> dict[str, float]:
+        """The feeder's CPU milliseconds per step by phase (``PHASES``)."""
+        return {p: round(1e3 * self.phase_cpu.get(p, 0.0) / max(steps, 1), 3) for p in PHASES}
+
 
 def wait_for_step(stats: FeederStats, behind, wait, deadline: float) -> None:
     """While ``behind()``, ``wait(seconds left)``, at most ``deadline`` seconds in
@@ -630,17 +644,7 @@ class WindowFeeder:
         self.stats.paths_sent += m
 
     def lag(self) -> dict:
-        """Window age (steps between the snapshot a payload was built from and
-        the step that used it), p50 and p99, how often a wait timed out, and the
-        worker's milliseconds waiting per payload taken."""
-        st = self.stats
-        ages = np.asarray(st.ages) if st.ages else np.zeros(1)
-        return {"age_p50": float(np.percentile(ages, 50)),
-                "age_p99": float(np.percentile(ages, 99)),
-                "waits_timed_out": st.waits_timed_out, "taken": st.taken,
-                "wait_ms_per_take": round(1e3 * st.wait_seconds / max(st.taken, 1), 3)}
+        return self.stats.lag()
 
     def phases(self, steps: int) -> dict[str, float]:
-        """This thread's CPU milliseconds per step by phase (``PHASES``)."""
-        return {p: round(1e3 * self.stats.phase_cpu.get(p, 0.0) / max(steps, 1), 3)
-                for p in PHASES}
+        return self.stats.phases(steps)

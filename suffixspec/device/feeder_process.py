@@ -263,10 +263,10 @@ class FeederProcess:
         self._put(("free", buffer, event))
 
     def lag(self) -> dict:
-        return WindowFeeder.lag(self)
+        return self.stats.lag()
 
     def phases(self, steps: int) -> dict[str, float]:
-        return WindowFeeder.phases(self, steps)
+        return self.stats.phases(steps)
 
     def close(self) -> None:
         """The child commits what is in flight and closes the pool (at most
