@@ -125,6 +125,7 @@ def test_a_damaged_file_in_a_copied_cache_is_found_although_every_inode_changed(
     assert run.stderr.count("has a damaged file") == 1
 
 
+@pytest.mark.slow  # five child interpreters; a damaged cache file stays in the fast tier
 def test_a_lost_or_damaged_list_of_cache_files_drops_the_cache(tmp_path):
     # The list is what vouches for the files: without it nothing loads unchecked.
     from suffixspec.native.cache import MANIFEST
